@@ -1,0 +1,1 @@
+//! Numeric kernels. Filled in by the model-core work.

@@ -1,0 +1,42 @@
+//! The wasmtime host for sluice plugins (WIT package `sluice:plugin@0.1.0`).
+//!
+//! Plugins are components with no imports: no WASI, no host functions. Every
+//! call runs under a fuel budget (deterministic), an epoch deadline (a
+//! wall-clock guard driven by a ticker thread) and a memory cap. A call that
+//! breaks any of them, traps, or returns something the host cannot decode is
+//! a [`PluginFault`]; the instance is then discarded and the next call gets a
+//! fresh one.
+//!
+//! * [`PluginHost`]: the shared compiler and epoch ticker.
+//! * [`WasmPolicy`]: a `scheduler`-world component behind the engine's
+//!   [`SchedulingPolicy`](crate::engine::policy::SchedulingPolicy) seam.
+//! * [`WasmFixup`]: a `draft-fixup`-world component.
+
+mod builtin;
+mod component;
+mod fault;
+mod fixup;
+mod host;
+mod scheduler;
+mod settings;
+
+pub use builtin::{BUILTIN_POLICIES, builtin_policy};
+pub use component::{LoadError, PluginSource};
+pub use fault::PluginFault;
+pub use fixup::{FixupError, WasmFixup};
+pub use host::{PluginHost, PluginLimits};
+pub use scheduler::WasmPolicy;
+pub use settings::settings_from_toml;
+
+/// Types of the `scheduler` world, shared by the engine and the lab.
+pub mod policy_types {
+    pub use super::scheduler::bindings::exports::sluice::plugin::policy::{
+        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, Setting, SettingValue,
+        StepView, WaitingRequest,
+    };
+}
+
+/// Types of the `draft-fixup` world.
+pub mod fixup_types {
+    pub use super::fixup::bindings::exports::sluice::plugin::fixup::{Edit, MetaEntry, MetaValue, ModelInfo, TensorInfo};
+}

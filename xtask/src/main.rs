@@ -1,0 +1,96 @@
+//! Project automation: `cargo xtask <command>`.
+
+mod plugins;
+mod toolchain;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build every plugin into a component (see plugins/dist/).
+    Plugins(plugins::PluginsArgs),
+    /// Everything CI runs: the plugin check, plugin unit tests, all host tests.
+    Test,
+    /// Build and run the server with config/sluice.toml; extra args go to `sluice serve`.
+    Serve {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run a benchmark: `plugins`.
+    Bench {
+        #[arg(value_parser = ["plugins"])]
+        suite: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Plugins(args) => plugins::plugins(args),
+        Task::Test => test(),
+        Task::Serve { args } => serve(&args),
+        Task::Bench { suite } => bench(&suite),
+    };
+    if let Err(error) = result {
+        eprintln!("xtask: error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The repository root (xtask lives one level below it).
+pub fn repo_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().map(PathBuf::from).unwrap_or(manifest_dir)
+}
+
+/// Run a command in the foreground, failing on a non-zero exit.
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = command.status().with_context(|| format!("starting {command:?}"))?;
+    if !status.success() {
+        bail!("{:?} failed with {status}", command.get_program());
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo.current_dir(repo_root());
+    cargo
+}
+
+fn test() -> anyhow::Result<()> {
+    let started = Instant::now();
+    plugins::plugins(plugins::PluginsArgs::check())?;
+    eprintln!("xtask: plugin unit tests (native)");
+    run(cargo()
+        .args(["test", "--locked", "--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"]))?;
+    eprintln!("xtask: host workspace tests (release)");
+    run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]))?;
+    eprintln!("xtask: all tests passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn serve(args: &[String]) -> anyhow::Result<()> {
+    run(cargo()
+        .args(["run", "--release", "--package", "sluice", "--", "serve", "--config", "config/sluice.toml"])
+        .args(args))
+}
+
+fn bench(suite: &str) -> anyhow::Result<()> {
+    match suite {
+        "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
+        other => bail!("unknown benchmark suite `{other}`"),
+    }
+}
