@@ -8,7 +8,7 @@
 //! * [`Policy`] + [`export_policy!`] for the `scheduler` world,
 //! * [`Fixup`] + [`export_fixup!`] for the `draft-fixup` world.
 //!
-//! ```ignore
+//! ```
 //! use sluice_plugin_api::{Decision, Policy, Settings, StepView, export_policy};
 //!
 //! struct DecodeOnly;
@@ -28,8 +28,13 @@
 
 mod settings;
 pub mod testing;
+mod view;
 
 pub use settings::Settings;
+pub use view::{
+    Admit, Decision, EndReason, EndedRequest, NO_SLOT_HINT, OccupiedSlot, Phase, Prefill, RequestInfo, StepView,
+    WaitingRequest,
+};
 
 /// Bindings of the `scheduler` world.
 pub mod scheduler {
@@ -56,10 +61,7 @@ pub mod draft_fixup {
 }
 
 pub use draft_fixup::exports::sluice::plugin::fixup::{Edit, MetaEntry, MetaValue, ModelInfo, TensorInfo};
-pub use scheduler::exports::sluice::plugin::policy::{
-    Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, Setting, SettingValue,
-    StepView, WaitingRequest,
-};
+pub use scheduler::exports::sluice::plugin::policy::{Setting, SettingValue};
 
 /// A scheduling policy: plain Rust, called once per engine step.
 ///
@@ -79,20 +81,6 @@ pub trait Fixup {
     /// Return the edits to apply to the draft's metadata, or an error that
     /// refuses the draft.
     fn fixup(target: &ModelInfo, draft: &ModelInfo) -> Result<Vec<Edit>, String>;
-}
-
-// `Default` lets policies write `Decision { decode, ..Default::default() }`.
-impl Default for Decision {
-    fn default() -> Self {
-        Decision { admit: Vec::new(), prefill: Vec::new(), decode: Vec::new() }
-    }
-}
-
-impl RequestInfo {
-    /// Prompt tokens still to process.
-    pub fn prompt_remaining(&self) -> u32 {
-        self.prompt_tokens.saturating_sub(self.prompt_done)
-    }
 }
 
 /// Export a [`Policy`] as the component's `scheduler` world.
@@ -117,10 +105,11 @@ macro_rules! export_policy {
                     ::std::result::Result::Ok(())
                 }
                 fn step(view: __wit::StepView) -> __wit::Decision {
+                    let view = $crate::StepView::from_wire(view);
                     __STATE.with(|state| {
                         let mut state = state.borrow_mut();
                         let policy = state.as_mut().expect("the host calls configure before step");
-                        <$policy as $crate::Policy>::step(policy, &view)
+                        <$policy as $crate::Policy>::step(policy, &view).into()
                     })
                 }
             }

@@ -1,1 +1,4 @@
-//! Helpers for end-to-end tests.
+//! Helpers for sluice's end-to-end tests: the real binary, fixture plugins.
+
+pub mod binary;
+pub mod plugin_fixtures;

@@ -28,11 +28,13 @@ pub use host::{PluginHost, PluginLimits};
 pub use scheduler::WasmPolicy;
 pub use settings::settings_from_toml;
 
-/// Types of the `scheduler` world, shared by the engine and the lab.
+/// The step view and decision (the SDK's records, which plugins see too),
+/// and the settings of the `scheduler` world.
 pub mod policy_types {
-    pub use super::scheduler::bindings::exports::sluice::plugin::policy::{
-        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, Setting, SettingValue,
-        StepView, WaitingRequest,
+    pub use super::scheduler::bindings::exports::sluice::plugin::policy::{Setting, SettingValue};
+    pub use sluice_plugin_api::{
+        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepView,
+        WaitingRequest,
     };
 }
 
