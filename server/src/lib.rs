@@ -6,4 +6,6 @@
 
 pub mod config;
 pub mod engine;
+pub mod http;
+pub mod model;
 pub mod plugins;

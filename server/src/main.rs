@@ -1,12 +1,15 @@
 //! The `sluice` command line.
 
+mod cli;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::Config;
-use sluice::plugins::{PluginHost, PluginSource, WasmFixup, WasmPolicy, builtin_policy, settings_from_toml};
+use sluice::config::{Config, LogConfig, LogFormat, Overrides, llama_style_args, threads_or_cores};
+use sluice::http::server::Launch;
+use sluice::plugins::{PluginHost, PluginSource, WasmFixup, WasmPolicy, builtin_policy};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "LLM inference server with sandboxed, hot-swappable scheduling")]
@@ -19,9 +22,32 @@ struct Cli {
 enum Command {
     /// Serve the HTTP API.
     Serve(ServeArgs),
+    /// Generate from one prompt straight on the model; prints tokens/s.
+    Generate(cli::generate::GenerateArgs),
+    /// Measure speed.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Inspect model files.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Decode and prefill tokens/s of a model.
+    Model(cli::bench::BenchModelArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Print a GGUF file's metadata and tensor table.
+    Info {
+        /// The GGUF file.
+        file: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -29,9 +55,8 @@ struct ServeArgs {
     /// Configuration file (TOML).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Scheduling policy: a built-in name or a path to a .wasm component.
-    #[arg(long, value_name = "NAME|PATH")]
-    policy: Option<String>,
+    #[command(flatten)]
+    flags: Overrides,
 }
 
 #[derive(Subcommand)]
@@ -56,9 +81,13 @@ enum World {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // llama-server spells some flags in ways clap cannot (`-np`, `--ctx_size`).
+    let cli = Cli::parse_from(llama_style_args(std::env::args_os()));
     let result = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Generate(args) => cli::generate::generate(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
+        Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
         Command::Plugin(PluginCommand::Check { plugin, world, config }) => check_plugin(&plugin, world, config.as_deref()),
     };
     match result {
@@ -79,21 +108,43 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = load_config(args.config.as_deref())?;
-    if let Some(policy) = args.policy {
-        config.policy.plugin = policy;
-    }
+    config.apply(&args.flags).map_err(anyhow::Error::msg)?;
+    config.check_supported().map_err(anyhow::Error::msg)?;
+    init_logging(&config.log)?;
     let host = PluginHost::new()?;
     let policy = load_policy(&host, &config)?;
     eprintln!("policy `{}` loaded", sluice::engine::policy::SchedulingPolicy::name(&policy));
-    eprintln!("sluice cannot serve yet: the model core and engine are not built (issues B and C)");
-    Ok(ExitCode::from(2))
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads_or_cores(config.server.threads_http))
+        .thread_name("http")
+        .enable_all()
+        .build()
+        .context("cannot start the HTTP runtime")?;
+    let launch = Launch { config, config_file: args.config, flags: args.flags, host, policy };
+    let served = runtime.block_on(sluice::http::serve(launch));
+    // A model load still running on a blocking thread must not hold up the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Logs go to stderr, filtered by `log.level`, as text or JSON lines.
+fn init_logging(log: &LogConfig) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(&log.level).context("log.level")?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let installed = match log.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed.map_err(|error| anyhow::anyhow!("cannot install the logger: {error}"))
 }
 
 fn load_policy(host: &PluginHost, config: &Config) -> anyhow::Result<WasmPolicy> {
-    let source = config.policy.source().map_err(anyhow::Error::msg)?;
-    let bytes = read_plugin(&source)?;
-    let settings = settings_from_toml(&config.policy.settings).map_err(anyhow::Error::msg)?;
-    Ok(WasmPolicy::load(host, source, &bytes, settings, config.policy.limits())?)
+    Ok(sluice::http::admin::load_policy(host, &config.policy)?)
 }
 
 fn read_plugin(source: &PluginSource) -> anyhow::Result<Vec<u8>> {

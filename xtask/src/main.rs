@@ -1,5 +1,6 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod models;
 mod plugins;
 mod toolchain;
 
@@ -28,10 +29,15 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run a benchmark: `plugins`.
+    /// Download the default model (cached under target/models/, sha256-checked).
+    FetchModel,
+    /// Run a benchmark: `plugins` (policy step cost) or `model` (decode and
+    /// prefill tokens/s of the default model; `--json` ends with a JSON line).
     Bench {
-        #[arg(value_parser = ["plugins"])]
+        #[arg(value_parser = ["plugins", "model"])]
         suite: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -41,7 +47,8 @@ fn main() {
         Task::Plugins(args) => plugins::plugins(args),
         Task::Test => test(),
         Task::Serve { args } => serve(&args),
-        Task::Bench { suite } => bench(&suite),
+        Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
+        Task::Bench { suite, args } => bench(&suite, &args),
     };
     if let Err(error) = result {
         eprintln!("xtask: error: {error:#}");
@@ -73,6 +80,7 @@ fn cargo() -> Command {
 fn test() -> anyhow::Result<()> {
     let started = Instant::now();
     plugins::plugins(plugins::PluginsArgs::check())?;
+    models::fetch_model()?;
     eprintln!("xtask: plugin unit tests (native)");
     run(cargo()
         .args(["test", "--locked", "--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"]))?;
@@ -88,9 +96,16 @@ fn serve(args: &[String]) -> anyhow::Result<()> {
         .args(args))
 }
 
-fn bench(suite: &str) -> anyhow::Result<()> {
+fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
     match suite {
         "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
+        "model" => {
+            let model = models::fetch_model()?;
+            run(cargo()
+                .args(["run", "--quiet", "--release", "--package", "sluice", "--", "bench", "model", "--model"])
+                .arg(&model)
+                .args(args))
+        }
         other => bail!("unknown benchmark suite `{other}`"),
     }
 }

@@ -1,0 +1,83 @@
+//! Decode-shaped matmuls of the default model (SmolLM2-135M: 576-wide,
+//! FFN 1536, Q4_1 weights, a 49152-row Q8_0 output matrix) and the thread
+//! pool's dispatch cost.
+
+use divan::{Bencher, black_box};
+use half::f16;
+use sluice_kernels::matmul::{QuantMatrix, matmul};
+use sluice_kernels::pool::ThreadPool;
+use sluice_kernels::quant::DType;
+
+fn main() {
+    divan::main();
+}
+
+/// Random quants with small finite scales in the first two f16 slots of
+/// every block (Q4_1's d and m; Q8_0's d and its first two quants).
+fn random_matrix(dtype: DType, n_out: usize, n_in: usize) -> Vec<u8> {
+    let len = dtype.row_bytes(n_in).expect("whole blocks") * n_out;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut data: Vec<u8> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    for block in data.chunks_exact_mut(dtype.block_bytes()) {
+        block[..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(-0.05).to_le_bytes());
+    }
+    data
+}
+
+fn bench_matmul(bencher: Bencher, dtype: DType, n_out: usize, n_in: usize, m: usize, threads: usize) {
+    let data = random_matrix(dtype, n_out, n_in);
+    let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
+    let x: Vec<f32> = (0..m * n_in).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut out = vec![0.0; m * n_out];
+    let pool = ThreadPool::new(threads);
+    bencher.bench_local(|| matmul(&w, black_box(&x), m, &mut out, &pool));
+}
+
+#[divan::bench(args = [1, 2])]
+fn matvec_q4_1_1536x576(bencher: Bencher, threads: usize) {
+    bench_matmul(bencher, DType::Q4_1, 1536, 576, 1, threads);
+}
+
+#[divan::bench(args = [1, 2])]
+fn matvec_q4_1_576x1536(bencher: Bencher, threads: usize) {
+    bench_matmul(bencher, DType::Q4_1, 576, 1536, 1, threads);
+}
+
+#[divan::bench(args = [1, 2])]
+fn matvec_q8_0_49152x576(bencher: Bencher, threads: usize) {
+    bench_matmul(bencher, DType::Q8_0, 49152, 576, 1, threads);
+}
+
+#[divan::bench(args = [1, 2])]
+fn prefill64_q4_1_1536x576(bencher: Bencher, threads: usize) {
+    bench_matmul(bencher, DType::Q4_1, 1536, 576, 64, threads);
+}
+
+#[divan::bench(args = [2])]
+fn pool_dispatch(bencher: Bencher, threads: usize) {
+    let pool = ThreadPool::new(threads);
+    bencher.bench_local(|| {
+        pool.run(|index, n| {
+            black_box((index, n));
+        })
+    });
+}
+
+/// One dot of a 576-wide row, cache-resident: the kernel's own speed.
+#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K])]
+fn vec_dot_576(bencher: Bencher, dtype: DType) {
+    let n = if dtype.block_elems() == 256 { 512 } else { 576 };
+    let w = random_matrix(dtype, 1, n);
+    let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut a = vec![0u8; dtype.act_format().row_bytes(n).expect("whole blocks")];
+    sluice_kernels::quant::quantize_act_row(dtype.act_format(), &x, &mut a).expect("valid lengths");
+    bencher.bench_local(|| sluice_kernels::quant::vec_dot(dtype, black_box(&w), black_box(&a), n));
+}

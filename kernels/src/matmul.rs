@@ -1,0 +1,273 @@
+//! Products of a quantized weight matrix with rows of f32 activations.
+//!
+//! Every output element is exactly `vec_dot(weight row, activation row)`
+//! with the process's one dot kernel, whatever the batch size, tiling or
+//! thread count: tiling only changes the order in which elements are
+//! computed, and the threads split the weight rows into contiguous ranges.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::pool::ThreadPool;
+use crate::quant::{DType, KernelError, Kernels};
+
+/// Weight rows held at once per tile while the activation rows pass over
+/// them: about half of a typical L1 data cache.
+const TILE_BYTES: usize = 16 * 1024;
+
+/// A row-major `n_out × n_in` weight matrix in one dtype, borrowed from its
+/// file.
+#[derive(Clone, Copy)]
+pub struct QuantMatrix<'a> {
+    dtype: DType,
+    data: &'a [u8],
+    n_out: usize,
+    n_in: usize,
+    row_bytes: usize,
+    act_row_bytes: usize,
+}
+
+/// Shape and type only: the data is megabytes.
+impl std::fmt::Debug for QuantMatrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QuantMatrix({} × {} {})", self.n_out, self.n_in, self.dtype)
+    }
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// Checks that `data` is exactly `n_out` rows of `n_in` elements, and
+    /// that a row is a whole number of blocks.
+    pub fn new(dtype: DType, data: &'a [u8], n_out: usize, n_in: usize) -> Result<QuantMatrix<'a>, KernelError> {
+        let row_bytes = dtype.row_bytes(n_in);
+        let act_row_bytes = dtype.act_format().row_bytes(n_in);
+        let (Some(row_bytes), Some(act_row_bytes)) = (row_bytes, act_row_bytes) else {
+            return Err(if n_in.is_multiple_of(dtype.block_elems()) {
+                KernelError::TooLarge { format: dtype.name(), n: n_in }
+            } else {
+                KernelError::PartialBlock { format: dtype.name(), n: n_in, block: dtype.block_elems() }
+            });
+        };
+        let total = row_bytes.checked_mul(n_out).ok_or(KernelError::TooLarge { format: dtype.name(), n: n_in })?;
+        if data.len() != total {
+            return Err(KernelError::Length { what: "the weight matrix (bytes)", got: data.len(), expected: total });
+        }
+        Ok(QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+
+    /// The bytes of weight row `row`. Panics if `row >= n_out`.
+    pub fn row(&self, row: usize) -> &'a [u8] {
+        &self.data[row * self.row_bytes..(row + 1) * self.row_bytes]
+    }
+
+    /// Decodes weight row `row` (an embedding lookup) into `dst`. Panics if
+    /// `row >= n_out` or `dst.len() != n_in`, which callers check up front.
+    pub fn dequantize_row(&self, row: usize, dst: &mut [f32]) {
+        assert!(row < self.n_out, "row {row} of a matrix with {} rows", self.n_out);
+        assert_eq!(dst.len(), self.n_in, "destination length vs row length");
+        crate::quant::dequantize_valid_row(self.dtype, self.row(row), dst);
+    }
+}
+
+/// `out[i][j] = Σ_k weights[j][k] · x[i][k]` for the `m` rows of `x`
+/// (`m × n_in`, row-major) into `out` (`m × n_out`, row-major).
+///
+/// Each activation row is quantized once, then the threads of `pool` take
+/// contiguous ranges of weight rows; within a range, tiles of weight rows
+/// stay in cache while every activation row passes over them. Panics if
+/// `x` or `out` has the wrong length.
+pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &ThreadPool) {
+    let (n_in, n_out) = (weights.n_in, weights.n_out);
+    assert_eq!(Some(x.len()), m.checked_mul(n_in), "activations: {m} rows of {n_in}");
+    assert_eq!(Some(out.len()), m.checked_mul(n_out), "outputs: {m} rows of {n_out}");
+    if out.is_empty() {
+        return;
+    }
+    if n_in == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let kernels = Kernels::detected();
+    let format = weights.dtype.act_format();
+    let act_row_bytes = weights.act_row_bytes;
+    // No overflow: every activation format takes at most 4 bytes per value,
+    // so this is at most the size of `x`.
+    let mut quantized = vec![0u8; m * act_row_bytes];
+    for (x, a) in x.chunks_exact(n_in).zip(quantized.chunks_exact_mut(act_row_bytes)) {
+        kernels.quantize(format, x, a);
+    }
+    let acts = &quantized;
+    let dot = kernels.dot(weights.dtype);
+    let out = as_atomic(out);
+    let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(1);
+    pool.run(|thread, n_threads| {
+        let rows = share(n_out, thread, n_threads);
+        for tile_start in rows.clone().step_by(tile) {
+            let tile_rows = tile_start..(tile_start + tile).min(rows.end);
+            for (i, a) in acts.chunks_exact(act_row_bytes).enumerate() {
+                let out_row = &out[i * n_out..(i + 1) * n_out];
+                let mut j = tile_rows.start;
+                while j + 4 <= tile_rows.end {
+                    let values = dot.call4(std::array::from_fn(|r| weights.row(j + r)), a);
+                    for (o, v) in out_row[j..j + 4].iter().zip(values) {
+                        o.store(v.to_bits(), Ordering::Relaxed);
+                    }
+                    j += 4;
+                }
+                for (row, o) in (j..tile_rows.end).zip(&out_row[j..tile_rows.end]) {
+                    o.store(dot.call(weights.row(row), a).to_bits(), Ordering::Relaxed);
+                }
+            }
+        }
+    });
+}
+
+/// Thread `thread`'s contiguous share of `n` rows: whole groups of four
+/// (the four-row kernel's unit), as even as groups allow.
+fn share(n: usize, thread: usize, n_threads: usize) -> std::ops::Range<usize> {
+    let groups = n.div_ceil(4);
+    let (base, extra) = (groups / n_threads, groups % n_threads);
+    let start = base * thread + thread.min(extra);
+    let end = start + base + usize::from(thread < extra);
+    (4 * start).min(n)..(4 * end).min(n)
+}
+
+/// Lets the pool's threads write disjoint elements of `out` without unsafe
+/// aliasing: relaxed atomic stores compile to plain stores, and the pool's
+/// completion handshake publishes them to the caller.
+fn as_atomic(out: &mut [f32]) -> &[AtomicU32] {
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32,
+    // hence of f32, and the exclusive borrow of `out` guarantees that no
+    // other access to it overlaps the returned shared view.
+    unsafe { &*(out as *mut [f32] as *const [AtomicU32]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::{Rng, random_acts, random_weights};
+    use crate::quant::{quantize_act_row, vec_dot};
+
+    fn per_element(w: &QuantMatrix, x: &[f32], m: usize) -> Vec<f32> {
+        let format = w.dtype().act_format();
+        let mut out = Vec::with_capacity(m * w.n_out());
+        for x in x.chunks_exact(w.n_in()) {
+            let mut a = vec![0u8; format.row_bytes(w.n_in()).expect("whole blocks")];
+            quantize_act_row(format, x, &mut a).expect("valid lengths");
+            out.extend((0..w.n_out()).map(|j| vec_dot(w.dtype(), w.row(j), &a, w.n_in())));
+        }
+        out
+    }
+
+    #[test]
+    fn outputs_equal_per_element_dots_for_any_batch_and_thread_count() {
+        let mut rng = Rng::new(11);
+        let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+        for dtype in DType::ALL {
+            let n_in = if dtype.block_elems() == 256 { 512 } else { 96 };
+            // Enough rows for several tiles at the smaller row sizes.
+            let n_out = 301;
+            let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
+            let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
+            for m in [1, 3, 7, 64] {
+                let x = random_acts(&mut rng, m * n_in);
+                let want = per_element(&w, &x, m);
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; m * n_out];
+                    matmul(&w, &x, m, &mut out, pool);
+                    let same = out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype} m={m} threads={}", pool.n_threads());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_is_the_same_alone_or_in_a_batch() {
+        let mut rng = Rng::new(12);
+        let pool = ThreadPool::new(2);
+        let (n_out, n_in) = (50, 256);
+        let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, DType::Q4_1, n_in)).collect();
+        let w = QuantMatrix::new(DType::Q4_1, &data, n_out, n_in).expect("consistent shapes");
+        let x = random_acts(&mut rng, 5 * n_in);
+        let mut batch = vec![0.0; 5 * n_out];
+        matmul(&w, &x, 5, &mut batch, &pool);
+        for i in 0..5 {
+            let mut alone = vec![0.0; n_out];
+            matmul(&w, &x[i * n_in..(i + 1) * n_in], 1, &mut alone, &pool);
+            assert_eq!(alone, batch[i * n_out..(i + 1) * n_out]);
+        }
+    }
+
+    #[test]
+    fn matrices_with_partial_blocks_or_wrong_sizes_are_refused() {
+        let mut rng = Rng::new(13);
+        let mut data = vec![0u8; 4 * 100 * 18];
+        rng.fill(&mut data);
+        let err = QuantMatrix::new(DType::Q4_0, &data, 4, 100).expect_err("100 is not a multiple of 32");
+        assert_eq!(err, KernelError::PartialBlock { format: "Q4_0", n: 100, block: 32 });
+        assert!(err.to_string().contains("100"), "{err}");
+        let err = QuantMatrix::new(DType::Q6_K, &data, 1, 300).expect_err("300 is not a multiple of 256");
+        assert!(err.to_string().contains("300"), "{err}");
+
+        let err = QuantMatrix::new(DType::Q4_0, &data[..18 * 7], 2, 64).expect_err("short data");
+        assert_eq!(err, KernelError::Length { what: "the weight matrix (bytes)", got: 126, expected: 72 });
+        assert!(QuantMatrix::new(DType::Q8_0, &[], usize::MAX, 64).is_err());
+        assert!(QuantMatrix::new(DType::Q8_0, &data[..68], 2, 32).is_ok());
+    }
+
+    #[test]
+    fn debug_shows_the_shape_not_the_data() {
+        let data = vec![0u8; 2 * 34];
+        let w = QuantMatrix::new(DType::Q8_0, &data, 2, 32).expect("consistent shapes");
+        assert_eq!(format!("{w:?}"), "QuantMatrix(2 × 32 Q8_0)");
+    }
+
+    #[test]
+    fn dequantize_row_reads_the_right_row() {
+        let mut rng = Rng::new(14);
+        let data: Vec<u8> = (0..3).flat_map(|_| random_weights(&mut rng, DType::Q8_0, 64)).collect();
+        let w = QuantMatrix::new(DType::Q8_0, &data, 3, 64).expect("consistent shapes");
+        let mut row = vec![0.0; 64];
+        w.dequantize_row(2, &mut row);
+        let mut want = vec![0.0; 64];
+        crate::quant::dequantize_row(DType::Q8_0, &data[2 * 68..], &mut want).expect("valid row");
+        assert_eq!(row, want);
+    }
+
+    #[test]
+    fn shares_cover_the_rows_once() {
+        for n in [0, 1, 5, 301, 1536] {
+            for n_threads in 1..6 {
+                let shares: Vec<_> = (0..n_threads).map(|t| share(n, t, n_threads)).collect();
+                assert_eq!(shares[0].start, 0);
+                assert_eq!(shares[n_threads - 1].end, n);
+                assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+            }
+        }
+    }
+
+    #[test]
+    fn empty_products_do_nothing() {
+        let pool = ThreadPool::new(2);
+        let w = QuantMatrix::new(DType::F32, &[], 0, 8).expect("empty matrix");
+        matmul(&w, &[1.0; 16], 2, &mut [], &pool);
+        let data = vec![0u8; 3 * 20];
+        let w = QuantMatrix::new(DType::Q4_1, &data, 3, 32).expect("consistent shapes");
+        matmul(&w, &[], 0, &mut [], &pool);
+        let w = QuantMatrix::new(DType::Q4_1, &[], 3, 0).expect("rows of nothing");
+        let mut out = [f32::NAN; 6];
+        matmul(&w, &[], 2, &mut out, &pool);
+        assert_eq!(out, [0.0; 6]);
+    }
+}

@@ -1,0 +1,423 @@
+//! Attention of one query row over a paged f16 KV cache.
+//!
+//! A layer's K and V each live in an arena of physical blocks of
+//! `block_tokens` rows; a row holds one position's `n_kv_head × head_dim`
+//! values. A sequence's [`PageTable`] lists, in position order, the physical
+//! blocks holding its positions, so writers and readers agree on where
+//! position `p` lives through [`PageTable::row_offset`].
+
+use super::OpsError;
+use super::simd::{LANES, Simd, dispatch, padded};
+use half::f16;
+
+/// Where a sequence's positions live in a layer's K and V arenas.
+#[derive(Clone, Copy, Debug)]
+pub struct PageTable<'a> {
+    /// `blocks[b]` is the physical block holding positions
+    /// `b * block_tokens .. (b + 1) * block_tokens`.
+    pub blocks: &'a [u32],
+    pub block_tokens: usize,
+}
+
+impl PageTable<'_> {
+    /// Index in a K or V arena of the first of position `pos`'s `row_len`
+    /// values, or `None` when the table does not reach `pos` (or
+    /// `block_tokens` is 0). The arena may still be too short for the row;
+    /// slicing it checks that.
+    pub fn row_offset(&self, pos: usize, row_len: usize) -> Option<usize> {
+        let block = *self.blocks.get(pos.checked_div(self.block_tokens)?)? as usize;
+        let row = block.checked_mul(self.block_tokens)?.checked_add(pos % self.block_tokens)?;
+        row.checked_mul(row_len)
+    }
+}
+
+/// One layer's KV cache as seen by one sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPages<'a> {
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub pages: PageTable<'a>,
+}
+
+impl KvPages<'_> {
+    /// Calls `f(i, offset)` for positions `i` in `0..n` in order, `offset`
+    /// being where the position's row starts in the arenas. Callers check
+    /// the pages first (see [`attend`]) and mark `f` `#[inline(always)]`
+    /// (see `simd::dispatch`).
+    #[inline(always)]
+    fn for_each_row(&self, n: usize, row_len: usize, mut f: impl FnMut(usize, usize)) {
+        let block_tokens = self.pages.block_tokens;
+        for (b, &block) in self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate() {
+            let first = b * block_tokens;
+            let start = block as usize * block_tokens * row_len;
+            for r in 0..block_tokens.min(n - first) {
+                f(first + r, start + r * row_len);
+            }
+        }
+    }
+}
+
+/// Head geometry of an attention layer: query head `h` reads KV head
+/// `h / (n_head / n_kv_head)` (grouped-query attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadShape {
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+}
+
+impl HeadShape {
+    /// Checks a model's head counts: all positive, `n_kv_head` dividing
+    /// `n_head`.
+    pub fn new(n_head: usize, n_kv_head: usize, head_dim: usize) -> Result<Self, OpsError> {
+        if n_head == 0 || n_kv_head == 0 || head_dim == 0 || !n_head.is_multiple_of(n_kv_head) {
+            return Err(OpsError::Heads(format!(
+                "{n_head} query heads, {n_kv_head} KV heads of {head_dim}: need positive sizes \
+                 and KV heads dividing query heads"
+            )));
+        }
+        Ok(Self { n_head, n_kv_head, head_dim })
+    }
+
+    pub fn n_head(&self) -> usize {
+        self.n_head
+    }
+
+    pub fn n_kv_head(&self) -> usize {
+        self.n_kv_head
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Length of one token's q (and of attention's output).
+    pub fn q_len(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Length of one position's row in the K or V cache.
+    pub fn kv_len(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
+/// Attention of one token's `q` (`n_head × head_dim`) over positions
+/// `0..n_visible` of `kv`, written to `out` (same shape as `q`).
+///
+/// The arithmetic follows llama.cpp's CPU flash attention, whose outputs
+/// sluice is checked against: q is rounded to f16; per query head, positions
+/// are visited in order with a running maximum and sum (online softmax);
+/// scores are `(q · k_i) * scale` with the dot product in the fixed 16-lane
+/// order; the weighted sum of V is rescaled when the maximum grows and kept
+/// rounded to f16 after every position; the output is that sum divided by
+/// the softmax denominator. (Small models amplify even f16-level
+/// differences in attention into visible log-probability changes, so
+/// matching these roundings matters.) Nothing depends on how the positions
+/// are split into blocks or on other rows, so the result for a query is the
+/// same bits whatever the paging, batching or chunking.
+///
+/// `scratch` is grown to `2 × n_head × head_dim` floats (rounded up to
+/// whole chunks); reuse it to stay allocation-free.
+pub fn attend(
+    q: &[f32],
+    kv: KvPages<'_>,
+    n_visible: usize,
+    shape: HeadShape,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<(), OpsError> {
+    check(q, &kv, n_visible, shape, out).map_err(OpsError::Attention)?;
+    let HeadShape { n_head, n_kv_head, head_dim } = shape;
+    let group = n_head / n_kv_head;
+    let kv_len = shape.kv_len();
+    let chunks = head_dim.div_ceil(LANES);
+    scratch.clear();
+    scratch.resize(2 * n_head * chunks * LANES, 0.0);
+    let (q_pad, acc) = scratch.split_at_mut(n_head * chunks * LANES);
+    // q rounded to f16 and zero-padded to whole chunks (see the doc above).
+    let (q_pad, _) = q_pad.as_chunks_mut::<LANES>();
+    for (q, q_pad) in q.chunks_exact(head_dim).zip(q_pad.chunks_exact_mut(chunks)) {
+        for (dst, &value) in q_pad.as_flattened_mut().iter_mut().zip(q) {
+            *dst = f16::from_f32(value).to_f32();
+        }
+    }
+    let q_pad = &*q_pad;
+    let (acc, _) = acc.as_chunks_mut::<LANES>();
+    dispatch!(s => {
+        for (h, (q, acc)) in q_pad.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).enumerate() {
+            let kv_at = h / group * head_dim;
+            // Online softmax over positions in order: running max `m` and
+            // sum `sum`; the weighted sum of V is kept rounded to f16 after
+            // every update.
+            let mut m = f32::NEG_INFINITY;
+            let mut sum = 0.0f32;
+            kv.for_each_row(n_visible, kv_len, #[inline(always)] |_, at| {
+                let k = &kv.k[at + kv_at..][..head_dim];
+                let mut dot = s.splat(0.0);
+                for (c, q) in q.iter().enumerate() {
+                    dot = s.add(dot, s.mul(s.load(q), load_chunk(s, k, c)));
+                }
+                let score = s.reduce_sum(dot) * scale;
+                let (old_scale, weight) = if score > m {
+                    let old_scale = (m - score).exp();
+                    m = score;
+                    (old_scale, 1.0)
+                } else {
+                    (1.0, (score - m).exp())
+                };
+                let v = &kv.v[at + kv_at..][..head_dim];
+                let (old_scale_v, weight_v) = (s.splat(old_scale), s.splat(weight));
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    let updated = s.add(s.mul(s.load(acc), old_scale_v), s.mul(load_chunk(s, v, c), weight_v));
+                    let mut rounded = [f16::ZERO; LANES];
+                    s.store_f16(updated, &mut rounded);
+                    s.store(s.load_f16(&rounded), acc);
+                }
+                sum = sum * old_scale + weight;
+            });
+            let inv = s.splat(1.0 / sum);
+            let out = &mut out[h * head_dim..(h + 1) * head_dim];
+            for (c, acc) in acc.iter().enumerate() {
+                store_chunk(s, s.mul(s.load(acc), inv), out, c);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Chunk `c` of a head's row, zero-padded past its end.
+#[inline(always)]
+fn load_chunk<S: Simd>(s: S, row: &[f16], c: usize) -> S::V {
+    let (chunks, tail) = row.as_chunks::<LANES>();
+    match chunks.get(c) {
+        Some(chunk) => s.load_f16(chunk),
+        None if c == chunks.len() && !tail.is_empty() => s.load_f16(&padded(tail, f16::ZERO)),
+        None => s.splat(0.0),
+    }
+}
+
+/// Stores chunk `c` of a head's row, dropping lanes past its end.
+#[inline(always)]
+fn store_chunk<S: Simd>(s: S, v: S::V, row: &mut [f32], c: usize) {
+    let (chunks, tail) = row.as_chunks_mut::<LANES>();
+    if let Some(chunk) = chunks.get_mut(c) {
+        s.store(v, chunk);
+    } else if c == chunks.len() && !tail.is_empty() {
+        let mut chunk = [0.0; LANES];
+        s.store(v, &mut chunk);
+        let n = tail.len();
+        tail.copy_from_slice(&chunk[..n]);
+    }
+}
+
+fn check(q: &[f32], kv: &KvPages<'_>, n_visible: usize, shape: HeadShape, out: &[f32]) -> Result<(), String> {
+    if q.len() != shape.q_len() || out.len() != shape.q_len() {
+        return Err(format!("q has {} and out {} values, the heads need {}", q.len(), out.len(), shape.q_len()));
+    }
+    if n_visible == 0 {
+        return Err("no visible positions".into());
+    }
+    let PageTable { blocks, block_tokens } = kv.pages;
+    let n_blocks = n_visible.div_ceil(block_tokens.max(1));
+    if block_tokens == 0 || blocks.len() < n_blocks {
+        return Err(format!("{} blocks of {block_tokens} positions do not cover {n_visible} positions", blocks.len()));
+    }
+    let block_len = block_tokens.saturating_mul(shape.kv_len());
+    let arena = kv.k.len().min(kv.v.len());
+    if let Some(b) = blocks[..n_blocks].iter().find(|&&b| {
+        (b as usize).checked_add(1).and_then(|end| end.checked_mul(block_len)).is_none_or(|end| end > arena)
+    }) {
+        return Err(format!("block {b} lies outside the K/V arenas ({} and {} values)", kv.k.len(), kv.v.len()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::noise;
+    use crate::ops::row::f32_to_f16_row;
+    use crate::ops::simd::same_on_every_level;
+
+    /// A layer's cache holding `k` and `v` (positions × kv_len) in blocks of
+    /// `block_tokens`, laid out in reverse physical order after one spare
+    /// block, every unused value NaN so that reading one shows.
+    struct Cache {
+        k: Vec<f16>,
+        v: Vec<f16>,
+        blocks: Vec<u32>,
+        block_tokens: usize,
+    }
+
+    impl Cache {
+        fn new(k: &[f32], v: &[f32], kv_len: usize, block_tokens: usize) -> Self {
+            let n_blocks = (k.len() / kv_len).div_ceil(block_tokens);
+            let arena = (n_blocks + 1) * block_tokens * kv_len;
+            let blocks = (1..=n_blocks as u32).rev().collect();
+            let mut cache = Self { k: vec![f16::NAN; arena], v: vec![f16::NAN; arena], blocks, block_tokens };
+            for (pos, (k, v)) in k.chunks(kv_len).zip(v.chunks(kv_len)).enumerate() {
+                let at = cache.pages().row_offset(pos, kv_len).unwrap();
+                f32_to_f16_row(k, &mut cache.k[at..at + kv_len]);
+                f32_to_f16_row(v, &mut cache.v[at..at + kv_len]);
+            }
+            cache
+        }
+
+        fn pages(&self) -> PageTable<'_> {
+            PageTable { blocks: &self.blocks, block_tokens: self.block_tokens }
+        }
+
+        fn kv(&self) -> KvPages<'_> {
+            KvPages { k: &self.k, v: &self.v, pages: self.pages() }
+        }
+
+        fn attend(&self, q: &[f32], n_visible: usize, shape: HeadShape) -> Vec<f32> {
+            let mut out = vec![f32::NAN; shape.q_len()];
+            let scale = 1.0 / (shape.head_dim() as f32).sqrt();
+            attend(q, self.kv(), n_visible, shape, scale, &mut out, &mut Vec::new()).unwrap();
+            out
+        }
+    }
+
+    fn reference(q: &[f32], k: &[f32], v: &[f32], n_visible: usize, shape: HeadShape) -> Vec<f64> {
+        let (hd, kv_len) = (shape.head_dim(), shape.kv_len());
+        let group = shape.n_head() / shape.n_kv_head();
+        let round = |x: f32| f16::from_f32(x).to_f64();
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut out = Vec::new();
+        for h in 0..shape.n_head() {
+            let q = &q[h * hd..][..hd];
+            let at = |rows: &[f32], i: usize| -> Vec<f64> {
+                rows[i * kv_len + h / group * hd..][..hd].iter().map(|&x| round(x)).collect()
+            };
+            let scores: Vec<f64> = (0..n_visible)
+                .map(|i| at(k, i).iter().zip(q).map(|(k, &q)| k * q as f64).sum::<f64>() * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f64::MIN, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let mut o = vec![0.0; hd];
+            for (i, w) in weights.iter().enumerate() {
+                for (o, v) in o.iter_mut().zip(at(v, i)) {
+                    *o += w / total * v;
+                }
+            }
+            out.extend(o);
+        }
+        out
+    }
+
+    const SHAPES: [(usize, usize, usize); 4] = [(9, 3, 64), (4, 4, 80), (8, 2, 24), (2, 1, 128)];
+
+    #[test]
+    fn matches_f64_on_every_level() {
+        for (n_head, n_kv_head, head_dim) in SHAPES {
+            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
+            for n_visible in [1, 2, 17, 100] {
+                let seed = (n_head * 1000 + n_visible) as u64;
+                let q = noise(shape.q_len(), seed, 2.0);
+                let k = noise(n_visible * shape.kv_len(), seed + 1, 2.0);
+                let v = noise(n_visible * shape.kv_len(), seed + 2, 1.0);
+                let cache = Cache::new(&k, &v, shape.kv_len(), 16);
+                let got = same_on_every_level(|| cache.attend(&q, n_visible, shape));
+                // The kernel rounds q to f16 (so does the reference here)
+                // and keeps the weighted sum of V in f16: each position adds
+                // at most half an f16 ulp of the running sum (|v| ≤ 1).
+                let q16: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+                let want = reference(&q16, &k, &v, n_visible, shape);
+                let tolerance = 2e-3 * (n_visible as f64).sqrt();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((*g as f64 - w).abs() < tolerance, "{shape:?} n={n_visible} [{i}]: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn paging_does_not_change_a_bit() {
+        let shape = HeadShape::new(9, 3, 64).unwrap();
+        let n = 50;
+        let q = noise(shape.q_len(), 7, 3.0);
+        let k = noise(n * shape.kv_len(), 8, 3.0);
+        let v = noise(n * shape.kv_len(), 9, 1.0);
+        let whole = Cache::new(&k, &v, shape.kv_len(), n).attend(&q, n, shape);
+        for block_tokens in [1, 7, 16] {
+            let cache = Cache::new(&k, &v, shape.kv_len(), block_tokens);
+            let got = same_on_every_level(|| cache.attend(&q, n, shape));
+            assert_eq!(got, whole, "block_tokens {block_tokens}");
+        }
+        // A prefix attends the same whether later positions exist yet.
+        let prefix = 33;
+        let short = Cache::new(&k[..prefix * shape.kv_len()], &v[..prefix * shape.kv_len()], shape.kv_len(), 7);
+        let long = Cache::new(&k, &v, shape.kv_len(), 7);
+        assert_eq!(short.attend(&q, prefix, shape), long.attend(&q, prefix, shape));
+    }
+
+    #[test]
+    fn one_position_returns_its_value() {
+        let shape = HeadShape::new(6, 2, 20).unwrap();
+        let q = noise(shape.q_len(), 1, 1.0);
+        let k = noise(shape.kv_len(), 2, 1.0);
+        let v = noise(shape.kv_len(), 3, 1.0);
+        let got = same_on_every_level(|| Cache::new(&k, &v, shape.kv_len(), 4).attend(&q, 1, shape));
+        for h in 0..6 {
+            let want: Vec<f32> = v[h / 3 * 20..][..20].iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            assert_eq!(&got[h * 20..][..20], &want[..], "head {h}");
+        }
+    }
+
+    #[test]
+    fn query_heads_share_their_group_kv_head() {
+        let shape = HeadShape::new(6, 3, 16).unwrap();
+        let n = 5;
+        let q = noise(shape.q_len(), 4, 1.0);
+        let k = noise(n * shape.kv_len(), 5, 1.0);
+        // Every position's V is constant per KV head, so each query head
+        // must return its group's constant whatever its weights.
+        let v: Vec<f32> = (0..n * shape.kv_len()).map(|i| (1 + i % 48 / 16) as f32).collect();
+        let got = Cache::new(&k, &v, shape.kv_len(), 2).attend(&q, n, shape);
+        for (h, head) in got.chunks(16).enumerate() {
+            let want = (1 + h / 2) as f32;
+            // The f16 running sum rounds each update.
+            assert!(head.iter().all(|&x| (x - want).abs() < 2e-3 * want), "head {h}: {head:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_inputs() {
+        assert!(HeadShape::new(9, 2, 64).is_err());
+        assert!(HeadShape::new(9, 0, 64).is_err());
+        assert!(HeadShape::new(0, 1, 64).is_err());
+        let shape = HeadShape::new(2, 1, 16).unwrap();
+        let kv = noise(4 * shape.kv_len(), 1, 1.0);
+        let cache = Cache::new(&kv, &kv, shape.kv_len(), 2);
+        let q = vec![0.0; shape.q_len()];
+        let mut out = vec![0.0; shape.q_len()];
+        let run =
+            |q: &[f32], kv: KvPages<'_>, n: usize, out: &mut [f32]| attend(q, kv, n, shape, 1.0, out, &mut Vec::new());
+        assert!(run(&q, cache.kv(), 4, &mut out).is_ok());
+        assert!(run(&q[1..], cache.kv(), 4, &mut out).is_err());
+        assert!(run(&q, cache.kv(), 4, &mut out[1..]).is_err());
+        assert!(run(&q, cache.kv(), 0, &mut out).is_err());
+        assert!(run(&q, cache.kv(), 5, &mut out).is_err());
+        let outside = [0, 9];
+        let kv = KvPages { pages: PageTable { blocks: &outside, block_tokens: 2 }, ..cache.kv() };
+        assert!(matches!(run(&q, kv, 3, &mut out), Err(OpsError::Attention(_))));
+        let kv = KvPages { pages: PageTable { blocks: &outside, block_tokens: 0 }, ..cache.kv() };
+        assert!(run(&q, kv, 1, &mut out).is_err());
+        let kv = KvPages { v: &cache.v[..10], ..cache.kv() };
+        assert!(run(&q, kv, 1, &mut out).is_err());
+    }
+
+    #[test]
+    fn row_offsets_follow_the_table() {
+        let pages = PageTable { blocks: &[3, 0, 5], block_tokens: 4 };
+        assert_eq!(pages.row_offset(0, 10), Some(120));
+        assert_eq!(pages.row_offset(5, 10), Some(10));
+        assert_eq!(pages.row_offset(11, 10), Some(230));
+        assert_eq!(pages.row_offset(12, 10), None);
+        assert_eq!(PageTable { blocks: &[0], block_tokens: 0 }.row_offset(0, 10), None);
+    }
+}

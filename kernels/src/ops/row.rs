@@ -1,0 +1,266 @@
+//! Kernels over one activation row: normalisation, softmax, activations,
+//! residual add and the f32 → f16 conversion that writes the KV cache.
+
+use super::simd::{LANES, Reduce, Simd, dispatch, exp, padded, reduce, update};
+use half::f16;
+
+fn assert_same_len(what: &str, a: usize, b: usize) {
+    assert!(a == b, "{what}: slice lengths differ ({a} vs {b})");
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, the mean taken over the row.
+///
+/// The sum of squares runs in f32 in the fixed 16-lane order of
+/// [`ops`](super), then `x * scale` is multiplied by `weight`.
+///
+/// # Panics
+/// If `weight` or `out` is not as long as `x`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    assert_same_len("rms_norm weight", x.len(), weight.len());
+    assert_same_len("rms_norm out", x.len(), out.len());
+    dispatch!(s => {
+        let scale = rms_scale(s, x, eps);
+        update(s, out, [x, weight], #[inline(always)] |_, [x, w]| s.mul(s.mul(x, scale), w));
+    })
+}
+
+/// [`rms_norm`] with `x` as its own output (per-head q/k norms).
+///
+/// # Panics
+/// If `weight` is not as long as `x`.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    assert_same_len("rms_norm_in_place weight", x.len(), weight.len());
+    dispatch!(s => {
+        let scale = rms_scale(s, x, eps);
+        update(s, x, [weight], #[inline(always)] |x, [w]| s.mul(s.mul(x, scale), w));
+    })
+}
+
+/// `1 / sqrt(mean(x²) + eps)`, splatted.
+#[inline(always)]
+fn rms_scale<S: Simd>(s: S, x: &[f32], eps: f32) -> S::V {
+    s.splat(1.0 / (reduce(s, x, Reduce::SumOfSquares) / x.len() as f32 + eps).sqrt())
+}
+
+/// Replaces `x` by `softmax(x)`: `exp(x - max)` normalised by its sum, the
+/// sum taken in the fixed 16-lane order and applied as a multiplication by
+/// its reciprocal. An empty row is left alone.
+pub fn softmax_in_place(x: &mut [f32]) {
+    dispatch!(s => softmax(s, x))
+}
+
+#[inline(always)]
+pub(crate) fn softmax<S: Simd>(s: S, x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = s.splat(reduce(s, x, Reduce::Max));
+    update(
+        s,
+        x,
+        [],
+        #[inline(always)]
+        |v, []| exp(s, s.sub(v, max)),
+    );
+    let inv = s.splat(1.0 / reduce(s, x, Reduce::Sum));
+    update(
+        s,
+        x,
+        [],
+        #[inline(always)]
+        |v, []| s.mul(v, inv),
+    );
+}
+
+/// `x / (1 + e^-x)` per lane.
+#[inline(always)]
+fn silu_v<S: Simd>(s: S, x: S::V) -> S::V {
+    s.div(x, s.add(s.splat(1.0), exp(s, s.sub(s.splat(0.0), x))))
+}
+
+/// `x = x * sigmoid(x)` in place.
+pub fn silu(x: &mut [f32]) {
+    dispatch!(s => update(s, x, [], #[inline(always)] |v, []| silu_v(s, v)))
+}
+
+/// `out = silu(gate) * up`, the gated feed-forward activation.
+///
+/// # Panics
+/// If `up` or `out` is not as long as `gate`.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_same_len("swiglu up", gate.len(), up.len());
+    assert_same_len("swiglu out", gate.len(), out.len());
+    dispatch!(s => update(s, out, [gate, up], #[inline(always)] |_, [g, u]| s.mul(silu_v(s, g), u)))
+}
+
+/// `dst += src`, the residual connection.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn add_in_place(dst: &mut [f32], src: &[f32]) {
+    assert_same_len("add_in_place", dst.len(), src.len());
+    dispatch!(s => update(s, dst, [src], #[inline(always)] |d, [x]| s.add(d, x)))
+}
+
+/// Rounds `src` to f16 (nearest, ties to even; out-of-range values become
+/// ±inf) into `dst`, as when writing K and V into the cache.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+    assert_same_len("f32_to_f16_row", src.len(), dst.len());
+    dispatch!(s => {
+        let (src, src_tail) = src.as_chunks::<LANES>();
+        let (dst, dst_tail) = dst.as_chunks_mut::<LANES>();
+        for (x, y) in src.iter().zip(dst) {
+            s.store_f16(s.load(x), y);
+        }
+        if !src_tail.is_empty() {
+            let mut y = [f16::ZERO; LANES];
+            s.store_f16(s.load(&padded(src_tail, 0.0)), &mut y);
+            dst_tail.copy_from_slice(&y[..dst_tail.len()]);
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::noise;
+    use crate::ops::simd::same_on_every_level;
+
+    const LENGTHS: [usize; 8] = [1, 5, 15, 16, 17, 64, 576, 1000];
+
+    fn close(got: f32, want: f64, rel: f64) -> bool {
+        (got as f64 - want).abs() <= rel * want.abs().max(1e-30)
+    }
+
+    #[test]
+    fn rms_norm_matches_f64_and_every_level() {
+        for (seed, &n) in LENGTHS.iter().enumerate() {
+            let x = noise(n, seed as u64, 3.0);
+            let w = noise(n, 100 + seed as u64, 1.5);
+            let got = same_on_every_level(|| {
+                let mut out = vec![f32::NAN; n];
+                rms_norm(&x, &w, 1e-5, &mut out);
+                out
+            });
+            let mut in_place = x.clone();
+            rms_norm_in_place(&mut in_place, &w, 1e-5);
+            assert_eq!(in_place, got);
+            let mean = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let scale = 1.0 / (mean + 1e-5).sqrt();
+            for i in 0..n {
+                let want = x[i] as f64 * scale * w[i] as f64;
+                assert!(close(got[i], want, 1e-5), "n={n} i={i}: {} vs {want}", got[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_matches_f64_and_every_level() {
+        for (seed, &n) in LENGTHS.iter().enumerate() {
+            let x = noise(n, seed as u64, 20.0);
+            let got = same_on_every_level(|| {
+                let mut y = x.clone();
+                softmax_in_place(&mut y);
+                y
+            });
+            let max = x.iter().copied().fold(f32::MIN, f32::max) as f64;
+            let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+            for i in 0..n {
+                let want = (x[i] as f64 - max).exp() / sum;
+                assert!((got[i] as f64 - want).abs() <= 1e-6 * want.max(1e-6), "n={n} i={i}");
+            }
+        }
+        let mut empty: [f32; 0] = [];
+        softmax_in_place(&mut empty);
+    }
+
+    #[test]
+    fn softmax_gives_zero_to_minus_infinity() {
+        let got = same_on_every_level(|| {
+            let mut y = vec![0.0, f32::NEG_INFINITY, 0.0, -200.0];
+            softmax_in_place(&mut y);
+            y
+        });
+        assert_eq!(got, [0.5, 0.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn silu_and_swiglu_match_f64_and_every_level() {
+        for (seed, &n) in LENGTHS.iter().enumerate() {
+            let mut g = noise(n, seed as u64, 12.0);
+            g[0] = -100.0;
+            let u = noise(n, 50 + seed as u64, 2.0);
+            let silu_f64 = |x: f32| x as f64 / (1.0 + (-(x as f64)).exp());
+            let got = same_on_every_level(|| {
+                let mut y = g.clone();
+                silu(&mut y);
+                y
+            });
+            let gated = same_on_every_level(|| {
+                let mut out = vec![f32::NAN; n];
+                swiglu(&g, &u, &mut out);
+                out
+            });
+            for i in 0..n {
+                assert!(close(got[i], silu_f64(g[i]), 1e-6), "n={n} i={i}");
+                assert!(close(gated[i], silu_f64(g[i]) * u[i] as f64, 1e-6), "n={n} i={i}");
+            }
+        }
+    }
+
+    #[test]
+    fn silu_saturates() {
+        let got = same_on_every_level(|| {
+            let mut y = vec![-1000.0, 1000.0, 0.0, f32::INFINITY];
+            silu(&mut y);
+            y
+        });
+        assert_eq!(got, [-0.0, 1000.0, 0.0, f32::INFINITY]);
+    }
+
+    #[test]
+    fn add_in_place_adds() {
+        for &n in &LENGTHS {
+            let a = noise(n, 1, 1.0);
+            let b = noise(n, 2, 1.0);
+            let got = same_on_every_level(|| {
+                let mut y = a.clone();
+                add_in_place(&mut y, &b);
+                y
+            });
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn f16_rows_round_like_half() {
+        let mut x = noise(1000, 9, 70_000.0);
+        x.extend([0.0, -0.0, 1e-7, -6e-8, 65504.0, 65520.0, -1e9, f32::INFINITY, 2.0f32.powi(-24)]);
+        for n in [x.len(), 17, 16, 3] {
+            let got = same_on_every_level(|| {
+                let mut y = vec![f16::NAN; n];
+                f32_to_f16_row(&x[..n], &mut y);
+                y.iter().map(|v| v.to_f32()).collect()
+            });
+            for (g, &v) in got.iter().zip(&x[..n]) {
+                assert_eq!(g.to_bits(), f16::from_f32(v).to_f32().to_bits(), "{v}");
+            }
+        }
+        let got = same_on_every_level(|| {
+            let mut y = [f16::ZERO];
+            f32_to_f16_row(&[f32::NAN], &mut y);
+            vec![y[0].is_nan() as u8 as f32]
+        });
+        assert_eq!(got, [1.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "rms_norm out")]
+    fn rms_norm_rejects_short_out() {
+        rms_norm(&[1.0; 4], &[1.0; 4], 1e-5, &mut [0.0; 3]);
+    }
+}

@@ -1,0 +1,194 @@
+//! Byte layouts of the GGML quantized blocks and of the activation formats
+//! they are dotted with.
+//!
+//! Every field is a byte array, so the structs have alignment 1 and no
+//! padding: a row from a memory-mapped file casts to a slice of blocks
+//! whatever its address, and multi-byte fields are decoded explicitly as
+//! little-endian.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Elements per block of the 32-element formats.
+pub(crate) const QK: usize = 32;
+/// Elements per block of the K-quant formats.
+pub(crate) const QK_K: usize = 256;
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ4_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ4_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; 16],
+}
+
+/// Both a weight format and the activation partner of Q4_0/Q5_0/Q8_0.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [i8; 32],
+}
+
+/// Activation partner of Q4_1/Q5_1. `sum` (little-endian i16) is the sum of
+/// the quants, which the weight block's offset `m` multiplies. GGML stores
+/// `d · sum` as an f16 instead, which overflows once a block's largest
+/// activation passes about 2050; the exact integer costs the same to use.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ8_1 {
+    pub d: [u8; 2],
+    pub sum: [u8; 2],
+    pub qs: [i8; 32],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ4K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qs: [u8; 128],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ5K {
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+    pub scales: [u8; 12],
+    pub qh: [u8; 32],
+    pub qs: [u8; 128],
+}
+
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ6K {
+    pub ql: [u8; 128],
+    pub qh: [u8; 64],
+    pub scales: [i8; 16],
+    pub d: [u8; 2],
+}
+
+/// Activation partner of the K-quants. `bsums` holds sixteen little-endian
+/// i16 sums of 16 consecutive quants, which the weight minima (Q4_K, Q5_K)
+/// and Q6_K's offset of 32 are multiplied with instead of every element.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ8K {
+    pub d: [u8; 4],
+    pub qs: [i8; 256],
+    pub bsums: [u8; 32],
+}
+
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<BlockQ4_0>() == 18);
+    assert!(size_of::<BlockQ4_1>() == 20);
+    assert!(size_of::<BlockQ5_0>() == 22);
+    assert!(size_of::<BlockQ5_1>() == 24);
+    assert!(size_of::<BlockQ8_0>() == 34);
+    assert!(size_of::<BlockQ8_1>() == 36);
+    assert!(size_of::<BlockQ4K>() == 144);
+    assert!(size_of::<BlockQ5K>() == 176);
+    assert!(size_of::<BlockQ6K>() == 210);
+    assert!(size_of::<BlockQ8K>() == 292);
+};
+
+/// The whole blocks at the start of `bytes`. Kernels are handed rows whose
+/// lengths were validated, so a trailing partial block never occurs there;
+/// truncating instead of panicking keeps the kernels total functions.
+#[inline(always)]
+pub(crate) fn blocks<B: Pod>(bytes: &[u8]) -> &[B] {
+    let whole = bytes.len() / size_of::<B>() * size_of::<B>();
+    bytemuck::cast_slice(&bytes[..whole])
+}
+
+#[inline(always)]
+pub(crate) fn blocks_mut<B: Pod>(bytes: &mut [u8]) -> &mut [B] {
+    let whole = bytes.len() / size_of::<B>() * size_of::<B>();
+    bytemuck::cast_slice_mut(&mut bytes[..whole])
+}
+
+/// The two packed 6-bit (scale, min) arrays of a Q4_K/Q5_K block, one entry
+/// per 32-element sub-block. Working on three little-endian words decodes
+/// four sub-blocks per operation.
+#[inline(always)]
+pub(crate) fn k_scales(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (s0, s1, s2) = (word(0), word(1), word(2));
+    let low6 = 0x3f3f_3f3f;
+    let top2 = |w: u32| ((w >> 6) & 0x0303_0303) << 4;
+    let sc_hi = (s2 & 0x0f0f_0f0f) | top2(s0);
+    let m_hi = ((s2 >> 4) & 0x0f0f_0f0f) | top2(s1);
+    let join = |lo: u32, hi: u32| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&lo.to_le_bytes());
+        out[4..].copy_from_slice(&hi.to_le_bytes());
+        out
+    };
+    (join(s0 & low6, sc_hi), join(s1 & low6, m_hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packing rule spelled out per sub-block, as the format describes it.
+    fn k_scales_by_rule(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            if j < 4 {
+                sc[j] = s[j] & 63;
+                m[j] = s[j + 4] & 63;
+            } else {
+                sc[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+        }
+        (sc, m)
+    }
+
+    #[test]
+    fn k_scales_match_the_packing_rule() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        for _ in 0..1000 {
+            let mut s = [0u8; 12];
+            for b in &mut s {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                *b = (state >> 56) as u8;
+            }
+            assert_eq!(k_scales(&s), k_scales_by_rule(&s));
+        }
+        assert_eq!(k_scales(&[0xFF; 12]), ([63; 8], [63; 8]));
+    }
+
+    #[test]
+    fn partial_trailing_blocks_are_dropped() {
+        let bytes = [0u8; 18 * 2 + 5];
+        assert_eq!(blocks::<BlockQ4_0>(&bytes).len(), 2);
+    }
+}

@@ -1,0 +1,446 @@
+//! Weight formats (GGML block layouts), activation quantization, and the
+//! dot products between them.
+//!
+//! Weights stay in their file format. Each activation row is quantized once
+//! into the "dot partner" format of the weight type ([`DType::act_format`]),
+//! and a dot product then multiplies integers inside each block and adds
+//! the per-block float results in ascending block order.
+//!
+//! Batch invariance: [`vec_dot`] of a given (weight row, activation row) pair
+//! gives the same bits at every call site. The SIMD levels compute each
+//! block's integer sums exactly as the scalar reference does and then run
+//! the reference's float steps in its order, so the level (chosen once per
+//! process, see [`SimdLevel::detected`]) never changes a result, and
+//! `matmul` computes every output element with this same dot.
+
+mod blocks;
+mod scalar;
+#[cfg(test)]
+pub(crate) mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use thiserror::Error;
+
+use blocks::{QK, QK_K};
+
+/// The element types of weight tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl DType {
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
+    /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
+    /// not read.
+    pub fn from_ggml(type_id: u32) -> Option<DType> {
+        Some(match type_id {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::Q4_0,
+            3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            8 => DType::Q8_0,
+            12 => DType::Q4_K,
+            13 => DType::Q5_K,
+            14 => DType::Q6_K,
+            30 => DType::BF16,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Elements per block; 1 for the float types.
+    pub fn block_elems(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        use blocks::*;
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q4_0 => size_of::<BlockQ4_0>(),
+            DType::Q4_1 => size_of::<BlockQ4_1>(),
+            DType::Q5_0 => size_of::<BlockQ5_0>(),
+            DType::Q5_1 => size_of::<BlockQ5_1>(),
+            DType::Q8_0 => size_of::<BlockQ8_0>(),
+            DType::Q4_K => size_of::<BlockQ4K>(),
+            DType::Q5_K => size_of::<BlockQ5K>(),
+            DType::Q6_K => size_of::<BlockQ6K>(),
+        }
+    }
+
+    /// Bytes of a row of `n` elements; `None` when `n` is not a whole number
+    /// of blocks or the size overflows.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        row_bytes(n, self.block_elems(), self.block_bytes())
+    }
+
+    /// The format activations are quantized to before a dot with this type.
+    pub fn act_format(self) -> ActFormat {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => ActFormat::F32,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0,
+            DType::Q4_1 | DType::Q5_1 => ActFormat::Q8_1,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
+        }
+    }
+
+    fn checked_row_bytes(self, n: usize) -> Result<usize, KernelError> {
+        checked_row_bytes(self.name(), n, self.block_elems(), self.block_bytes())
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Formats of quantized activation rows.
+///
+/// - `F32`: plain little-endian floats (partner of F32/F16/BF16 weights).
+/// - `Q8_0`: blocks of 32 as f16 `d` and 32 i8, `d = max|x| / 127`.
+/// - `Q8_1`: as Q8_0 plus the i16 sum of the quants after `d` (GGML's Q8_1
+///   has an f16 `d · Σq` there, which overflows for large activations).
+/// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants.
+///
+/// Quants round to nearest with ties to even and stay within ±127. Inputs
+/// must be finite: a non-finite value makes its block's scale non-finite,
+/// and its quants are unspecified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum ActFormat {
+    F32,
+    Q8_0,
+    Q8_1,
+    Q8_K,
+}
+
+impl ActFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ActFormat::F32 => "F32",
+            ActFormat::Q8_0 => "Q8_0",
+            ActFormat::Q8_1 => "Q8_1",
+            ActFormat::Q8_K => "Q8_K",
+        }
+    }
+
+    pub fn block_elems(self) -> usize {
+        match self {
+            ActFormat::F32 => 1,
+            ActFormat::Q8_0 | ActFormat::Q8_1 => QK,
+            ActFormat::Q8_K => QK_K,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            ActFormat::F32 => 4,
+            ActFormat::Q8_0 => size_of::<blocks::BlockQ8_0>(),
+            ActFormat::Q8_1 => size_of::<blocks::BlockQ8_1>(),
+            ActFormat::Q8_K => size_of::<blocks::BlockQ8K>(),
+        }
+    }
+
+    /// Bytes of a quantized row of `n` elements; `None` when `n` is not a
+    /// whole number of blocks or the size overflows.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        row_bytes(n, self.block_elems(), self.block_bytes())
+    }
+
+    fn checked_row_bytes(self, n: usize) -> Result<usize, KernelError> {
+        checked_row_bytes(self.name(), n, self.block_elems(), self.block_bytes())
+    }
+}
+
+fn row_bytes(n: usize, block_elems: usize, block_bytes: usize) -> Option<usize> {
+    if !n.is_multiple_of(block_elems) {
+        return None;
+    }
+    (n / block_elems).checked_mul(block_bytes)
+}
+
+fn checked_row_bytes(
+    format: &'static str,
+    n: usize,
+    block_elems: usize,
+    block_bytes: usize,
+) -> Result<usize, KernelError> {
+    if !n.is_multiple_of(block_elems) {
+        return Err(KernelError::PartialBlock { format, n, block: block_elems });
+    }
+    row_bytes(n, block_elems, block_bytes).ok_or(KernelError::TooLarge { format, n })
+}
+
+fn expect_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected { Ok(()) } else { Err(KernelError::Length { what, got, expected }) }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum KernelError {
+    #[error("a row of {n} elements is not a whole number of {format} blocks of {block}")]
+    PartialBlock { format: &'static str, n: usize, block: usize },
+    #[error("a {format} row of {n} elements is too large to address")]
+    TooLarge { format: &'static str, n: usize },
+    #[error("{what} has length {got}, expected {expected}")]
+    Length { what: &'static str, got: usize, expected: usize },
+}
+
+/// Decodes one row of `dtype` from `src` into `dst`; the row's length is
+/// `dst.len()` and `src` must be exactly its bytes.
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    expect_len("the source row (bytes)", src.len(), dtype.checked_row_bytes(dst.len())?)?;
+    scalar::dequantize(dtype, src, dst);
+    Ok(())
+}
+
+/// [`dequantize_row`] for lengths validated elsewhere (a matrix row).
+pub(crate) fn dequantize_valid_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    debug_assert_eq!(dtype.row_bytes(dst.len()), Some(src.len()));
+    scalar::dequantize(dtype, src, dst);
+}
+
+/// Quantizes one activation row `x` into `dst`, which must be exactly
+/// `format.row_bytes(x.len())` bytes. Values must be finite (see
+/// [`ActFormat`]).
+pub fn quantize_act_row(format: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    expect_len("the quantized row (bytes)", dst.len(), format.checked_row_bytes(x.len())?)?;
+    Kernels::detected().quantize(format, x, dst);
+    Ok(())
+}
+
+/// Dot product of a weight row of `n` elements with an activation row
+/// quantized by [`quantize_act_row`] into `dtype.act_format()`.
+///
+/// The lengths must be `dtype.row_bytes(n)` and
+/// `dtype.act_format().row_bytes(n)` ([`try_vec_dot`] checks them); this is
+/// debug-asserted only, since the matmul loops call it per element with
+/// lengths validated once. Wrong lengths give a meaningless value, never
+/// undefined behaviour.
+pub fn vec_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) -> f32 {
+    debug_assert_eq!(check_dot(dtype, weight_row, act_row, n), Ok(()));
+    Kernels::detected().dot(dtype).call(weight_row, act_row)
+}
+
+/// [`vec_dot`] with its lengths checked.
+pub fn try_vec_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) -> Result<f32, KernelError> {
+    check_dot(dtype, weight_row, act_row, n)?;
+    Ok(vec_dot(dtype, weight_row, act_row, n))
+}
+
+fn check_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) -> Result<(), KernelError> {
+    expect_len("the weight row (bytes)", weight_row.len(), dtype.checked_row_bytes(n)?)?;
+    expect_len("the activation row (bytes)", act_row.len(), dtype.act_format().checked_row_bytes(n)?)
+}
+
+/// The instruction sets the kernels are built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SimdLevel {
+    /// Portable code; the reference the others equal.
+    Scalar,
+    /// AVX2 with FMA and F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/VNNI on top of AVX2.
+    Avx512,
+}
+
+impl SimdLevel {
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// The level every kernel of this process uses: the best one the CPU
+    /// supports, or a lower one named by `SLUICE_SIMD` (`scalar`, `avx2`,
+    /// `avx512`) for comparing paths. Decided once, on first use.
+    pub fn detected() -> SimdLevel {
+        static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let best = SimdLevel::ALL.into_iter().rev().find(|level| level.is_supported()).unwrap_or(SimdLevel::Scalar);
+            let requested = std::env::var("SLUICE_SIMD").ok().and_then(|name| SimdLevel::from_name(&name));
+            requested.filter(|level| level.is_supported()).unwrap_or(best)
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<SimdLevel> {
+        SimdLevel::ALL.into_iter().find(|level| level.name() == name)
+    }
+
+    /// Whether this CPU can run the level's kernels.
+    pub fn is_supported(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => {
+                SimdLevel::Avx2.is_supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            SimdLevel::Avx2 | SimdLevel::Avx512 => false,
+        }
+    }
+}
+
+/// Kernel entry points may require CPU features; they are unsafe to call
+/// unless the level they belong to is supported.
+type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
+type Dot4Fn = unsafe fn([&[u8]; 4], &[u8]) -> [f32; 4];
+type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
+
+/// The kernels of one supported level. Only constructed for a level the CPU
+/// supports, which is what makes calling its entry points sound.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernels {
+    level: SimdLevel,
+}
+
+impl Kernels {
+    pub(crate) fn detected() -> Kernels {
+        Kernels { level: SimdLevel::detected() }
+    }
+
+    /// `None` when the CPU does not support `level`.
+    #[cfg(test)]
+    pub(crate) fn new(level: SimdLevel) -> Option<Kernels> {
+        level.is_supported().then_some(Kernels { level })
+    }
+
+    pub(crate) fn dot(self, dtype: DType) -> Dot {
+        let (one, four) = match self.level {
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => x86::avx2::kernels(dtype),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => x86::avx512::kernels(dtype),
+            _ => (scalar_dot(dtype), None),
+        };
+        Dot { one, four }
+    }
+
+    /// Lengths were validated by the caller.
+    pub(crate) fn quantize(self, format: ActFormat, x: &[f32], dst: &mut [u8]) {
+        let f: QuantizeFn = match self.level {
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 | SimdLevel::Avx512 => x86::quantize(format),
+            _ => scalar_quantize(format),
+        };
+        // SAFETY: `self` exists only for a level this CPU supports.
+        unsafe { f(x, dst) }
+    }
+}
+
+/// The dot kernels of one dtype at a supported level, resolved once per
+/// matmul. [`Dot::call4`] gives, lane for lane, what [`Dot::call`] gives
+/// for each row.
+#[derive(Clone, Copy)]
+pub(crate) struct Dot {
+    one: DotFn,
+    four: Option<Dot4Fn>,
+}
+
+impl Dot {
+    #[inline]
+    pub(crate) fn call(self, weight_row: &[u8], act_row: &[u8]) -> f32 {
+        // SAFETY: `Dot` is only built by `Kernels::dot`, for a supported level.
+        unsafe { (self.one)(weight_row, act_row) }
+    }
+
+    /// Four weight rows against one activation row, sharing the activation
+    /// loads and the reductions.
+    #[inline]
+    pub(crate) fn call4(self, weight_rows: [&[u8]; 4], act_row: &[u8]) -> [f32; 4] {
+        match self.four {
+            // SAFETY: as in `call`.
+            Some(four) => unsafe { four(weight_rows, act_row) },
+            None => weight_rows.map(|w| self.call(w, act_row)),
+        }
+    }
+}
+
+fn scalar_dot(dtype: DType) -> DotFn {
+    match dtype {
+        DType::F32 => |w, a| scalar::dot_float(w, a, scalar::f32_value),
+        DType::F16 => |w, a| scalar::dot_float(w, a, scalar::half_to_f32),
+        DType::BF16 => |w, a| scalar::dot_float(w, a, scalar::bf16_value),
+        DType::Q4_0 => scalar::dot_q4_0,
+        DType::Q4_1 => scalar::dot_q4_1,
+        DType::Q5_0 => scalar::dot_q5_0,
+        DType::Q5_1 => scalar::dot_q5_1,
+        DType::Q8_0 => scalar::dot_q8_0,
+        DType::Q4_K => scalar::dot_q4_k,
+        DType::Q5_K => scalar::dot_q5_k,
+        DType::Q6_K => scalar::dot_q6_k,
+    }
+}
+
+fn scalar_quantize(format: ActFormat) -> QuantizeFn {
+    match format {
+        ActFormat::F32 => scalar::quantize_f32,
+        ActFormat::Q8_0 => scalar::quantize_q8_0,
+        ActFormat::Q8_1 => scalar::quantize_q8_1,
+        ActFormat::Q8_K => scalar::quantize_q8_k,
+    }
+}

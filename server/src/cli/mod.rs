@@ -1,0 +1,5 @@
+//! Subcommands that run a model directly (no server).
+
+pub mod bench;
+pub mod generate;
+pub mod model_info;

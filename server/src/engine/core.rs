@@ -1,0 +1,728 @@
+//! The step loop. Each step: build the view, ask the policy, validate its
+//! decision, build one batch of prefill chunks and decode tokens, run the
+//! model, sample, stream events, stop and free what finished.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use sluice_kernels::pool::ThreadPool;
+use tokio::sync::mpsc as events;
+
+use super::handle::{EngineConfig, Health, Shared, SlotInfo};
+use super::kv::{BlockManager, SeqBlocks};
+use super::metrics::Metrics;
+use super::policy::{
+    Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
+};
+use super::request::{Completion, EngineError, Event, GenerationRequest, RequestId, StopType, Timings, TokenEvent, TokenProbs};
+use super::sampling::{Sampler, TokenProb, token_prob, top_probs};
+use super::text::{Appended, TextStream};
+use super::validate::{has_runnable_work, validate};
+use crate::config::OnFault;
+use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::kv::KvStore;
+use crate::model::tokenizer::Tokenizer;
+use crate::model::transformer::{Scratch, Transformer};
+
+pub(super) enum Command {
+    Submit { id: RequestId, request: Box<GenerationRequest>, events: events::UnboundedSender<Event> },
+    Cancel(RequestId),
+    ReplacePolicy(Box<dyn SchedulingPolicy>),
+}
+
+struct Waiting {
+    id: RequestId,
+    request: Box<GenerationRequest>,
+    events: events::UnboundedSender<Event>,
+    arrival_ms: u64,
+}
+
+/// A request in a slot.
+struct Active {
+    id: RequestId,
+    request: Box<GenerationRequest>,
+    events: events::UnboundedSender<Event>,
+    arrival_ms: u64,
+    blocks: SeqBlocks,
+    phase: Phase,
+    /// Prompt then generated tokens whose KV is written, plus at most one
+    /// sampled token not yet run.
+    tokens: Vec<u32>,
+    prompt_done: usize,
+    cached: usize,
+    /// KV cells written.
+    cells: usize,
+    generated: usize,
+    held_logits: Vec<f32>,
+    sampler: Sampler,
+    text: TextStream,
+    prompt_started: Option<Instant>,
+    prompt_ms: f64,
+    decode_started: Option<Instant>,
+}
+
+impl Active {
+    fn info(&self, adapter_group: u32) -> RequestInfo {
+        RequestInfo {
+            id: self.id,
+            prompt_tokens: self.request.prompt.len() as u32,
+            prompt_done: self.prompt_done as u32,
+            prompt_cached: self.cached as u32,
+            generated: self.generated as u32,
+            max_tokens: max_tokens(&self.request),
+            adapter_group,
+            priority: self.request.priority,
+            arrival_ms: self.arrival_ms,
+        }
+    }
+
+    fn send(&self, event: Event) -> bool {
+        self.events.send(event).is_ok()
+    }
+}
+
+fn max_tokens(request: &GenerationRequest) -> u32 {
+    request.n_predict.map_or(u32::MAX, |n| n.min(u32::MAX as usize) as u32)
+}
+
+/// What a slot does in the batch being built.
+enum Work {
+    Prefill { slot: usize, start: usize, tokens: usize },
+    Decode { slot: usize },
+}
+
+pub(super) struct Engine {
+    model: Arc<Transformer>,
+    tokenizer: Arc<Tokenizer>,
+    policy: Box<dyn SchedulingPolicy>,
+    fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
+    config: EngineConfig,
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    kv: KvStore,
+    blocks: BlockManager,
+    pool: ThreadPool,
+    scratch: Scratch,
+    slots: Vec<Option<Active>>,
+    waiting: VecDeque<Waiting>,
+    ended: Vec<EndedRequest>,
+    adapter_groups: Vec<Vec<(u32, f32)>>,
+    started: Instant,
+    step: u64,
+    stalled_steps: u32,
+    consecutive_faults: u32,
+    failed_closed: bool,
+}
+
+impl Engine {
+    pub(super) fn new(
+        model: Arc<Transformer>,
+        tokenizer: Arc<Tokenizer>,
+        policy: Box<dyn SchedulingPolicy>,
+        fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
+        config: EngineConfig,
+        shared: Arc<Shared>,
+        commands: mpsc::Receiver<Command>,
+    ) -> Self {
+        let block_tokens = config.kv_block_tokens.max(1);
+        let n_blocks = (config.slots * config.ctx).div_ceil(block_tokens) + config.slots;
+        let kv = model.kv_store(n_blocks, block_tokens);
+        Engine {
+            kv,
+            blocks: BlockManager::new(n_blocks, block_tokens),
+            pool: ThreadPool::new(config.threads.max(1)),
+            scratch: Scratch::default(),
+            slots: (0..config.slots).map(|_| None).collect(),
+            waiting: VecDeque::new(),
+            ended: Vec::new(),
+            adapter_groups: vec![Vec::new()],
+            started: Instant::now(),
+            step: 0,
+            stalled_steps: 0,
+            consecutive_faults: 0,
+            failed_closed: false,
+            model,
+            tokenizer,
+            policy,
+            fallback,
+            config,
+            shared,
+            commands,
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        self.publish();
+        loop {
+            let idle = self.waiting.is_empty() && self.slots.iter().all(Option::is_none);
+            let command = if idle {
+                match self.commands.recv() {
+                    Ok(command) => Some(command),
+                    Err(_) => return,
+                }
+            } else {
+                match self.commands.try_recv() {
+                    Ok(command) => Some(command),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            };
+            if let Some(command) = command {
+                self.handle(command);
+                // Take every queued command before stepping.
+                while let Ok(command) = self.commands.try_recv() {
+                    self.handle(command);
+                }
+            }
+            self.reap_disconnected();
+            self.step();
+            self.publish();
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit { id, request, events } => {
+                Metrics::add(&self.shared.metrics.requests_total, 1);
+                if self.failed_closed {
+                    self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
+                    let _ = events.send(Event::Failed(EngineError::Unavailable(self.failed_closed_message())));
+                    return;
+                }
+                let arrival_ms = self.now_ms();
+                self.waiting.push_back(Waiting { id, request, events, arrival_ms });
+            }
+            Command::Cancel(id) => self.cancel(id),
+            Command::ReplacePolicy(policy) => {
+                tracing::info!(policy = policy.name(), "scheduling policy replaced");
+                if let Ok(mut name) = self.shared.policy_name.lock() {
+                    *name = policy.name().to_owned();
+                }
+                self.policy = policy;
+                self.failed_closed = false;
+                self.consecutive_faults = 0;
+                self.stalled_steps = 0;
+                if let Ok(mut health) = self.shared.health.lock() {
+                    *health = Health::Ok;
+                }
+            }
+        }
+    }
+
+    fn failed_closed_message(&self) -> String {
+        match self.shared.health.lock().map(|health| health.clone()) {
+            Ok(Health::FailedClosed { policy, fault }) => {
+                format!("scheduling policy `{policy}` failed closed ({fault}); reload the policy to resume")
+            }
+            _ => "the scheduling policy failed closed".into(),
+        }
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        if let Some(at) = self.waiting.iter().position(|waiting| waiting.id == id) {
+            self.waiting.remove(at);
+            self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.ended.push(EndedRequest { request_id: id, slot: None, reason: EndReason::Cancelled });
+            return;
+        }
+        if let Some(slot) = self.slots.iter().position(|active| active.as_ref().is_some_and(|active| active.id == id)) {
+            self.end_slot(slot, EndReason::Cancelled, None);
+        }
+    }
+
+    /// Requests whose client went away are cancelled.
+    fn reap_disconnected(&mut self) {
+        let gone: Vec<RequestId> = self
+            .waiting
+            .iter()
+            .filter(|waiting| waiting.events.is_closed())
+            .map(|waiting| waiting.id)
+            .chain(self.slots.iter().flatten().filter(|active| active.events.is_closed()).map(|active| active.id))
+            .collect();
+        for id in gone {
+            self.cancel(id);
+        }
+    }
+
+    fn adapter_group(&mut self, lora: &[(u32, f32)]) -> u32 {
+        match self.adapter_groups.iter().position(|group| group.as_slice() == lora) {
+            Some(index) => index as u32,
+            None => {
+                self.adapter_groups.push(lora.to_vec());
+                (self.adapter_groups.len() - 1) as u32
+            }
+        }
+    }
+
+    fn view(&mut self) -> StepView {
+        let mut occupied = Vec::new();
+        let mut free_slots = Vec::new();
+        let groups: Vec<u32> = self
+            .slots
+            .iter()
+            .map(|active| active.as_ref().map(|active| active.request.lora.clone()).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|lora| self.adapter_group(lora))
+            .collect();
+        for (slot, active) in self.slots.iter().enumerate() {
+            match active {
+                Some(active) => occupied.push(OccupiedSlot { slot: slot as u32, phase: active.phase, request: active.info(groups[slot]) }),
+                None => free_slots.push(slot as u32),
+            }
+        }
+        let waiting_lora: Vec<Vec<(u32, f32)>> = self.waiting.iter().map(|waiting| waiting.request.lora.clone()).collect();
+        let waiting_groups: Vec<u32> = waiting_lora.iter().map(|lora| self.adapter_group(lora)).collect();
+        let waiting = self
+            .waiting
+            .iter()
+            .zip(waiting_groups)
+            .map(|(waiting, adapter_group)| {
+                let cached = if waiting.request.cache_prompt && self.config.prefix_cache {
+                    self.blocks.cached_prefix(&waiting.request.prompt)
+                } else {
+                    0
+                };
+                let slot_hint = waiting.request.id_slot.filter(|slot| free_slots.contains(slot));
+                WaitingRequest {
+                    request: RequestInfo {
+                        id: waiting.id,
+                        prompt_tokens: waiting.request.prompt.len() as u32,
+                        prompt_done: cached as u32,
+                        prompt_cached: cached as u32,
+                        generated: 0,
+                        max_tokens: max_tokens(&waiting.request),
+                        adapter_group,
+                        priority: waiting.request.priority,
+                        arrival_ms: waiting.arrival_ms,
+                    },
+                    slot_hint,
+                }
+            })
+            .collect();
+        StepView {
+            step: self.step,
+            now_ms: self.now_ms(),
+            token_budget: self.config.batch_tokens as u32,
+            free_slots,
+            occupied,
+            waiting,
+            ended: self.ended.clone(),
+        }
+    }
+
+    fn step(&mut self) {
+        if self.failed_closed {
+            return;
+        }
+        let view = self.view();
+        if !has_runnable_work(&view) {
+            return;
+        }
+        let Some(decision) = self.decide(&view) else {
+            return;
+        };
+        self.ended.clear();
+        self.step += 1;
+        if decision.admit.is_empty() && decision.prefill.is_empty() && decision.decode.is_empty() {
+            self.stalled_steps += 1;
+            if self.stalled_steps >= self.config.stall_steps {
+                self.stalled_steps = 0;
+                self.fault("stalled", format!("granted nothing for {} steps with work runnable", self.config.stall_steps));
+            } else {
+                // Let time pass: a policy waiting on the clock should not spin.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return;
+        }
+        self.stalled_steps = 0;
+        self.consecutive_faults = 0;
+        self.apply(decision);
+    }
+
+    /// The policy's decision for `view`, validated; faults are retried once
+    /// on a fresh instance, then quarantined.
+    fn decide(&mut self, view: &StepView) -> Option<Decision> {
+        loop {
+            let started = Instant::now();
+            let result = self.policy.step(view);
+            self.shared.metrics.observe_policy_call(started.elapsed().as_secs_f64());
+            let (reason, detail) = match result {
+                Ok(decision) => match validate(view, &decision, 0) {
+                    Ok(()) => return Some(decision),
+                    Err(invalid) => ("invalid", invalid.to_string()),
+                },
+                Err(fault) => (fault.reason(), fault.to_string()),
+            };
+            if !self.fault(reason, detail) {
+                return None;
+            }
+        }
+    }
+
+    /// Record a fault; returns whether to retry the step.
+    fn fault(&mut self, reason: &'static str, detail: String) -> bool {
+        let policy = self.policy.name().to_owned();
+        tracing::warn!(step = self.step, policy, reason, detail, "scheduling policy fault");
+        self.shared.metrics.count_fault(&policy, reason);
+        self.policy.reset();
+        self.consecutive_faults += 1;
+        if self.consecutive_faults < 2 {
+            return true;
+        }
+        self.consecutive_faults = 0;
+        let fault = format!("{reason}: {detail}");
+        match self.config.on_fault {
+            OnFault::Fallback => match (self.fallback)() {
+                Some(fallback) => {
+                    tracing::error!(policy, fault, "quarantined; falling back to `{}`", fallback.name());
+                    Metrics::add(&self.shared.metrics.policy_fallbacks_total, 1);
+                    if let Ok(mut name) = self.shared.policy_name.lock() {
+                        *name = fallback.name().to_owned();
+                    }
+                    self.policy = fallback;
+                    if let Ok(mut health) = self.shared.health.lock() {
+                        *health = Health::Degraded { policy, fault };
+                    }
+                    true
+                }
+                None => {
+                    self.fail_closed(policy, fault);
+                    false
+                }
+            },
+            OnFault::FailClosed => {
+                self.fail_closed(policy, fault);
+                false
+            }
+        }
+    }
+
+    fn fail_closed(&mut self, policy: String, fault: String) {
+        tracing::error!(policy, fault, "quarantined; failing closed");
+        if let Ok(mut health) = self.shared.health.lock() {
+            *health = Health::FailedClosed { policy, fault };
+        }
+        self.failed_closed = true;
+        let error = EngineError::Unavailable(self.failed_closed_message());
+        for waiting in self.waiting.drain(..) {
+            let _ = waiting.events.send(Event::Failed(error.clone()));
+        }
+        self.shared.waiting.store(0, Ordering::Relaxed);
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() {
+                self.end_slot(slot, EndReason::Failed, Some(Event::Failed(error.clone())));
+            }
+        }
+    }
+
+    fn apply(&mut self, decision: Decision) {
+        for admit in &decision.admit {
+            self.admit(admit.request_id, admit.slot as usize);
+        }
+        let mut work = Vec::new();
+        for prefill in &decision.prefill {
+            let slot = prefill.slot as usize;
+            let Some(active) = self.slots[slot].as_mut() else { continue };
+            let start = active.prompt_done;
+            let tokens = prefill.tokens as usize;
+            if let Err(error) = self.blocks.reserve(&mut active.blocks, start + tokens) {
+                self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))));
+                continue;
+            }
+            active.prompt_started.get_or_insert_with(Instant::now);
+            work.push(Work::Prefill { slot, start, tokens });
+        }
+        for &slot in &decision.decode {
+            if self.sample_and_emit(slot as usize) {
+                work.push(Work::Decode { slot: slot as usize });
+            }
+        }
+        if work.is_empty() {
+            return;
+        }
+        self.forward(work);
+    }
+
+    fn admit(&mut self, request_id: RequestId, slot: usize) {
+        let Some(at) = self.waiting.iter().position(|waiting| waiting.id == request_id) else { return };
+        let Some(waiting) = self.waiting.remove(at) else { return };
+        self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
+        let use_cache = waiting.request.cache_prompt && self.config.prefix_cache;
+        let admission = match self.blocks.admit(&waiting.request.prompt, use_cache) {
+            Ok(admission) => admission,
+            Err(error) => {
+                let _ = waiting.events.send(Event::Failed(EngineError::ResourceExhausted(error.to_string())));
+                self.ended.push(EndedRequest { request_id, slot: None, reason: EndReason::Failed });
+                return;
+            }
+        };
+        if let Some((from, to)) = admission.copy {
+            self.kv.copy_block(from, to);
+        }
+        Metrics::add(&self.shared.metrics.prefix_cache_hit_tokens_total, admission.cached_tokens as u64);
+        let mut sampler = Sampler::new(waiting.request.sampling.clone());
+        for &token in &waiting.request.prompt {
+            sampler.accept(token);
+        }
+        let text = TextStream::new(waiting.request.stop.clone());
+        let _ = waiting.events.send(Event::Started { id_slot: slot as u32 });
+        let cached = admission.cached_tokens;
+        self.slots[slot] = Some(Active {
+            id: waiting.id,
+            tokens: waiting.request.prompt[..cached].to_vec(),
+            request: waiting.request,
+            events: waiting.events,
+            arrival_ms: waiting.arrival_ms,
+            blocks: admission.blocks,
+            phase: Phase::Prefilling,
+            prompt_done: cached,
+            cached,
+            cells: cached,
+            generated: 0,
+            held_logits: Vec::new(),
+            sampler,
+            text,
+            prompt_started: None,
+            prompt_ms: 0.0,
+            decode_started: None,
+        });
+        Metrics::add(&self.shared.metrics.requests_processing, 1);
+    }
+
+    /// Sample the slot's next token from its held logits and emit it.
+    /// Returns whether the token must run through the model (the request
+    /// goes on).
+    fn sample_and_emit(&mut self, slot: usize) -> bool {
+        let ctx = self.config.ctx;
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let Some(active) = self.slots[slot].as_mut() else { return false };
+        active.decode_started.get_or_insert_with(Instant::now);
+        let n_probs = active.request.n_probs;
+        let mut post = Vec::new();
+        let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
+        let post_request = (n_probs > 0 && active.request.post_sampling_probs).then_some((n_probs, &mut post));
+        let token = active.sampler.sample(&active.held_logits, post_request);
+        active.sampler.accept(token);
+        active.generated += 1;
+        active.phase = Phase::Decoding;
+        let probs = if let Some(top) = pre {
+            Some(TokenProbs { chosen: TokenProb { token, prob: token_prob(&active.held_logits, token) }, top, post_sampling: false })
+        } else if n_probs > 0 {
+            let chosen = post.iter().find(|entry| entry.token == token).copied().unwrap_or(TokenProb { token, prob: 0.0 });
+            Some(TokenProbs { chosen, top: post, post_sampling: true })
+        } else {
+            None
+        };
+
+        let end_of_generation = !active.request.ignore_eos && tokenizer.is_end_of_generation(token);
+        if end_of_generation {
+            self.finish(slot, StopType::Eos, String::new(), false);
+            return false;
+        }
+        let (text, stop_word) = match active.text.push(tokenizer.render_bytes(token, false)) {
+            Appended::Text(text) => (text, None),
+            Appended::Stop { text, word } => (text, Some(word)),
+        };
+        if !active.send(Event::Token(TokenEvent { token, text, probs })) {
+            self.end_slot(slot, EndReason::Cancelled, None);
+            return false;
+        }
+        if let Some(word) = stop_word {
+            self.finish(slot, StopType::Word, word, false);
+            return false;
+        }
+        if active.request.n_predict.is_some_and(|limit| active.generated >= limit) {
+            self.finish(slot, StopType::Limit, String::new(), false);
+            return false;
+        }
+        if active.cells + 1 > ctx {
+            self.finish(slot, StopType::Limit, String::new(), true);
+            return false;
+        }
+        active.tokens.push(token);
+        if let Err(error) = self.blocks.reserve(&mut active.blocks, active.cells + 1) {
+            self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))));
+            return false;
+        }
+        true
+    }
+
+    fn forward(&mut self, work: Vec<Work>) {
+        let mut batch = Batch::default();
+        let mut prefill_tokens = 0;
+        let mut decode_tokens = 0;
+        for (seq, item) in work.iter().enumerate() {
+            let (slot, start, inputs, wants_logits): (usize, usize, Vec<u32>, bool) = match *item {
+                Work::Prefill { slot, start, tokens } => {
+                    let Some(active) = self.slots[slot].as_ref() else { continue };
+                    prefill_tokens += tokens;
+                    let done = start + tokens == active.request.prompt.len();
+                    (slot, start, active.request.prompt[start..start + tokens].to_vec(), done)
+                }
+                Work::Decode { slot } => {
+                    let Some(active) = self.slots[slot].as_ref() else { continue };
+                    decode_tokens += 1;
+                    (slot, active.cells, vec![active.tokens[active.cells]], true)
+                }
+            };
+            let Some(active) = self.slots[slot].as_ref() else { continue };
+            batch.block_tables.push(active.blocks.table.clone());
+            let count = inputs.len();
+            for (offset, token) in inputs.into_iter().enumerate() {
+                let cell = start + offset;
+                batch.rows.push(BatchRow {
+                    input: RowInput::Token(token),
+                    seq: batch.block_tables.len() - 1,
+                    cell: cell as u32,
+                    pos: text_position(cell as u32),
+                    logits: wants_logits && offset + 1 == count,
+                });
+            }
+            let _ = seq;
+        }
+        let started = Instant::now();
+        let output = match self.model.forward(&batch, &mut self.kv, &self.pool, &mut self.scratch) {
+            Ok(output) => output,
+            Err(error) => {
+                tracing::error!(%error, "forward pass refused");
+                for item in &work {
+                    let slot = match *item {
+                        Work::Prefill { slot, .. } | Work::Decode { slot } => slot,
+                    };
+                    self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::Internal(error.to_string()))));
+                }
+                return;
+            }
+        };
+        let elapsed = started.elapsed();
+        let metrics = &self.shared.metrics;
+        Metrics::add(&metrics.steps_total, 1);
+        Metrics::add(&metrics.n_decode_total, 1);
+        Metrics::add(&metrics.n_busy_slots_total, self.slots.iter().flatten().count() as u64);
+        Metrics::add(&metrics.step_prefill_tokens_total, prefill_tokens as u64);
+        Metrics::add(&metrics.step_decode_tokens_total, decode_tokens as u64);
+        Metrics::add(&metrics.prompt_tokens_total, prefill_tokens as u64);
+        Metrics::add(&metrics.tokens_predicted_total, decode_tokens as u64);
+        let total = (prefill_tokens + decode_tokens).max(1) as f64;
+        let micros = elapsed.as_micros() as f64;
+        Metrics::add(&metrics.prompt_micros_total, (micros * prefill_tokens as f64 / total) as u64);
+        Metrics::add(&metrics.predicted_micros_total, (micros * decode_tokens as f64 / total) as u64);
+
+        let n_vocab = self.model.hparams().n_vocab;
+        let mut logits_of_row = std::collections::HashMap::new();
+        for (index, &row) in output.logit_rows.iter().enumerate() {
+            logits_of_row.insert(row, index);
+        }
+        let mut row = 0;
+        for item in work {
+            let (slot, count) = match item {
+                Work::Prefill { slot, tokens, .. } => (slot, tokens),
+                Work::Decode { slot } => (slot, 1),
+            };
+            let last_row = row + count - 1;
+            row += count;
+            let Some(active) = self.slots[slot].as_mut() else { continue };
+            let logits = logits_of_row.get(&last_row).map(|&index| &output.logits[index * n_vocab..(index + 1) * n_vocab]);
+            match item {
+                Work::Prefill { tokens, start, .. } => {
+                    active.tokens.extend_from_slice(&active.request.prompt[start..start + tokens]);
+                    active.prompt_done += tokens;
+                    active.cells += tokens;
+                    if let Some(logits) = logits {
+                        active.held_logits = logits.to_vec();
+                        active.phase = Phase::Ready;
+                        active.prompt_ms = active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                Work::Decode { .. } => {
+                    active.cells += 1;
+                    if let Some(logits) = logits {
+                        active.held_logits = logits.to_vec();
+                    }
+                }
+            }
+            let written = active.cells;
+            self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
+            Metrics::set(&self.shared.metrics.n_tokens_max, Metrics::get(&self.shared.metrics.n_tokens_max).max(written as u64));
+        }
+    }
+
+    fn finish(&mut self, slot: usize, stop_type: StopType, stopping_word: String, truncated: bool) {
+        let Some(active) = self.slots[slot].as_mut() else { return };
+        let text = active.text.finish();
+        let predicted_ms = active.decode_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
+        let completion = Completion {
+            stop_type,
+            stopping_word,
+            text,
+            truncated,
+            tokens_predicted: active.generated,
+            tokens_evaluated: active.request.prompt.len(),
+            tokens_cached: active.cached,
+            id_slot: slot as u32,
+            timings: Timings {
+                cache_n: active.cached,
+                prompt_n: active.request.prompt.len() - active.cached,
+                prompt_ms: active.prompt_ms,
+                predicted_n: active.generated,
+                predicted_ms,
+                draft_n: 0,
+                draft_n_accepted: 0,
+            },
+        };
+        self.end_slot(slot, EndReason::Completed, Some(Event::Done(completion)));
+    }
+
+    /// Free a slot: release its blocks, tell the client (if `event`), and
+    /// report the end to the policy.
+    fn end_slot(&mut self, slot: usize, reason: EndReason, event: Option<Event>) {
+        let Some(active) = self.slots[slot].take() else { return };
+        if let Some(event) = event {
+            let _ = active.events.send(event);
+        }
+        self.blocks.release(active.blocks);
+        self.ended.push(EndedRequest { request_id: active.id, slot: Some(slot as u32), reason });
+        self.shared.metrics.requests_processing.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Publish slots, queue and KV usage for the HTTP layer.
+    fn publish(&mut self) {
+        let stats = self.blocks.stats();
+        let metrics = &self.shared.metrics;
+        Metrics::set(&metrics.kv_blocks_used, stats.used as u64);
+        Metrics::set(&metrics.kv_blocks_cached, stats.cached as u64);
+        Metrics::set(&metrics.kv_blocks_free, stats.free as u64);
+        Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
+        let lora: Vec<Vec<(u32, f32)>> =
+            self.slots.iter().map(|active| active.as_ref().map(|a| a.request.lora.clone()).unwrap_or_default()).collect();
+        let groups: Vec<u32> = lora.iter().map(|lora| self.adapter_group(lora)).collect();
+        let infos = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(slot, active)| SlotInfo {
+                id: slot as u32,
+                n_ctx: self.config.ctx,
+                phase: active.as_ref().map(|active| active.phase),
+                request_id: active.as_ref().map(|active| active.id),
+                prompt_tokens: active.as_ref().map_or(0, |active| active.request.prompt.len()),
+                prompt_done: active.as_ref().map_or(0, |active| active.prompt_done),
+                prompt_cached: active.as_ref().map_or(0, |active| active.cached),
+                generated: active.as_ref().map_or(0, |active| active.generated),
+                max_tokens: active.as_ref().and_then(|active| active.request.n_predict),
+                priority: active.as_ref().map_or(0, |active| active.request.priority),
+                adapter_group: groups[slot],
+            })
+            .collect();
+        if let Ok(mut slots) = self.shared.slots.lock() {
+            *slots = infos;
+        }
+    }
+}

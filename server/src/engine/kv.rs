@@ -1,0 +1,337 @@
+//! Paged KV bookkeeping: which blocks each sequence uses, and the prefix
+//! cache. Full blocks are keyed by a chained hash of every token up to
+//! their end, refcounted, and shared between sequences; a block that no
+//! sequence uses stays cached until its memory is needed (least recently
+//! used first). The KV memory itself is the model's `KvStore`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+
+/// A sequence's blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeqBlocks {
+    /// Block ids, in cell order.
+    pub table: Vec<u32>,
+    /// Chain hash of each full block written so far.
+    hashes: Vec<u64>,
+    /// Whether this sequence's blocks are offered to the prefix cache.
+    cacheable: bool,
+}
+
+/// What admitting a sequence borrowed from the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    pub blocks: SeqBlocks,
+    /// Prompt tokens whose KV is already there.
+    pub cached_tokens: usize,
+    /// A shared block the sequence must write into: copy `from` into `to`
+    /// (every layer) before the next forward pass.
+    pub copy: Option<(u32, u32)>,
+}
+
+/// Out of KV blocks, even after evicting every unreferenced cached block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the KV cache is full ({n_blocks} blocks of {block_tokens} tokens all in use)")]
+pub struct OutOfBlocks {
+    pub n_blocks: usize,
+    pub block_tokens: usize,
+}
+
+/// Block usage for metrics and leak checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlockStats {
+    /// Referenced by at least one sequence.
+    pub used: usize,
+    /// Held only by the prefix cache (reusable, evictable).
+    pub cached: usize,
+    /// Holding nothing.
+    pub free: usize,
+}
+
+pub struct BlockManager {
+    block_tokens: usize,
+    refcount: Vec<u32>,
+    /// Per block: its key in `index`, if cached.
+    key: Vec<Option<u64>>,
+    /// Per cached block: its tokens, checked on lookup (hash collisions).
+    tokens: Vec<Vec<u32>>,
+    index: HashMap<u64, u32>,
+    free: Vec<u32>,
+    /// Unreferenced cached blocks by last use.
+    lru: BTreeMap<u64, u32>,
+    last_use: Vec<u64>,
+    clock: u64,
+    hits: u64,
+}
+
+fn chain(previous: u64, tokens: &[u32]) -> u64 {
+    // SipHash with fixed keys: stable for the life of the process, and the
+    // tokens are checked on every hit anyway.
+    let mut hasher = std::hash::DefaultHasher::new();
+    previous.hash(&mut hasher);
+    tokens.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl BlockManager {
+    pub fn new(n_blocks: usize, block_tokens: usize) -> Self {
+        BlockManager {
+            block_tokens,
+            refcount: vec![0; n_blocks],
+            key: vec![None; n_blocks],
+            tokens: vec![Vec::new(); n_blocks],
+            index: HashMap::new(),
+            free: (0..n_blocks as u32).rev().collect(),
+            lru: BTreeMap::new(),
+            last_use: vec![0; n_blocks],
+            clock: 0,
+            hits: 0,
+        }
+    }
+
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
+    fn n_blocks(&self) -> usize {
+        self.refcount.len()
+    }
+
+    /// Prefix-cache hits (cached tokens served) so far.
+    pub fn hit_tokens(&self) -> u64 {
+        self.hits
+    }
+
+    /// The cached blocks matching the start of `tokens`.
+    fn matching_blocks(&self, tokens: &[u32]) -> Vec<(u32, u64)> {
+        let mut found = Vec::new();
+        let mut previous = 0u64;
+        for block_tokens in tokens.chunks_exact(self.block_tokens) {
+            let key = chain(previous, block_tokens);
+            match self.index.get(&key) {
+                Some(&block) if self.tokens[block as usize] == block_tokens => found.push((block, key)),
+                _ => break,
+            }
+            previous = key;
+        }
+        found
+    }
+
+    /// Prompt tokens the cache would serve for `prompt` (at most all but the
+    /// last: the last token is computed to produce logits).
+    pub fn cached_prefix(&self, prompt: &[u32]) -> usize {
+        (self.matching_blocks(prompt).len() * self.block_tokens).min(prompt.len().saturating_sub(1))
+    }
+
+    /// Start a sequence for `prompt`, borrowing its longest cached prefix
+    /// when `use_cache`.
+    pub fn admit(&mut self, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
+        let mut blocks = SeqBlocks { cacheable: use_cache, ..SeqBlocks::default() };
+        let matching = if use_cache { self.matching_blocks(prompt) } else { Vec::new() };
+        let cached_tokens = (matching.len() * self.block_tokens).min(prompt.len().saturating_sub(1));
+        let full = cached_tokens / self.block_tokens;
+        for &(block, key) in &matching[..full] {
+            self.borrow(block);
+            blocks.table.push(block);
+            blocks.hashes.push(key);
+        }
+        let mut copy = None;
+        if cached_tokens % self.block_tokens != 0 {
+            // The cached prefix ends inside a shared block that this
+            // sequence will write: give it a private copy.
+            let (shared, _) = matching[full];
+            let Some(private) = self.allocate() else {
+                self.release(blocks);
+                return Err(self.out_of_blocks());
+            };
+            blocks.table.push(private);
+            copy = Some((shared, private));
+        }
+        self.hits += cached_tokens as u64;
+        Ok(Admission { blocks, cached_tokens, copy })
+    }
+
+    fn out_of_blocks(&self) -> OutOfBlocks {
+        OutOfBlocks { n_blocks: self.n_blocks(), block_tokens: self.block_tokens }
+    }
+
+    fn touch(&mut self, block: u32) {
+        self.clock += 1;
+        self.last_use[block as usize] = self.clock;
+    }
+
+    fn borrow(&mut self, block: u32) {
+        let index = block as usize;
+        if self.refcount[index] == 0 {
+            self.lru.remove(&self.last_use[index]);
+        }
+        self.refcount[index] += 1;
+        self.touch(block);
+    }
+
+    /// A block for new cells: a free one, else the least recently used
+    /// cached block no sequence references.
+    fn allocate(&mut self) -> Option<u32> {
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let (_, block) = self.lru.pop_first()?;
+                if let Some(key) = self.key[block as usize].take() {
+                    self.index.remove(&key);
+                }
+                self.tokens[block as usize].clear();
+                block
+            }
+        };
+        self.refcount[block as usize] = 1;
+        self.touch(block);
+        Some(block)
+    }
+
+    /// Make `blocks` hold at least `cells` cells.
+    pub fn reserve(&mut self, blocks: &mut SeqBlocks, cells: usize) -> Result<(), OutOfBlocks> {
+        while blocks.table.len() * self.block_tokens < cells {
+            let block = self.allocate().ok_or_else(|| self.out_of_blocks())?;
+            blocks.table.push(block);
+        }
+        Ok(())
+    }
+
+    /// Offer the sequence's newly completed full blocks to the prefix
+    /// cache; `tokens` are all tokens whose KV has been written.
+    pub fn commit(&mut self, blocks: &mut SeqBlocks, tokens: &[u32]) {
+        if !blocks.cacheable {
+            return;
+        }
+        let full = tokens.len() / self.block_tokens;
+        while blocks.hashes.len() < full {
+            let index = blocks.hashes.len();
+            let previous = blocks.hashes.last().copied().unwrap_or(0);
+            let block_tokens = &tokens[index * self.block_tokens..(index + 1) * self.block_tokens];
+            let key = chain(previous, block_tokens);
+            blocks.hashes.push(key);
+            let block = blocks.table[index];
+            if self.key[block as usize].is_none() && !self.index.contains_key(&key) {
+                self.index.insert(key, block);
+                self.key[block as usize] = Some(key);
+                self.tokens[block as usize] = block_tokens.to_vec();
+            }
+        }
+    }
+
+    /// End a sequence: its blocks go back to the cache (if cached) or the
+    /// free list once no other sequence uses them.
+    pub fn release(&mut self, blocks: SeqBlocks) {
+        for block in blocks.table {
+            let index = block as usize;
+            self.refcount[index] -= 1;
+            if self.refcount[index] > 0 {
+                continue;
+            }
+            if self.key[index].is_some() {
+                self.touch(block);
+                self.lru.insert(self.last_use[index], block);
+            } else {
+                self.free.push(block);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> BlockStats {
+        let used = self.refcount.iter().filter(|count| **count > 0).count();
+        BlockStats { used, cached: self.lru.len(), free: self.free.len() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 31 + salt).collect()
+    }
+
+    #[test]
+    fn a_second_request_borrows_the_full_blocks_of_the_first() {
+        let mut manager = BlockManager::new(16, 4);
+        let prompt = tokens(10, 0);
+        let mut first = manager.admit(&prompt, true).expect("room");
+        assert_eq!(first.cached_tokens, 0);
+        manager.reserve(&mut first.blocks, 10).expect("room");
+        manager.commit(&mut first.blocks, &prompt);
+        assert_eq!(manager.cached_prefix(&prompt), 8);
+        let second = manager.admit(&prompt, true).expect("room");
+        assert_eq!(second.cached_tokens, 8);
+        assert_eq!(second.blocks.table, first.blocks.table[..2]);
+        assert_eq!(second.copy, None);
+        manager.release(first.blocks);
+        manager.release(second.blocks);
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 14 });
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_copies_its_last_block() {
+        let mut manager = BlockManager::new(8, 4);
+        let prompt = tokens(8, 1);
+        let mut first = manager.admit(&prompt, true).expect("room");
+        manager.reserve(&mut first.blocks, 8).expect("room");
+        manager.commit(&mut first.blocks, &prompt);
+        manager.release(first.blocks.clone());
+        let second = manager.admit(&prompt, true).expect("room");
+        assert_eq!(second.cached_tokens, 7, "the last token is always computed");
+        let (from, to) = second.copy.expect("copy on write");
+        assert_eq!(from, first.blocks.table[1]);
+        assert_eq!(second.blocks.table, vec![first.blocks.table[0], to]);
+        manager.release(second.blocks);
+        assert_eq!(manager.stats().used, 0);
+    }
+
+    #[test]
+    fn cache_prompt_false_neither_borrows_nor_offers() {
+        let mut manager = BlockManager::new(8, 4);
+        let prompt = tokens(8, 2);
+        let mut first = manager.admit(&prompt, false).expect("room");
+        manager.reserve(&mut first.blocks, 8).expect("room");
+        manager.commit(&mut first.blocks, &prompt);
+        assert_eq!(manager.cached_prefix(&prompt), 0);
+        manager.release(first.blocks);
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 8 });
+    }
+
+    #[test]
+    fn unreferenced_cached_blocks_are_evicted_lru_before_refusing() {
+        let mut manager = BlockManager::new(4, 2);
+        let old = tokens(4, 3);
+        let newer = tokens(4, 4);
+        for prompt in [&old, &newer] {
+            let mut seq = manager.admit(prompt, true).expect("room");
+            manager.reserve(&mut seq.blocks, 4).expect("room");
+            manager.commit(&mut seq.blocks, prompt);
+            manager.release(seq.blocks);
+        }
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 4, free: 0 });
+        let mut third = manager.admit(&tokens(4, 5), true).expect("room");
+        manager.reserve(&mut third.blocks, 4).expect("evicts the two oldest");
+        assert_eq!(manager.cached_prefix(&old), 0, "the least recently used prompt was evicted");
+        assert_eq!(manager.cached_prefix(&newer), 3);
+        let mut fourth = manager.admit(&tokens(6, 6), true).expect("admission needs no block");
+        let error = manager.reserve(&mut fourth.blocks, 6).expect_err("live sequences hold everything");
+        assert_eq!(error, OutOfBlocks { n_blocks: 4, block_tokens: 2 });
+        manager.release(third.blocks);
+        manager.release(fourth.blocks);
+        assert_eq!(manager.stats().used, 0);
+    }
+
+    #[test]
+    fn different_prefixes_do_not_match_even_with_equal_later_blocks() {
+        let mut manager = BlockManager::new(8, 2);
+        let a = vec![1, 2, 3, 4];
+        let b = vec![9, 9, 3, 4];
+        let mut seq = manager.admit(&a, true).expect("room");
+        manager.reserve(&mut seq.blocks, 4).expect("room");
+        manager.commit(&mut seq.blocks, &a);
+        assert_eq!(manager.cached_prefix(&b), 0);
+        assert_eq!(manager.cached_prefix(&[1, 2, 3, 4, 5]), 4);
+        manager.release(seq.blocks);
+    }
+}

@@ -1,0 +1,151 @@
+//! What crosses the http ↔ engine seam: a generation request in, a stream
+//! of events out.
+
+use super::sampling::{SamplingParams, TokenProb};
+
+/// Host-assigned request id, unique for the life of the process.
+pub type RequestId = u64;
+
+/// A tokenized generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// Prompt tokens (BOS and specials already applied).
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate; `None` = until EOS, a stop word or the
+    /// context is full.
+    pub n_predict: Option<usize>,
+    /// Stop strings (removed from the output).
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Top-N probabilities to report per generated token (0 = none).
+    pub n_probs: usize,
+    /// Report probabilities after the sampler chain instead of a raw
+    /// softmax.
+    pub post_sampling_probs: bool,
+    /// Borrow the longest cached prefix (and offer this prompt's blocks to
+    /// the cache).
+    pub cache_prompt: bool,
+    /// Preferred slot (advisory to the policy).
+    pub id_slot: Option<u32>,
+    /// Passed to the scheduling policy; larger is more urgent.
+    pub priority: i32,
+    /// LoRA adapters (id, scale); requests with equal lists share a group.
+    pub lora: Vec<(u32, f32)>,
+}
+
+impl GenerationRequest {
+    /// A request with llama-server's defaults.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        GenerationRequest {
+            prompt,
+            sampling: SamplingParams::default(),
+            n_predict: None,
+            stop: Vec::new(),
+            ignore_eos: false,
+            n_probs: 0,
+            post_sampling_probs: false,
+            cache_prompt: true,
+            id_slot: None,
+            priority: 0,
+            lora: Vec::new(),
+        }
+    }
+}
+
+/// Probabilities around one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenProbs {
+    /// The chosen token's probability (from the same distribution as `top`).
+    pub chosen: TokenProb,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<TokenProb>,
+    /// Whether these are post-sampling probabilities.
+    pub post_sampling: bool,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// Text this token releases: empty while an incomplete UTF-8 character
+    /// or a possible stop-string prefix is held back; may include text
+    /// held back from earlier tokens.
+    pub text: String,
+    pub probs: Option<TokenProbs>,
+}
+
+/// Why generation stopped (llama-server's `stop_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopType {
+    /// Not stopped normally (cancelled).
+    None,
+    Eos,
+    Word,
+    Limit,
+}
+
+impl StopType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopType::None => "none",
+            StopType::Eos => "eos",
+            StopType::Word => "word",
+            StopType::Limit => "limit",
+        }
+    }
+}
+
+/// Timings of a finished request (llama-server's `timings`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Timings {
+    pub cache_n: usize,
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
+}
+
+/// The end of a successful request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub stop_type: StopType,
+    /// The stop string that matched (empty otherwise).
+    pub stopping_word: String,
+    /// Held-back text released at the end (never part of a stop string).
+    pub text: String,
+    /// The context filled up before any other stop.
+    pub truncated: bool,
+    pub tokens_predicted: usize,
+    pub tokens_evaluated: usize,
+    pub tokens_cached: usize,
+    pub id_slot: u32,
+    pub timings: Timings,
+}
+
+/// Why a request failed inside the engine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The scheduling policy failed closed, or the engine is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request cannot fit (prompt longer than the context, no KV blocks).
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// An internal failure.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What the engine tells a request's owner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The request left the queue and got a slot.
+    Started { id_slot: u32 },
+    Token(TokenEvent),
+    Done(Completion),
+    Failed(EngineError),
+}

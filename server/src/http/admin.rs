@@ -1,0 +1,176 @@
+//! Operator actions: loading and replacing the scheduling policy (at start,
+//! on SIGHUP, and through `POST /admin/policy`), and the LoRA adapter list.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::{ApiError, ErrorType};
+use super::generate::blocking;
+use super::params::{Fields, JsonBody, object, wrong};
+use crate::config::{Config, Overrides, PolicyConfig};
+use crate::engine::Health;
+use crate::engine::policy::SchedulingPolicy;
+use crate::plugins::{LoadError, PluginHost, PluginSource, WasmPolicy, builtin_policy, settings_from_toml};
+
+/// Longest wait for the engine to take a new policy (it does so between
+/// two steps, so this only matters if a step hangs).
+const SWAP_WAIT: Duration = Duration::from_secs(5);
+
+/// Why a policy could not be loaded; the message names the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{0}")]
+    Config(String),
+    #[error("no built-in plugin `{0}`")]
+    NoBuiltin(String),
+    #[error("{}: cannot read plugin: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+/// Load, check and configure the policy `config` names, with its limits and
+/// settings.
+pub fn load_policy(host: &PluginHost, config: &PolicyConfig) -> Result<WasmPolicy, PolicyError> {
+    let source = config.source().map_err(PolicyError::Config)?;
+    let bytes = match &source {
+        PluginSource::Builtin(name) => builtin_policy(name)
+            .map(|(_, bytes)| bytes.to_vec())
+            .ok_or_else(|| PolicyError::NoBuiltin((*name).to_owned()))?,
+        PluginSource::Path(path) => {
+            std::fs::read(path).map_err(|error| PolicyError::Read { path: path.clone(), error })?
+        }
+    };
+    let settings = settings_from_toml(&config.settings).map_err(PolicyError::Config)?;
+    Ok(WasmPolicy::load(host, source, &bytes, settings, config.limits())?)
+}
+
+/// The policy side of the server: the plugin host, where the configuration
+/// came from (for reloads), and the active policy's configuration.
+pub struct Policies {
+    host: PluginHost,
+    config_file: Option<PathBuf>,
+    flags: Overrides,
+    active: Mutex<PolicyConfig>,
+}
+
+impl Policies {
+    pub fn new(host: PluginHost, config_file: Option<PathBuf>, flags: Overrides, active: PolicyConfig) -> Self {
+        Policies { host, config_file, flags, active: Mutex::new(active) }
+    }
+
+    /// The active policy's configuration.
+    pub fn active(&self) -> PolicyConfig {
+        self.active.lock().map(|active| active.clone()).unwrap_or_default()
+    }
+
+    /// What the engine falls back to after a quarantine: the built-in
+    /// `continuous`, under the configured limits.
+    pub fn fallback(&self) -> Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send> {
+        let host = self.host.clone();
+        let config = PolicyConfig { plugin: "continuous".into(), settings: toml::Table::new(), ..self.active() };
+        Box::new(move || match load_policy(&host, &config) {
+            Ok(policy) => Some(Box::new(policy) as Box<dyn SchedulingPolicy>),
+            Err(error) => {
+                tracing::error!(%error, "cannot load the fallback policy");
+                None
+            }
+        })
+    }
+
+    /// Load `config`'s policy and make it the one `/props` reports.
+    pub fn load(&self, config: PolicyConfig) -> Result<WasmPolicy, PolicyError> {
+        let policy = load_policy(&self.host, &config)?;
+        if let Ok(mut active) = self.active.lock() {
+            *active = config;
+        }
+        Ok(policy)
+    }
+
+    /// The `[policy]` section as it stands now: the config file read again,
+    /// with the command-line flags applied over it.
+    pub fn from_file(&self) -> Result<PolicyConfig, PolicyError> {
+        let mut config = match &self.config_file {
+            Some(path) => Config::load(path).map_err(|error| PolicyError::Config(error.to_string()))?,
+            None => Config::default(),
+        };
+        config.apply(&self.flags).map_err(PolicyError::Config)?;
+        Ok(config.policy)
+    }
+}
+
+/// Reload the policy from the config file and hand it to the engine (the
+/// SIGHUP action). Blocking: it compiles the plugin.
+pub fn reload_from_file(state: &AppState) -> Result<String, PolicyError> {
+    let policies = state.policies();
+    let policy = policies.load(policies.from_file()?)?;
+    install(state, policy)
+}
+
+fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PolicyError> {
+    let name = policy.name().to_owned();
+    let ready = state.ready().map_err(|error| PolicyError::Config(error.message))?;
+    let was_ok = ready.engine.health() == Health::Ok;
+    ready.engine.replace_policy(Box::new(policy)).map_err(|error| PolicyError::Config(error.to_string()))?;
+    // The engine applies the swap between steps. Requests submitted from
+    // now on queue behind it anyway; wait for it only so that `/health`
+    // says "ok" once this returns after a fail-closed or degraded state.
+    if !was_ok {
+        let deadline = Instant::now() + SWAP_WAIT;
+        while ready.engine.health() != Health::Ok && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    tracing::info!(policy = name, "scheduling policy reloaded");
+    Ok(name)
+}
+
+/// `POST /admin/policy`: `{"policy": NAME|PATH}` loads that policy with the
+/// configured limits and settings; no `policy` reloads the config file's.
+/// Needs the API key: without one configured the endpoint is closed.
+pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    if state.api_key().is_none() {
+        return Err(ApiError::new(
+            ErrorType::Permission,
+            "/admin endpoints need an API key (`server.api_key` or --api-key)",
+        ));
+    }
+    let requested = Fields(object(&body)?).str("policy")?.map(str::to_owned);
+    let worker = state.clone();
+    let name = blocking(move || {
+        let policies = worker.policies();
+        let loaded = match requested {
+            Some(plugin) => policies.load(PolicyConfig { plugin, ..policies.active() }),
+            None => policies.from_file().and_then(|config| policies.load(config)),
+        };
+        let policy = loaded.map_err(|error| ApiError::invalid(error.to_string()))?;
+        install(&worker, policy).map_err(|error| ApiError::new(ErrorType::Unavailable, error.to_string()))
+    })
+    .await?;
+    Ok(Json(json!({ "success": true, "policy": name })))
+}
+
+/// `GET /lora-adapters`: no adapters are loaded yet.
+pub async fn list_lora(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    state.ready()?;
+    Ok(Json(json!([])))
+}
+
+/// `POST /lora-adapters`: `[{"id", "scale"}]` sets global scales; with no
+/// adapter loaded every id is unknown.
+pub async fn set_lora(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    state.ready()?;
+    let items = body.as_array().ok_or_else(|| wrong("body", "an array of {\"id\", \"scale\"}"))?;
+    if let Some(item) = items.first() {
+        let entry = item.as_object().ok_or_else(|| wrong("body", "an array of {\"id\", \"scale\"}"))?;
+        let id = Fields(entry).int("id")?.ok_or_else(|| ApiError::invalid("`id` is required"))?;
+        return Err(ApiError::invalid(format!("there is no LoRA adapter with id {id} (none are loaded)")));
+    }
+    Ok(Json(json!({ "success": true })))
+}

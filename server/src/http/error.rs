@@ -1,0 +1,177 @@
+//! API errors, mapped to HTTP in this one place. The body is llama-server's
+//! `{"error":{"code","message","type"}}` with its types and status codes.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::engine::SubmitError;
+use crate::engine::request::EngineError;
+
+/// llama-server's error types, each with its status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorType {
+    InvalidRequest,
+    Authentication,
+    NotFound,
+    Permission,
+    Server,
+    NotSupported,
+    Unavailable,
+    ExceedContextSize,
+}
+
+impl ErrorType {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorType::InvalidRequest | ErrorType::ExceedContextSize => StatusCode::BAD_REQUEST,
+            ErrorType::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorType::NotFound => StatusCode::NOT_FOUND,
+            ErrorType::Permission => StatusCode::FORBIDDEN,
+            ErrorType::Server => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorType::NotSupported => StatusCode::NOT_IMPLEMENTED,
+            ErrorType::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorType::InvalidRequest => "invalid_request_error",
+            ErrorType::Authentication => "authentication_error",
+            ErrorType::NotFound => "not_found_error",
+            ErrorType::Permission => "permission_error",
+            ErrorType::Server => "server_error",
+            ErrorType::NotSupported => "not_supported_error",
+            ErrorType::Unavailable => "unavailable_error",
+            ErrorType::ExceedContextSize => "exceed_context_size_error",
+        }
+    }
+}
+
+/// An error answer: type, message, and the extra fields some types carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub kind: ErrorType,
+    pub message: String,
+    /// Status override (413 for a body over the limit, which llama-server
+    /// has no type for).
+    pub status: Option<StatusCode>,
+    /// Extra keys of the error object (`n_prompt_tokens`, `n_ctx`, …).
+    pub extra: Vec<(&'static str, Value)>,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into(), status: None, extra: Vec::new(), retry_after: None }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorType::InvalidRequest, message)
+    }
+
+    pub fn loading() -> Self {
+        Self::new(ErrorType::Unavailable, "Loading model")
+    }
+
+    pub fn not_found() -> Self {
+        Self::new(ErrorType::NotFound, "File Not Found")
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        ApiError {
+            status: Some(StatusCode::PAYLOAD_TOO_LARGE),
+            ..Self::invalid(format!("the request body is larger than the limit of {limit} bytes"))
+        }
+    }
+
+    pub fn with(mut self, key: &'static str, value: Value) -> Self {
+        self.extra.push((key, value));
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status.unwrap_or(self.kind.status())
+    }
+
+    /// The `{"error": {...}}` object, also sent as an SSE event when a
+    /// stream fails after its first token.
+    pub fn body(&self) -> Value {
+        let mut error = json!({
+            "code": self.status().as_u16(),
+            "message": self.message,
+            "type": self.kind.name(),
+        });
+        if let Some(object) = error.as_object_mut() {
+            for (key, value) in &self.extra {
+                object.insert((*key).to_owned(), value.clone());
+            }
+        }
+        json!({ "error": error })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(error: SubmitError) -> Self {
+        match error {
+            SubmitError::QueueFull(_) => {
+                ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, error.to_string()) }
+            }
+            SubmitError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
+            SubmitError::ExceedsContext { n_prompt_tokens, n_ctx } => exceeds_context(n_prompt_tokens, n_ctx),
+            SubmitError::EmptyPrompt => ApiError::invalid(error.to_string()),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
+            EngineError::ResourceExhausted(message) => ApiError::new(ErrorType::Unavailable, message),
+            EngineError::Internal(message) => ApiError::new(ErrorType::Server, message),
+        }
+    }
+}
+
+/// llama-server's error for a prompt that does not fit the context.
+pub fn exceeds_context(n_prompt_tokens: usize, n_ctx: usize) -> ApiError {
+    ApiError::new(
+        ErrorType::ExceedContextSize,
+        format!("the request exceeds the available context size ({n_prompt_tokens} prompt tokens, context {n_ctx})"),
+    )
+    .with("n_prompt_tokens", json!(n_prompt_tokens))
+    .with("n_ctx", json!(n_ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_follow_llama_server() {
+        let body = ApiError::loading().body();
+        assert_eq!(body, json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}));
+        let exceeded = ApiError::from(SubmitError::ExceedsContext { n_prompt_tokens: 9, n_ctx: 8 });
+        assert_eq!(exceeded.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(exceeded.body()["error"]["type"], "exceed_context_size_error");
+        assert_eq!(
+            (exceeded.body()["error"]["n_prompt_tokens"].clone(), exceeded.body()["error"]["n_ctx"].clone()),
+            (json!(9), json!(8))
+        );
+        let full = ApiError::from(SubmitError::QueueFull(3));
+        assert_eq!((full.status(), full.retry_after), (StatusCode::SERVICE_UNAVAILABLE, Some(1)));
+        assert_eq!(ApiError::too_large(10).body()["error"]["code"], 413);
+    }
+}

@@ -1,0 +1,403 @@
+//! Read-only state: `/health`, `/props`, `/v1/models`, `/slots` and
+//! `/metrics` (llama-server's `llamacpp:*` names plus `sluice_*`).
+
+use std::fmt::Write;
+use std::time::UNIX_EPOCH;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use super::error::{ApiError, ErrorType};
+use super::params::{self, Fields, settings_json};
+use super::{AppState, Ready};
+use crate::engine::Health;
+use crate::engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
+use crate::engine::policy::Phase;
+
+/// `GET /health`: `{"status":"ok"}`; "degraded" on the fallback policy;
+/// 503 naming the policy and its fault when it failed closed.
+pub async fn health(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    match ready.engine.health() {
+        Health::Ok => Ok(Json(json!({ "status": "ok" }))),
+        Health::Degraded { policy, fault } => {
+            Ok(Json(json!({ "status": "degraded", "policy": policy, "fault": fault })))
+        }
+        Health::FailedClosed { policy, fault } => Err(ApiError::new(
+            ErrorType::Unavailable,
+            format!("scheduling policy `{policy}` failed closed ({fault}); reload the policy to resume"),
+        )
+        .with("policy", json!(policy))
+        .with("fault", json!(fault))),
+    }
+}
+
+fn health_name(health: &Health) -> &'static str {
+    match health {
+        Health::Ok => "ok",
+        Health::Degraded { .. } => "degraded",
+        Health::FailedClosed { .. } => "failed-closed",
+    }
+}
+
+/// `GET /props`: server and model properties, plus the active policy.
+pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let config = state.config();
+    let defaults = params::generation(Fields(&Map::new()), &ready.limits(&config.defaults))?;
+    let text = |id: Option<u32>| id.map_or("", |id| ready.tokenizer.piece(id)).to_owned();
+    let policy = state.policies().active();
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": ready.engine.config().ctx,
+            "speculative": false,
+            "is_processing": false,
+            "params": settings_json(&defaults),
+        },
+        "total_slots": ready.engine.config().slots,
+        "model_alias": ready.model.name,
+        "model_path": ready.model.path.display().to_string(),
+        "model_ftype": ready.model.ftype,
+        "modalities": { "vision": false, "video": false, "audio": false },
+        "endpoint_slots": config.server.slots,
+        "endpoint_props": false,
+        "endpoint_metrics": config.server.metrics,
+        "chat_template": ready.template.source(),
+        "chat_template_caps": {},
+        "bos_token": text(ready.tokenizer.bos()),
+        "eos_token": text(ready.tokenizer.eos()),
+        "build_info": format!("sluice {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+        "policy": {
+            "name": ready.engine.policy_name(),
+            "plugin": policy.plugin,
+            "on_fault": policy.on_fault.as_str(),
+            "stall_steps": policy.stall_steps,
+            "limits": { "fuel": policy.fuel, "deadline_ms": policy.deadline_ms, "memory_mb": policy.memory_mb },
+            "settings": serde_json::to_value(&policy.settings).unwrap_or(Value::Null),
+            "health": health_name(&ready.engine.health()),
+        },
+    })))
+}
+
+/// `GET /v1/models` and `/models`: OpenAI's list plus llama-server's
+/// Ollama-style `models`.
+pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let model = &ready.model;
+    let created = state.started().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": model.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llamacpp",
+            "meta": {
+                "n_vocab": model.n_vocab,
+                "n_ctx": ready.engine.config().ctx,
+                "n_ctx_train": model.n_ctx_train,
+                "n_embd": model.n_embd,
+                "n_params": model.n_params,
+                "size": model.size,
+            },
+        }],
+        "models": [{
+            "name": model.name,
+            "model": model.name,
+            "type": "model",
+            "capabilities": ["completion"],
+            "details": { "format": "gguf" },
+        }],
+    })))
+}
+
+fn phase_name(phase: Option<Phase>) -> &'static str {
+    match phase {
+        None => "idle",
+        Some(Phase::Prefilling) => "prefilling",
+        Some(Phase::Ready) => "ready",
+        Some(Phase::Decoding) => "decoding",
+    }
+}
+
+/// `GET /slots`: each slot's state; `?fail_on_no_slot=1` answers 503 when
+/// none is idle.
+pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> Result<Json<Value>, ApiError> {
+    if !state.config().server.slots {
+        return Err(ApiError::new(
+            ErrorType::NotSupported,
+            "This server does not support slots endpoint. Start it with `--slots`",
+        ));
+    }
+    let ready = state.ready()?;
+    let slots = ready.engine.slots();
+    let fail_on_no_slot = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .any(|(key, value)| key == "fail_on_no_slot" && matches!(value, "1" | "true"));
+    if fail_on_no_slot && slots.iter().all(|slot| slot.phase.is_some()) {
+        return Err(ApiError::new(ErrorType::Unavailable, "no slot available"));
+    }
+    let slots: Vec<Value> = slots
+        .iter()
+        .map(|slot| {
+            let mut value = json!({
+                "id": slot.id,
+                "n_ctx": slot.n_ctx,
+                "speculative": false,
+                "is_processing": slot.phase.is_some(),
+                "phase": phase_name(slot.phase),
+            });
+            if let (Some(request), Some(object)) = (slot.request_id, value.as_object_mut()) {
+                let n_predict = slot.max_tokens.map_or(-1, |max| max as i64);
+                let n_remain = slot.max_tokens.map_or(-1, |max| max.saturating_sub(slot.generated) as i64);
+                let extra = json!({
+                    "id_task": request,
+                    "n_prompt_tokens": slot.prompt_tokens,
+                    "n_prompt_tokens_processed": slot.prompt_done,
+                    "n_prompt_tokens_cache": slot.prompt_cached,
+                    "params": { "n_predict": n_predict },
+                    "next_token": [{
+                        "has_next_token": true,
+                        "has_new_line": false,
+                        "n_remain": n_remain,
+                        "n_decoded": slot.generated,
+                    }],
+                    "priority": slot.priority,
+                    "adapter_group": slot.adapter_group,
+                });
+                if let Some(extra) = extra.as_object() {
+                    object.extend(extra.clone());
+                }
+            }
+            value
+        })
+        .collect();
+    Ok(Json(Value::Array(slots)))
+}
+
+/// Counter values at the previous scrape, for llama-server's per-scrape
+/// throughput gauges.
+#[derive(Debug, Default)]
+pub struct RateWindow {
+    prompt_tokens: u64,
+    prompt_micros: u64,
+    predicted_tokens: u64,
+    predicted_micros: u64,
+}
+
+/// Prometheus text, one family at a time.
+struct Exposition(String);
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(self.0, "{name}{labels} {value}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.family(name, kind, help, &[(String::new(), value)]);
+    }
+}
+
+/// A label value with Prometheus escapes.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if !state.config().server.metrics {
+        return Err(ApiError::new(
+            ErrorType::NotSupported,
+            "This server does not support metrics endpoint. Start it with `--metrics`",
+        ));
+    }
+    let ready = state.ready()?;
+    let text = render_metrics(&state, &ready);
+    let mut response = text.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    let started = state.started().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
+    headers.insert("process-start-time-unix", HeaderValue::from(started));
+    Ok(response)
+}
+
+fn render_metrics(state: &AppState, ready: &Ready) -> String {
+    let metrics = &ready.engine.shared().metrics;
+    let get = |counter| Metrics::get(counter) as f64;
+    let prompt_tokens = Metrics::get(&metrics.prompt_tokens_total);
+    let prompt_micros = Metrics::get(&metrics.prompt_micros_total);
+    let predicted_tokens = Metrics::get(&metrics.tokens_predicted_total);
+    let predicted_micros = Metrics::get(&metrics.predicted_micros_total);
+    // Throughput since the previous scrape; each scrape starts a new window.
+    let (prompt_rate, predicted_rate) = match state.rate_window().lock() {
+        Ok(mut window) => {
+            let rate = |tokens: u64, micros: u64| if micros == 0 { 0.0 } else { tokens as f64 * 1e6 / micros as f64 };
+            let rates = (
+                rate(
+                    prompt_tokens.saturating_sub(window.prompt_tokens),
+                    prompt_micros.saturating_sub(window.prompt_micros),
+                ),
+                rate(
+                    predicted_tokens.saturating_sub(window.predicted_tokens),
+                    predicted_micros.saturating_sub(window.predicted_micros),
+                ),
+            );
+            *window = RateWindow { prompt_tokens, prompt_micros, predicted_tokens, predicted_micros };
+            rates
+        }
+        Err(_) => (0.0, 0.0),
+    };
+    let decodes = Metrics::get(&metrics.n_decode_total);
+    let busy_per_decode = if decodes == 0 { 0.0 } else { get(&metrics.n_busy_slots_total) / decodes as f64 };
+
+    let mut out = Exposition(String::new());
+    out.one("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", prompt_tokens as f64);
+    out.one(
+        "llamacpp:prompt_tokens_cached_total",
+        "counter",
+        "Number of prompt tokens served from the prompt cache.",
+        get(&metrics.prefix_cache_hit_tokens_total),
+    );
+    out.one("llamacpp:prompt_seconds_total", "counter", "Prompt process time", prompt_micros as f64 / 1e6);
+    out.one(
+        "llamacpp:tokens_predicted_total",
+        "counter",
+        "Number of generation tokens processed.",
+        predicted_tokens as f64,
+    );
+    out.one(
+        "llamacpp:tokens_predicted_seconds_total",
+        "counter",
+        "Predict process time",
+        predicted_micros as f64 / 1e6,
+    );
+    out.one("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", decodes as f64);
+    out.one("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", get(&metrics.n_tokens_max));
+    out.one("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Number of drafted tokens.", 0.0);
+    out.one("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted drafted tokens.", 0.0);
+    out.one("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", 0.0);
+    out.one("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate);
+    out.one("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", predicted_rate);
+    out.one(
+        "llamacpp:requests_processing",
+        "gauge",
+        "Number of requests processing.",
+        get(&metrics.requests_processing),
+    );
+    out.one("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", get(&metrics.requests_deferred));
+    out.one(
+        "llamacpp:n_busy_slots_per_decode",
+        "gauge",
+        "Average number of busy slots per llama_decode() call",
+        busy_per_decode,
+    );
+
+    out.one("sluice_requests_total", "counter", "Requests submitted to the engine.", get(&metrics.requests_total));
+    out.one("sluice_steps_total", "counter", "Engine steps that ran a forward pass.", get(&metrics.steps_total));
+    out.family(
+        "sluice_step_tokens_total",
+        "counter",
+        "Tokens processed by engine steps, by kind.",
+        &[
+            ("{kind=\"prefill\"}".into(), get(&metrics.step_prefill_tokens_total)),
+            ("{kind=\"decode\"}".into(), get(&metrics.step_decode_tokens_total)),
+        ],
+    );
+    out.one(
+        "sluice_kv_blocks_used",
+        "gauge",
+        "KV-cache blocks held by running requests.",
+        get(&metrics.kv_blocks_used),
+    );
+    out.one(
+        "sluice_kv_blocks_cached",
+        "gauge",
+        "KV-cache blocks held only by the prefix cache.",
+        get(&metrics.kv_blocks_cached),
+    );
+    out.one("sluice_kv_blocks_free", "gauge", "Free KV-cache blocks.", get(&metrics.kv_blocks_free));
+    out.one(
+        "sluice_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        get(&metrics.prefix_cache_hit_tokens_total),
+    );
+
+    let mut cumulative = 0u64;
+    let mut buckets: Vec<(String, f64)> = Vec::with_capacity(POLICY_CALL_BUCKETS.len() + 1);
+    for (index, counter) in metrics.policy_call_buckets.iter().enumerate() {
+        cumulative += Metrics::get(counter);
+        let bound = POLICY_CALL_BUCKETS.get(index).map_or_else(|| "+Inf".to_owned(), |bound| format!("{bound}"));
+        buckets.push((format!("_bucket{{le=\"{bound}\"}}"), cumulative as f64));
+    }
+    let _ = writeln!(out.0, "# HELP sluice_policy_call_seconds Latency of scheduling policy calls.");
+    let _ = writeln!(out.0, "# TYPE sluice_policy_call_seconds histogram");
+    for (suffix, value) in buckets {
+        let _ = writeln!(out.0, "sluice_policy_call_seconds{suffix} {value}");
+    }
+    let _ = writeln!(out.0, "sluice_policy_call_seconds_sum {}", get(&metrics.policy_call_nanos_total) / 1e9);
+    let _ = writeln!(out.0, "sluice_policy_call_seconds_count {}", get(&metrics.policy_calls_total));
+
+    let faults: Vec<(String, f64)> = metrics
+        .policy_faults
+        .lock()
+        .map(|faults| {
+            faults
+                .iter()
+                .map(|((policy, reason), count)| {
+                    (format!("{{policy=\"{}\",reason=\"{}\"}}", label(policy), label(reason)), *count as f64)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.family("sluice_policy_faults_total", "counter", "Scheduling policy faults, by policy and reason.", &faults);
+    out.one(
+        "sluice_policy_fallbacks_total",
+        "counter",
+        "Switches to the fallback policy.",
+        get(&metrics.policy_fallbacks_total),
+    );
+    let health = ready.engine.health();
+    out.one(
+        "sluice_policy_degraded",
+        "gauge",
+        "1 while running on the fallback policy.",
+        f64::from(u8::from(matches!(health, Health::Degraded { .. }))),
+    );
+    out.one(
+        "sluice_policy_failed_closed",
+        "gauge",
+        "1 while the policy has failed closed and requests are refused.",
+        f64::from(u8::from(matches!(health, Health::FailedClosed { .. }))),
+    );
+    out.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn families_have_help_and_type() {
+        let mut out = Exposition(String::new());
+        out.one("x_total", "counter", "Things.", 3.0);
+        assert_eq!(out.0, "# HELP x_total Things.\n# TYPE x_total counter\nx_total 3\n");
+    }
+}

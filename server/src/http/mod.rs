@@ -1,0 +1,206 @@
+//! The HTTP API: llama-server's endpoints, fields, response shapes, SSE
+//! framing and errors, on axum. One module per API family:
+//!
+//! * [`completion`]: `/completion` (native); [`openai`]: `/v1/completions`,
+//!   `/v1/chat/completions`; both on [`generate`] (engine submission,
+//!   results, shared JSON), [`params`] (request fields), [`prompt`] and
+//!   [`sse`] (streams).
+//! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
+//! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`.
+//! * [`admin`]: `/admin/policy`, `/lora-adapters`, policy (re)loading.
+//! * [`auth`], [`error`]; [`server`]: listening, loading the model, signals.
+//!
+//! Until the model is loaded every path answers 503 "Loading model".
+
+pub mod admin;
+pub mod auth;
+pub mod completion;
+pub mod error;
+pub mod generate;
+pub mod info;
+pub mod openai;
+pub mod params;
+pub mod prompt;
+pub mod server;
+pub mod sse;
+pub mod tokenize;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tracing::Instrument;
+
+use crate::config::{Config, RequestDefaults};
+use crate::engine::EngineHandle;
+use crate::model::chat_template::ChatTemplate;
+use crate::model::tokenizer::Tokenizer;
+use admin::Policies;
+use auth::ApiKey;
+use error::ApiError;
+
+pub use server::{StartError, serve};
+
+/// What the API reports about the loaded model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The alias, else the file name.
+    pub name: String,
+    pub path: PathBuf,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_params: u64,
+    /// Bytes of tensor data.
+    pub size: u64,
+    /// `general.file_type`, when the file says.
+    pub ftype: Option<u32>,
+}
+
+/// A loaded model with its engine: everything the generation endpoints use.
+pub struct Ready {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub model: ModelInfo,
+}
+
+impl Ready {
+    /// The limits requests are checked against.
+    pub fn limits<'a>(&'a self, defaults: &'a RequestDefaults) -> params::Limits<'a> {
+        let config = self.engine.config();
+        params::Limits { defaults, slots: config.slots, n_ctx: config.ctx, tokenizer: &self.tokenizer }
+    }
+}
+
+/// Shared state of every handler. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+struct Inner {
+    config: Config,
+    api_key: Option<ApiKey>,
+    ready: OnceLock<Arc<Ready>>,
+    policies: Policies,
+    rate_window: Mutex<info::RateWindow>,
+    started: SystemTime,
+    next_request: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(config: Config, policies: Policies) -> Self {
+        let api_key = config.server.api_key.as_deref().map(ApiKey::new);
+        AppState(Arc::new(Inner {
+            config,
+            api_key,
+            ready: OnceLock::new(),
+            policies,
+            rate_window: Mutex::new(info::RateWindow::default()),
+            started: SystemTime::now(),
+            next_request: AtomicU64::new(1),
+        }))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.0.config
+    }
+
+    pub fn api_key(&self) -> Option<&ApiKey> {
+        self.0.api_key.as_ref()
+    }
+
+    pub fn policies(&self) -> &Policies {
+        &self.0.policies
+    }
+
+    pub fn started(&self) -> SystemTime {
+        self.0.started
+    }
+
+    fn rate_window(&self) -> &Mutex<info::RateWindow> {
+        &self.0.rate_window
+    }
+
+    /// The loaded model, or 503 "Loading model".
+    pub fn ready(&self) -> Result<Arc<Ready>, ApiError> {
+        self.0.ready.get().cloned().ok_or_else(ApiError::loading)
+    }
+
+    /// Mark the model loaded: from now on the API serves.
+    pub fn set_ready(&self, ready: Ready) {
+        let _ = self.0.ready.set(Arc::new(ready));
+    }
+
+    /// Keep-alive interval of SSE streams (zero = none).
+    pub fn ping(&self) -> Duration {
+        Duration::from_secs(self.0.config.server.sse_ping_interval)
+    }
+}
+
+/// Every route, behind the request span, the loading gate and the API key.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config().server.limits.body_bytes;
+    Router::new()
+        .route("/health", get(info::health))
+        .route("/v1/health", get(info::health))
+        .route("/completion", post(completion::completion))
+        .route("/completions", post(completion::completion))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/chat/completions", post(openai::chat))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/apply-template", post(tokenize::apply_template))
+        .route("/props", get(info::props))
+        .route("/v1/models", get(info::models))
+        .route("/models", get(info::models))
+        .route("/slots", get(info::slots))
+        .route("/metrics", get(info::metrics))
+        .route("/lora-adapters", get(admin::list_lora).post(admin::set_lora))
+        .route("/admin/policy", post(admin::replace_policy))
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .layer(middleware::from_fn_with_state(state.clone(), loading_gate))
+        .layer(middleware::from_fn_with_state(state.clone(), request_span))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Unknown paths (and known paths with another method), as llama-server
+/// answers them.
+async fn not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+/// 503 "Loading model" on every path until the model is loaded.
+async fn loading_gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match state.ready() {
+        Ok(_) => next.run(request).await,
+        Err(loading) => loading.into_response(),
+    }
+}
+
+/// One span per request, carrying its id; the id is also sent back in
+/// `X-Request-Id`.
+async fn request_span(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let id = state.0.next_request.fetch_add(1, Ordering::Relaxed);
+    let span = tracing::info_span!("request", id, method = %request.method(), path = %request.uri().path());
+    async move {
+        let started = Instant::now();
+        let mut response = next.run(request).await;
+        let status = response.status().as_u16();
+        tracing::info!(status, ms = started.elapsed().as_secs_f64() * 1e3, "handled");
+        response.headers_mut().insert("x-request-id", HeaderValue::from(id));
+        response
+    }
+    .instrument(span)
+    .await
+}

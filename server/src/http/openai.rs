@@ -1,0 +1,385 @@
+//! OpenAI-compatible endpoints: `/v1/completions` and
+//! `/v1/chat/completions` (alias `/chat/completions`). Requests take every
+//! native field too; responses follow llama-server's OpenAI shapes (its
+//! `logprobs` shape, `usage` with `prompt_tokens_details.cached_tokens`,
+//! `timings`).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use super::error::{ApiError, ErrorType};
+use super::generate::{Outcome, Plan, blocking, collect, finish_reason, probs_json, submit, timings_json, usage_json};
+use super::params::{self, Fields, JsonBody, object, wrong};
+use super::{AppState, Ready, prompt, sse};
+use crate::engine::request::{Completion, TokenEvent, TokenProbs};
+use crate::model::chat_template::TemplateError;
+
+/// llama-server's default `top_logprobs` when chat asks for `logprobs`.
+const DEFAULT_TOP_LOGPROBS: i64 = 20;
+
+/// What every OpenAI object of one response shares.
+struct Envelope {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Envelope {
+    /// `model` echoes the request's, as llama-server does.
+    fn new(ready: &Ready, fields: Fields<'_>) -> Self {
+        let model = fields.get("model").and_then(Value::as_str).map_or_else(|| ready.model.name.clone(), str::to_owned);
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
+        Envelope { id: format!("chatcmpl-{}", random_id()), created, model }
+    }
+
+    fn object(&self, kind: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "choices": choices,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": system_fingerprint(),
+            "object": kind,
+            "id": self.id,
+        })
+    }
+}
+
+/// 32 random alphanumerics (the standard library's per-process random
+/// hasher keys are random enough for ids).
+fn random_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut id = String::with_capacity(32);
+    while id.len() < 32 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_usize(id.len());
+        let mut bits = hasher.finish();
+        for _ in 0..8 {
+            id.push(char::from(ALPHABET[(bits % ALPHABET.len() as u64) as usize]));
+            bits /= ALPHABET.len() as u64;
+        }
+    }
+    id
+}
+
+/// llama-server's fingerprint is its build (`b<number>-<commit>`); sluice
+/// reports its version in the same place.
+fn system_fingerprint() -> String {
+    format!("b{}-sluice", env!("CARGO_PKG_VERSION"))
+}
+
+fn insert(value: &mut Value, key: &str, item: Value) {
+    if let Some(object) = value.as_object_mut() {
+        object.insert(key.to_owned(), item);
+    }
+}
+
+/// `logprobs` of a choice: llama-server's `{"content": [per-token objects]}`.
+fn logprobs_json(ready: &Ready, probs: &[&TokenProbs], top_n: usize) -> Value {
+    json!({ "content": probs.iter().map(|probs| probs_json(&ready.tokenizer, probs, top_n)).collect::<Vec<_>>() })
+}
+
+/// A request parsed into a plan, its envelope, and how many alternatives
+/// each probability entry lists.
+struct Parsed {
+    plan: Plan,
+    envelope: Envelope,
+    top_n: usize,
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
+    let ready = state.ready()?;
+    let parsing = Arc::clone(&ready);
+    let defaults = state.config().defaults.clone();
+    let parsed = blocking(move || {
+        let fields = Fields(object(&body)?);
+        let generation = params::generation(fields, &parsing.limits(&defaults))?;
+        let value = fields.get("prompt").ok_or_else(|| ApiError::invalid("\"prompt\" must be provided"))?;
+        let prompts = prompt::prompts(value, &parsing.tokenizer, parsing.model.n_vocab)?;
+        let top_n = generation.request.n_probs;
+        Ok(Parsed { plan: Plan { generation, prompts }, envelope: Envelope::new(&parsing, fields), top_n })
+    })
+    .await?;
+    run(state, ready, parsed, Kind::Text).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
+    let ready = state.ready()?;
+    let parsing = Arc::clone(&ready);
+    let defaults = state.config().defaults.clone();
+    let parsed = blocking(move || {
+        let fields = Fields(object(&body)?);
+        let mut generation = params::generation(fields, &parsing.limits(&defaults))?;
+        let top_n = match (fields.bool("logprobs")?, fields.int("top_logprobs")?) {
+            (Some(true), top) => {
+                let top = top.unwrap_or(DEFAULT_TOP_LOGPROBS);
+                if top < 0 {
+                    return Err(ApiError::invalid(format!("`top_logprobs` must be 0 or more, not {top}")));
+                }
+                let top = (top as usize).min(parsing.tokenizer.vocab_size());
+                // The engine reports probabilities only when asked for at
+                // least one; the chosen token's logprob is wanted even with
+                // no alternatives.
+                generation.request.n_probs = top.max(1);
+                top
+            }
+            (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
+            _ => generation.request.n_probs,
+        };
+        let text = chat_prompt(&parsing, fields)?;
+        let prompts = vec![parsing.tokenizer.encode(&text, true, true)];
+        Ok(Parsed { plan: Plan { generation, prompts }, envelope: Envelope::new(&parsing, fields), top_n })
+    })
+    .await?;
+    run(state, ready, parsed, Kind::Chat).await
+}
+
+/// Render `messages` with the model's chat template.
+pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError> {
+    let messages = fields.get("messages").ok_or_else(|| ApiError::invalid("'messages' is required"))?;
+    let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid("`messages` must not be empty"));
+    }
+    let messages =
+        messages.iter().enumerate().map(|(index, message)| normalize(index, message)).collect::<Result<Vec<_>, _>>()?;
+    let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
+    let extra = match fields.get("chat_template_kwargs") {
+        Some(Value::Object(extra)) => extra.clone(),
+        Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
+        None => Map::new(),
+    };
+    ready.template.render_with(&messages, add_generation_prompt, &extra).map_err(|error| match error {
+        TemplateError::Raised(message) => ApiError::invalid(message),
+        other => ApiError::new(ErrorType::Server, other.to_string()),
+    })
+}
+
+/// A message as templates expect it: `content` as one string (text parts
+/// joined by newlines).
+fn normalize(index: usize, message: &Value) -> Result<Value, ApiError> {
+    let object =
+        message.as_object().ok_or_else(|| ApiError::invalid(format!("`messages[{index}]` must be an object")))?;
+    if !object.get("role").is_some_and(Value::is_string) {
+        return Err(ApiError::invalid(format!("`messages[{index}].role` must be a string")));
+    }
+    let mut object = object.clone();
+    match object.get("content") {
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(text)) => texts.push(text),
+                    (Some("text"), None) => {
+                        return Err(ApiError::invalid(format!("`messages[{index}].content[].text` must be a string")));
+                    }
+                    _ => {
+                        return Err(ApiError::new(
+                            ErrorType::NotSupported,
+                            format!("`messages[{index}].content`: only text parts are supported"),
+                        ));
+                    }
+                }
+            }
+            object.insert("content".into(), Value::String(texts.join("\n")));
+        }
+        Some(_) => return Err(wrong(&format!("messages[{index}].content"), "a string or an array of parts")),
+    }
+    Ok(Value::Object(object))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `text_completion` objects.
+    Text,
+    /// `chat.completion` objects.
+    Chat,
+}
+
+async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> Result<Response, ApiError> {
+    let Parsed { plan, envelope, top_n } = parsed;
+    let jobs = submit(&ready.engine, &plan)?;
+    if plan.generation.stream {
+        let outputs = plan.outputs();
+        let render = OpenAiStream {
+            ready,
+            envelope,
+            kind,
+            top_n,
+            include_usage: plan.generation.include_usage,
+            role_sent: vec![false; outputs],
+            completions: Vec::with_capacity(outputs),
+        };
+        return sse::respond(jobs, render, state.ping()).await;
+    }
+    let outcomes = collect(jobs).await?;
+    let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n)).collect();
+    let object_kind = match kind {
+        Kind::Text => "text_completion",
+        Kind::Chat => "chat.completion",
+    };
+    let mut result = envelope.object(object_kind, choices);
+    insert(&mut result, "usage", usage_json(outcomes.iter().map(|outcome| &outcome.completion)));
+    if let Some(first) = outcomes.first() {
+        insert(&mut result, "timings", timings_json(&first.completion.timings));
+    }
+    Ok(axum::Json(result).into_response())
+}
+
+fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize) -> Value {
+    let reason = finish_reason(outcome.completion.stop_type);
+    let probs = outcome.probs(&ready.tokenizer);
+    match kind {
+        Kind::Text => {
+            let logprobs = if probs.is_empty() { Value::Null } else { logprobs_json(ready, &probs, top_n) };
+            json!({ "text": outcome.content(), "index": outcome.index, "logprobs": logprobs, "finish_reason": reason })
+        }
+        Kind::Chat => {
+            let mut choice = json!({
+                "finish_reason": reason,
+                "index": outcome.index,
+                "message": { "role": "assistant", "content": outcome.content() },
+            });
+            if !probs.is_empty() {
+                insert(&mut choice, "logprobs", logprobs_json(ready, &probs, top_n));
+            }
+            choice
+        }
+    }
+}
+
+/// OpenAI streams: `text_completion` or `chat.completion.chunk` chunks,
+/// then `[DONE]`.
+struct OpenAiStream {
+    ready: Arc<Ready>,
+    envelope: Envelope,
+    kind: Kind,
+    top_n: usize,
+    include_usage: bool,
+    role_sent: Vec<bool>,
+    completions: Vec<Completion>,
+}
+
+impl OpenAiStream {
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        let kind = match self.kind {
+            Kind::Text => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        self.envelope.object(kind, choices)
+    }
+
+    /// Chat streams open each choice with the assistant role.
+    fn role(&mut self, index: usize) -> Option<Value> {
+        let sent = self.role_sent.get_mut(index)?;
+        if self.kind != Kind::Chat || *sent {
+            return None;
+        }
+        *sent = true;
+        Some(self.chunk(vec![json!({
+            "finish_reason": null,
+            "index": index,
+            "delta": { "role": "assistant", "content": null },
+        })]))
+    }
+
+    fn text_choice(&self, index: usize, text: &str, probs: Option<&TokenProbs>, reason: Option<&str>) -> Value {
+        let logprobs = probs.map_or(Value::Null, |probs| logprobs_json(&self.ready, &[probs], self.top_n));
+        match self.kind {
+            Kind::Text => json!({ "text": text, "index": index, "logprobs": logprobs, "finish_reason": reason }),
+            Kind::Chat => {
+                let mut choice = json!({ "finish_reason": reason, "index": index, "delta": { "content": text } });
+                if !logprobs.is_null() {
+                    insert(&mut choice, "logprobs", logprobs);
+                }
+                choice
+            }
+        }
+    }
+}
+
+impl sse::Render for OpenAiStream {
+    fn started(&mut self, _index: usize, _id_slot: u32) {}
+
+    fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value> {
+        let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
+        // A token whose text is held back (a partial character or stop
+        // word) still carries its probabilities.
+        if !token.text.is_empty() || token.probs.is_some() || self.kind == Kind::Text {
+            chunks.push(self.chunk(vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)]));
+        }
+        chunks
+    }
+
+    fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value> {
+        self.completions.push(completion.clone());
+        let reason = finish_reason(completion.stop_type);
+        let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
+        match self.kind {
+            Kind::Text => {
+                let mut last = self.chunk(vec![self.text_choice(index, &completion.text, None, Some(reason))]);
+                insert(&mut last, "usage", usage_json([completion]));
+                insert(&mut last, "timings", timings_json(&completion.timings));
+                chunks.push(last);
+            }
+            Kind::Chat => {
+                if !completion.text.is_empty() {
+                    chunks.push(self.chunk(vec![self.text_choice(index, &completion.text, None, None)]));
+                }
+                let mut last = self.chunk(vec![json!({ "finish_reason": reason, "index": index, "delta": {} })]);
+                if !self.include_usage {
+                    insert(&mut last, "timings", timings_json(&completion.timings));
+                }
+                chunks.push(last);
+            }
+        }
+        chunks
+    }
+
+    fn finish(&mut self) -> Vec<Value> {
+        if self.kind != Kind::Chat || !self.include_usage {
+            return Vec::new();
+        }
+        let mut usage = self.chunk(Vec::new());
+        insert(&mut usage, "usage", usage_json(&self.completions));
+        if let Some(first) = self.completions.first() {
+            insert(&mut usage, "timings", timings_json(&first.timings));
+        }
+        vec![usage]
+    }
+
+    fn done_marker(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_32_alphanumerics() {
+        let id = random_id();
+        assert_eq!(id.len(), 32);
+        assert!(id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+        assert_ne!(random_id(), random_id());
+    }
+
+    #[test]
+    fn text_parts_are_joined() {
+        let message =
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
+        assert_eq!(normalize(0, &message).expect("valid")["content"], "a\nb");
+        let image = json!({"role": "user", "content": [{"type": "image_url", "image_url": {}}]});
+        assert_eq!(normalize(0, &image).unwrap_err().kind, ErrorType::NotSupported);
+        assert!(normalize(1, &json!({"content": "x"})).unwrap_err().message.contains("messages[1].role"));
+    }
+}

@@ -1,0 +1,453 @@
+//! Request bodies: reading JSON within the size limit, typed field access
+//! that names the field in every error, and the generation fields shared by
+//! `/completion`, `/v1/completions` and `/v1/chat/completions` with
+//! llama-server's names, aliases and defaults.
+//!
+//! As in llama-server, `null` means "absent" and unknown fields are
+//! ignored. Unlike it, a wrong type is an error naming the field rather than
+//! a silent fall back to the default.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde_json::{Map, Value, json};
+
+use super::AppState;
+use super::error::{ApiError, ErrorType};
+use crate::config::RequestDefaults;
+use crate::engine::request::GenerationRequest;
+use crate::engine::sampling::{SamplingParams, Stage};
+use crate::model::tokenizer::Tokenizer;
+
+/// A request body parsed as JSON.
+pub struct JsonBody(pub Value);
+
+impl FromRequest<AppState> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.config().server.limits.body_bytes;
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|error| ApiError::invalid(format!("the request body is not valid JSON: {error}")))
+    }
+}
+
+/// The body as an object, or 400.
+pub fn object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
+    body.as_object().ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
+}
+
+/// Typed access to a JSON object's fields; errors name the field.
+#[derive(Clone, Copy)]
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    /// The value of `key`, with `null` read as absent.
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.0.get(key).filter(|value| !value.is_null())
+    }
+
+    pub fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        self.get(key).map(|value| value.as_bool().ok_or_else(|| wrong(key, "a boolean"))).transpose()
+    }
+
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, ApiError> {
+        Ok(self.bool(key)?.unwrap_or(default))
+    }
+
+    /// An integer; integral floats (`8.0`) are accepted.
+    pub fn int(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        self.get(key).map(|value| integer(key, value)).transpose()
+    }
+
+    pub fn float(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        self.get(key).map(|value| value.as_f64().ok_or_else(|| wrong(key, "a number"))).transpose()
+    }
+
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        self.get(key).map(|value| value.as_str().ok_or_else(|| wrong(key, "a string"))).transpose()
+    }
+
+    /// An integer within `range`, else 400 naming the field.
+    pub fn int_in(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Result<Option<i64>, ApiError> {
+        match self.int(key)? {
+            Some(value) if !range.contains(&value) => {
+                Err(ApiError::invalid(format!("`{key}` must be in {}..={}, not {value}", range.start(), range.end())))
+            }
+            value => Ok(value),
+        }
+    }
+
+    /// A finite float, as f32.
+    pub fn f32(&self, key: &str) -> Result<Option<f32>, ApiError> {
+        match self.float(key)? {
+            Some(value) if !(value.is_finite() && value.abs() <= f64::from(f32::MAX)) => {
+                Err(ApiError::invalid(format!("`{key}` must be a finite number")))
+            }
+            value => Ok(value.map(|value| value as f32)),
+        }
+    }
+
+    /// A list of strings, also accepting one string.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>, ApiError> {
+        let Some(value) = self.get(key) else { return Ok(None) };
+        match value {
+            Value::String(text) => Ok(Some(vec![text.clone()])),
+            Value::Array(items) => items
+                .iter()
+                .map(|item| {
+                    item.as_str().map(str::to_owned).ok_or_else(|| wrong(key, "a string or an array of strings"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            _ => Err(wrong(key, "a string or an array of strings")),
+        }
+    }
+}
+
+pub fn wrong(key: &str, expected: &str) -> ApiError {
+    ApiError::invalid(format!("`{key}` must be {expected}"))
+}
+
+fn integer(key: &str, value: &Value) -> Result<i64, ApiError> {
+    if let Some(int) = value.as_i64() {
+        return Ok(int);
+    }
+    let out_of_range = || ApiError::invalid(format!("`{key}` is out of range"));
+    if value.is_u64() {
+        return Err(out_of_range());
+    }
+    match value.as_f64() {
+        Some(float) if float.fract() == 0.0 && float.abs() < 9.0e18 => Ok(float as i64),
+        Some(float) if float.fract() == 0.0 => Err(out_of_range()),
+        _ => Err(wrong(key, "an integer")),
+    }
+}
+
+/// The server-side limits a request is checked against.
+pub struct Limits<'a> {
+    pub defaults: &'a RequestDefaults,
+    pub slots: usize,
+    pub n_ctx: usize,
+    pub tokenizer: &'a Tokenizer,
+}
+
+/// The generation fields of one request (the prompt comes separately).
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Everything but the prompt.
+    pub request: GenerationRequest,
+    /// `n_predict` as resolved (-1 = no limit), for `generation_settings`.
+    pub n_predict: i64,
+    /// The seed as llama-server reports it (4294967295 = random).
+    pub seed: u32,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_tokens: bool,
+    pub timings_per_token: bool,
+    pub response_fields: Vec<String>,
+    /// Completions per prompt (`n_cmpl` / `n`).
+    pub n_cmpl: usize,
+}
+
+/// llama.cpp's "random seed" value.
+pub const RANDOM_SEED: u32 = u32::MAX;
+
+/// Read the generation fields of a request.
+pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation, ApiError> {
+    refuse_unsupported(fields)?;
+    let defaults = limits.defaults;
+    let n_predict =
+        match ["n_predict", "max_completion_tokens", "max_tokens"].iter().find(|key| fields.get(key).is_some()) {
+            Some(key) => {
+                let value = fields.int(key)?.unwrap_or(-1);
+                if value < -1 {
+                    return Err(ApiError::invalid(format!("`{key}` must be -1 (no limit) or more, not {value}")));
+                }
+                value
+            }
+            None => defaults.n_predict,
+        };
+
+    let mut sampling = SamplingParams::default();
+    // Soft limits clamp, as llama-server's schema does.
+    sampling.temperature = fields.f32("temperature")?.unwrap_or(defaults.temperature).max(0.0);
+    if let Some(top_k) = fields.int("top_k")? {
+        sampling.top_k = top_k.clamp(0, i64::from(i32::MAX)) as i32;
+    }
+    if let Some(top_p) = fields.f32("top_p")? {
+        sampling.top_p = top_p.clamp(0.0, 1.0);
+    }
+    if let Some(min_p) = fields.f32("min_p")? {
+        sampling.min_p = min_p.clamp(0.0, 1.0);
+    }
+    if let Some(typical_p) = fields.f32("typical_p")? {
+        sampling.typical_p = typical_p;
+    }
+    if let Some(penalty) = fields.f32("repeat_penalty")? {
+        sampling.repeat_penalty = penalty;
+    }
+    if let Some(penalty) = fields.f32("presence_penalty")? {
+        sampling.presence_penalty = penalty;
+    }
+    if let Some(penalty) = fields.f32("frequency_penalty")? {
+        sampling.frequency_penalty = penalty;
+    }
+    if let Some(last_n) = fields.int("repeat_last_n")? {
+        sampling.repeat_last_n = match last_n {
+            -1 => limits.n_ctx,
+            n if n >= 0 => n as usize,
+            n => return Err(ApiError::invalid(format!("`repeat_last_n` must be -1 (the context) or more, not {n}"))),
+        };
+    }
+    if let Some(min_keep) = fields.int("min_keep")? {
+        sampling.min_keep = usize::try_from(min_keep)
+            .map_err(|_| ApiError::invalid(format!("`min_keep` must be 0 or more, not {min_keep}")))?;
+    }
+    let seed = match fields.int("seed")? {
+        None | Some(-1) => defaults.seed,
+        Some(seed) => seed,
+    };
+    let seed = match seed {
+        -1 => RANDOM_SEED,
+        seed => u32::try_from(seed)
+            .map_err(|_| ApiError::invalid(format!("`seed` must be -1 (random) or 0..=4294967295, not {seed}")))?,
+    };
+    sampling.seed = (seed != RANDOM_SEED).then_some(seed);
+    if let Some(stages) = samplers(fields)? {
+        sampling.stages = stages;
+    }
+    sampling.logit_bias = logit_bias(fields, limits.tokenizer)?;
+    let ignore_eos = fields.bool_or("ignore_eos", false)?;
+    if ignore_eos {
+        // llama-server bans end-of-generation tokens outright.
+        sampling.logit_bias.extend(limits.tokenizer.end_of_generation_ids().iter().map(|&id| (id, f32::NEG_INFINITY)));
+    }
+
+    let n_probs = fields.int("n_probs")?.or(match fields.get("logprobs") {
+        // `/v1/completions` spells it `logprobs` (an integer); chat's
+        // boolean `logprobs` is read by the chat handler.
+        Some(Value::Number(_)) => fields.int("logprobs")?,
+        _ => None,
+    });
+    let n_probs = match n_probs {
+        Some(n) if n < 0 => return Err(ApiError::invalid(format!("`n_probs` must be 0 or more, not {n}"))),
+        Some(n) => (n as usize).min(limits.tokenizer.vocab_size()),
+        None => 0,
+    };
+    let id_slot = match fields.int("id_slot")? {
+        None | Some(-1) => None,
+        Some(slot) if slot >= 0 => Some((slot as usize % limits.slots.max(1)) as u32),
+        Some(slot) => return Err(ApiError::invalid(format!("`id_slot` must be -1 (any) or a slot id, not {slot}"))),
+    };
+    let priority = fields.int_in("priority", i64::from(i32::MIN)..=i64::from(i32::MAX))?.unwrap_or(0) as i32;
+    check_lora(fields)?;
+    let n_cmpl_key = if fields.get("n_cmpl").is_some() { "n_cmpl" } else { "n" };
+    let n_cmpl = fields.int_in(n_cmpl_key, 1..=limits.slots as i64)?.unwrap_or(1) as usize;
+
+    let stop: Vec<String> =
+        fields.strings("stop")?.unwrap_or_default().into_iter().filter(|word| !word.is_empty()).collect();
+    let include_usage = match fields.get("stream_options") {
+        Some(Value::Object(options)) => Fields(options).bool_or("include_usage", false)?,
+        Some(_) => return Err(wrong("stream_options", "an object")),
+        None => false,
+    };
+    let request = GenerationRequest {
+        prompt: Vec::new(),
+        sampling,
+        n_predict: usize::try_from(n_predict).ok(),
+        stop,
+        ignore_eos,
+        n_probs,
+        post_sampling_probs: fields.bool_or("post_sampling_probs", false)?,
+        cache_prompt: fields.bool_or("cache_prompt", defaults.cache_prompt)?,
+        id_slot,
+        priority,
+        lora: Vec::new(),
+    };
+    Ok(Generation {
+        request,
+        n_predict,
+        seed,
+        stream: fields.bool_or("stream", false)?,
+        include_usage,
+        return_tokens: fields.bool_or("return_tokens", false)?,
+        timings_per_token: fields.bool_or("timings_per_token", false)?,
+        response_fields: fields.strings("response_fields")?.unwrap_or_default(),
+        n_cmpl,
+    })
+}
+
+/// Fields whose meaning sluice does not implement yet: ignoring them would
+/// silently give a different answer than asked for.
+fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
+    let unsupported =
+        |what: &str| ApiError::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"));
+    if fields.str("grammar")?.is_some_and(|grammar| !grammar.is_empty()) {
+        return Err(unsupported("`grammar`"));
+    }
+    if fields.get("json_schema").is_some() {
+        return Err(unsupported("`json_schema`"));
+    }
+    if let Some(format) = fields.get("response_format") {
+        let kind = format.get("type").and_then(Value::as_str).unwrap_or("text");
+        if kind != "text" {
+            return Err(unsupported(&format!("`response_format` of type {kind:?}")));
+        }
+    }
+    if fields.get("tools").and_then(Value::as_array).is_some_and(|tools| !tools.is_empty()) {
+        return Err(unsupported("`tools`"));
+    }
+    Ok(())
+}
+
+/// `lora`: per-request adapter scales. No adapter is loaded, so any id is
+/// unknown.
+fn check_lora(fields: Fields<'_>) -> Result<(), ApiError> {
+    let Some(value) = fields.get("lora") else { return Ok(()) };
+    let items = value.as_array().ok_or_else(|| wrong("lora", "an array of {\"id\", \"scale\"}"))?;
+    let Some(item) = items.first() else { return Ok(()) };
+    let entry = item.as_object().ok_or_else(|| wrong("lora", "an array of {\"id\", \"scale\"}"))?;
+    let id = Fields(entry).int("id")?.ok_or_else(|| ApiError::invalid("`lora[].id` is required"))?;
+    Fields(entry).f32("scale")?;
+    Err(ApiError::invalid(format!("`lora`: there is no adapter with id {id} (none are loaded)")))
+}
+
+/// `samplers`: names (with llama.cpp's aliases) or a string of letters.
+/// Stages sluice does not have (dry, xtc, …) are skipped, as llama.cpp
+/// skips names it does not know.
+fn samplers(fields: Fields<'_>) -> Result<Option<Vec<Stage>>, ApiError> {
+    let Some(value) = fields.get("samplers") else { return Ok(None) };
+    let stages = match value {
+        Value::String(letters) => letters.chars().filter_map(stage_of_letter).collect(),
+        Value::Array(names) => names
+            .iter()
+            .map(|name| name.as_str().ok_or_else(|| wrong("samplers", "an array of sampler names or a string")))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter_map(Stage::from_name)
+            .collect(),
+        _ => return Err(wrong("samplers", "an array of sampler names or a string")),
+    };
+    Ok(Some(stages))
+}
+
+fn stage_of_letter(letter: char) -> Option<Stage> {
+    Some(match letter {
+        'e' => Stage::Penalties,
+        'k' => Stage::TopK,
+        'y' => Stage::TypicalP,
+        'p' => Stage::TopP,
+        'm' => Stage::MinP,
+        't' => Stage::Temperature,
+        _ => return None,
+    })
+}
+
+/// A stage's llama.cpp name, for `generation_settings.samplers`.
+pub fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Penalties => "penalties",
+        Stage::TopK => "top_k",
+        Stage::TypicalP => "typ_p",
+        Stage::TopP => "top_p",
+        Stage::MinP => "min_p",
+        Stage::Temperature => "temperature",
+    }
+}
+
+/// `logit_bias`: `[[token|text, bias|false], …]` or `{"token|text": bias|false}`.
+/// Text is tokenized and every token of it biased; `false` bans; ids
+/// outside the vocabulary are dropped, as llama-server drops them.
+fn logit_bias(fields: Fields<'_>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(value) = fields.get("logit_bias") else { return Ok(Vec::new()) };
+    let shape = "`logit_bias` must be [[token or text, bias or false], …] or {\"token or text\": bias or false}";
+    let mut biases = Vec::new();
+    let mut add = |target: &Value, bias: &Value| -> Result<(), ApiError> {
+        let bias = match bias {
+            Value::Number(number) => number.as_f64().map(|bias| bias as f32).ok_or_else(|| ApiError::invalid(shape))?,
+            Value::Bool(false) => f32::NEG_INFINITY,
+            // llama-server skips `true` and other values.
+            _ => return Ok(()),
+        };
+        let tokens = match target {
+            Value::Number(_) => vec![integer("logit_bias", target)?],
+            Value::String(text) => match text.parse::<i64>() {
+                Ok(id) => vec![id],
+                Err(_) => tokenizer.encode(text, false, false).into_iter().map(i64::from).collect(),
+            },
+            _ => return Err(ApiError::invalid(shape)),
+        };
+        let vocab = tokenizer.vocab_size() as i64;
+        biases.extend(tokens.into_iter().filter(|&id| (0..vocab).contains(&id)).map(|id| (id as u32, bias)));
+        Ok(())
+    };
+    match value {
+        Value::Array(pairs) => {
+            for pair in pairs {
+                match pair.as_array().map(Vec::as_slice) {
+                    Some([target, bias]) => add(target, bias)?,
+                    _ => return Err(ApiError::invalid(shape)),
+                }
+            }
+        }
+        Value::Object(map) => {
+            for (target, bias) in map {
+                add(&Value::String(target.clone()), bias)?;
+            }
+        }
+        _ => return Err(ApiError::invalid(shape)),
+    }
+    Ok(biases)
+}
+
+/// `generation_settings` (llama-server's `params` object, for the fields
+/// sluice has).
+pub fn settings_json(generation: &Generation) -> Value {
+    let request = &generation.request;
+    let sampling = &request.sampling;
+    let logit_bias: Vec<Value> = sampling
+        .logit_bias
+        .iter()
+        .map(|&(id, bias)| {
+            // llama-server writes -inf as null.
+            let bias = if bias.is_finite() { json!(bias) } else { Value::Null };
+            json!({ "bias": bias, "token": id })
+        })
+        .collect();
+    json!({
+        "n_predict": generation.n_predict,
+        "seed": generation.seed,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "typical_p": sampling.typical_p,
+        "repeat_last_n": sampling.repeat_last_n,
+        "repeat_penalty": sampling.repeat_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "stop": request.stop,
+        "max_tokens": generation.n_predict,
+        "n_probs": request.n_probs,
+        "min_keep": sampling.min_keep,
+        "samplers": sampling.stages.iter().map(|&stage| stage_name(stage)).collect::<Vec<_>>(),
+        "ignore_eos": request.ignore_eos,
+        "logit_bias": logit_bias,
+        "post_sampling_probs": request.post_sampling_probs,
+        "cache_prompt": request.cache_prompt,
+        "id_slot": request.id_slot.map_or(-1, i64::from),
+        "priority": request.priority,
+        "stream": generation.stream,
+        "timings_per_token": generation.timings_per_token,
+        "lora": [],
+    })
+}

@@ -1,0 +1,208 @@
+//! Hyper-parameters per architecture, read from GGUF metadata and checked
+//! for consistency before any buffer is sized from them.
+
+use super::gguf::{GgufError, GgufFile};
+
+/// The architectures sluice runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen2Vl,
+    Qwen3Vl,
+}
+
+impl Architecture {
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            "qwen2vl" => Architecture::Qwen2Vl,
+            "qwen3vl" => Architecture::Qwen3Vl,
+            _ => return None,
+        })
+    }
+
+    /// The GGUF `general.architecture` name (and metadata key prefix).
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen2Vl => "qwen2vl",
+            Architecture::Qwen3Vl => "qwen3vl",
+        }
+    }
+}
+
+/// How rotary position embedding pairs and positions work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1), one position (llama; its converter
+    /// permutes Q and K to match).
+    Norm,
+    /// Pairs (i, i + n_rot/2), one position (qwen2, qwen3).
+    Neox,
+    /// NEOX pairing, four position components, contiguous sections (qwen2vl).
+    MRope([u32; 4]),
+    /// NEOX pairing, four position components, interleaved sections (qwen3vl).
+    IMRope([u32; 4]),
+}
+
+impl RopeStyle {
+    /// Whether positions have four components.
+    pub fn is_multimodal(self) -> bool {
+        matches!(self, RopeStyle::MRope(_) | RopeStyle::IMRope(_))
+    }
+}
+
+/// Everything the forward pass needs to size and run a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HParams {
+    pub arch: Architecture,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_freq_scale: f32,
+    pub n_rot: usize,
+    pub rope: RopeStyle,
+}
+
+/// Why a model's hyper-parameters were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HParamsError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("general.architecture = {0:?} is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl)")]
+    Architecture(String),
+    #[error("{key} = {value}: {problem}")]
+    Invalid { key: String, value: String, problem: String },
+}
+
+/// Upper bounds that keep a hostile file from sizing huge buffers.
+const MAX_DIM: u32 = 1 << 20;
+const MAX_LAYERS: u32 = 1024;
+
+impl HParams {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, HParamsError> {
+        let arch_name = file.str("general.architecture")?;
+        let arch = Architecture::from_name(arch_name).ok_or_else(|| HParamsError::Architecture(arch_name.into()))?;
+        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+        let bounded = |suffix: &str, max: u32| -> Result<usize, HParamsError> {
+            let name = key(suffix);
+            let value = file.u32(&name)?;
+            if value == 0 || value > max {
+                return Err(invalid(&name, value, format!("must be 1..={max}")));
+            }
+            Ok(value as usize)
+        };
+        let n_embd = bounded("embedding_length", MAX_DIM)?;
+        let n_layer = bounded("block_count", MAX_LAYERS)?;
+        let n_head = bounded("attention.head_count", MAX_DIM)?;
+        let n_head_kv = match file.opt_u32(&key("attention.head_count_kv"))? {
+            None => n_head,
+            Some(_) => bounded("attention.head_count_kv", MAX_DIM)?,
+        };
+        if n_head % n_head_kv != 0 {
+            return Err(invalid(&key("attention.head_count_kv"), n_head_kv, format!("must divide head_count {n_head}")));
+        }
+        let head_dim = match file.opt_u32(&key("attention.key_length"))? {
+            Some(_) => bounded("attention.key_length", MAX_DIM)?,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => return Err(invalid(&key("embedding_length"), n_embd, format!("not divisible by {n_head} heads"))),
+        };
+        if let Some(value_length) = file.opt_u32(&key("attention.value_length"))?
+            && value_length as usize != head_dim
+        {
+            return Err(invalid(&key("attention.value_length"), value_length, format!("must equal key_length {head_dim}")));
+        }
+        let n_ff = bounded("feed_forward_length", MAX_DIM)?;
+        let n_ctx_train = bounded("context_length", 1 << 24)?;
+        let rms_eps = file.f32(&key("attention.layer_norm_rms_epsilon"))?;
+        if !(rms_eps > 0.0 && rms_eps < 1.0) {
+            return Err(invalid(&key("attention.layer_norm_rms_epsilon"), rms_eps, "must be in (0, 1)".into()));
+        }
+        let rope_base = file.opt_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
+        if !(rope_base > 1.0 && rope_base.is_finite()) {
+            return Err(invalid(&key("rope.freq_base"), rope_base, "must be a finite number > 1".into()));
+        }
+        let rope_freq_scale = match file.opt_f32(&key("rope.scaling.factor"))? {
+            Some(factor) if factor > 0.0 && factor.is_finite() => 1.0 / factor,
+            Some(factor) => return Err(invalid(&key("rope.scaling.factor"), factor, "must be > 0".into())),
+            None => 1.0,
+        };
+        let n_rot = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |n| n as usize);
+        if n_rot == 0 || n_rot % 2 != 0 || n_rot > head_dim {
+            return Err(invalid(&key("rope.dimension_count"), n_rot, format!("must be even and 1..={head_dim}")));
+        }
+        let rope = match arch {
+            Architecture::Llama => RopeStyle::Norm,
+            Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+            Architecture::Qwen2Vl => RopeStyle::MRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
+            Architecture::Qwen3Vl => RopeStyle::IMRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
+        };
+        let n_vocab = match file.opt_u32(&key("vocab_size"))? {
+            Some(n) => n as usize,
+            None => file.strs("tokenizer.ggml.tokens")?.len(),
+        };
+        if n_vocab == 0 {
+            return Err(invalid("tokenizer.ggml.tokens", 0, "the vocabulary is empty".into()));
+        }
+        Ok(HParams {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            rms_eps,
+            rope_base,
+            rope_freq_scale,
+            n_rot,
+            rope,
+        })
+    }
+
+    /// Width of one token's K (or V) across all KV heads.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Width of one token's Q across all heads.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+}
+
+fn invalid(key: &str, value: impl std::fmt::Display, problem: String) -> HParamsError {
+    HParamsError::Invalid { key: key.into(), value: value.to_string(), problem }
+}
+
+/// `rope.dimension_sections`: four (or three, padded) pair counts that fit
+/// in the rotated pairs.
+fn sections(file: &GgufFile, key: &str, n_rot: usize) -> Result<[u32; 4], HParamsError> {
+    let values = file.ints(key)?;
+    if values.is_empty() || values.len() > 4 || values.iter().any(|value| !(0..=n_rot as i64).contains(value)) {
+        return Err(invalid(key, format!("{values:?}"), format!("must be up to 4 counts in 0..={n_rot}")));
+    }
+    let mut sections = [0u32; 4];
+    for (section, value) in sections.iter_mut().zip(values) {
+        *section = *value as u32;
+    }
+    if sections.iter().sum::<u32>() == 0 {
+        return Err(invalid(key, format!("{values:?}"), "all sections are zero".into()));
+    }
+    Ok(sections)
+}

@@ -1,0 +1,125 @@
+//! Byte-level BPE (`tokenizer.ggml.model = gpt2`) on the `tokenizers` crate:
+//! the regex splits that `tokenizer.ggml.pre` names (llama.cpp's table), then
+//! GPT-2's byte-to-character mapping, then merges ranked by their order in
+//! `tokenizer.ggml.merges`.
+
+use tokenizers::models::bpe::{BPE, Vocab as BpeVocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use super::vocab::{KEY_MERGES, KEY_PRE, Vocab};
+use super::{TokenizerError, byte_level};
+use crate::model::gguf::GgufFile;
+
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+
+/// What a pre-tokenizer name selects.
+pub(super) struct PreTokenizer {
+    /// Regexes applied in turn, each splitting the pieces the previous left
+    /// (matches and the text between them both become pieces).
+    regexes: &'static [&'static str],
+    /// Whether a piece that is itself a token skips the merges.
+    ignore_merges: bool,
+    /// Whether BOS is added when the file has no `add_bos_token`.
+    add_bos: bool,
+}
+
+impl PreTokenizer {
+    /// llama.cpp's pre-tokenizers by `tokenizer.ggml.pre` name; a file without
+    /// the key gets llama.cpp's "default" set.
+    pub fn named(name: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
+        let plain = |regexes| PreTokenizer { regexes, ignore_merges: false, add_bos: false };
+        Ok(match name.unwrap_or("default") {
+            "default" => plain(&[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => {
+                PreTokenizer { regexes: &[LLAMA3], ignore_merges: true, add_bos: true }
+            }
+            "dbrx" | "smaug-bpe" => plain(&[LLAMA3]),
+            "qwen2" | "stablelm2" | "megrez" => plain(&[QWEN2]),
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+                plain(&[r"\p{N}", GPT2])
+            }
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de"
+            | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" => plain(&[GPT2]),
+            "falcon" => plain(&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"]),
+            "poro-chat" | "bloom" | "gpt3-finnish" => plain(&[BLOOM]),
+            "viking" => plain(&[BLOOM, r"\p{N}"]),
+            other => return Err(TokenizerError::UnknownPreTokenizer(other.to_owned())),
+        })
+    }
+
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+}
+
+pub(super) struct Bpe {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Bpe {
+    pub fn new(file: &GgufFile, vocab: &Vocab, pre: &PreTokenizer) -> Result<Bpe, TokenizerError> {
+        let mut ids = BpeVocab::default();
+        for (id, text) in (0u32..).zip(&vocab.texts) {
+            ids.insert(text.clone(), id);
+        }
+        let mut merges = Vec::new();
+        for (index, merge) in file.strs(KEY_MERGES)?.iter().enumerate() {
+            // llama.cpp splits at the first space after the first byte.
+            let split = merge.bytes().skip(1).position(|byte| byte == b' ').map(|at| at + 1);
+            let Some(at) = split else {
+                return Err(TokenizerError::Merge { index, merge: merge.clone() });
+            };
+            let (left, right) = (&merge[..at], &merge[at + 1..]);
+            // The crate refuses merges whose parts or result are not tokens.
+            // llama.cpp would apply such a merge and then spell the result out
+            // byte by byte; dropping it keeps the other merges' relative ranks.
+            if [left, right, &format!("{left}{right}")].iter().all(|text| vocab.token_to_id.contains_key(*text)) {
+                merges.push((left.to_owned(), right.to_owned()));
+            }
+        }
+        let model = BPE::builder()
+            .vocab_and_merges(ids, merges)
+            .ignore_merges(pre.ignore_merges)
+            .build()
+            .map_err(|error| TokenizerError::Build { key: KEY_MERGES, message: error.to_string() })?;
+
+        let mut steps = Vec::with_capacity(pre.regexes.len() + 1);
+        for regex in pre.regexes {
+            let split =
+                Split::new(SplitPattern::Regex((*regex).to_owned()), SplitDelimiterBehavior::Isolated, false).map_err(
+                    |error| TokenizerError::Build { key: KEY_PRE, message: format!("regex {regex:?}: {error}") },
+                )?;
+            steps.push(PreTokenizerWrapper::Split(split));
+        }
+        // The splits above replace ByteLevel's own GPT-2 regex.
+        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(steps))));
+        Ok(Bpe { inner })
+    }
+
+    /// Appends the tokens of `text` (plain text, no special tokens in it).
+    pub fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
+        match self.inner.encode_fast(text, false) {
+            Ok(encoding) => out.extend_from_slice(encoding.get_ids()),
+            Err(error) => {
+                // The crate fails only on internal limits (a regex running out
+                // of backtracking budget). Rather than fail the request, spell
+                // the text out one byte token at a time: it still decodes to
+                // the same text.
+                tracing::warn!("BPE encoding failed ({error}); falling back to byte tokens");
+                out.extend(text.bytes().filter_map(|byte| {
+                    vocab.token_to_id.get(byte_level::byte_to_char(byte).encode_utf8(&mut [0; 4])).copied()
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Writes GGUF v3 files for tests: synthetic models with seeded random
+//! weights and deliberately corrupt files.
+
+/// A metadata value to write.
+#[derive(Debug, Clone)]
+pub enum Value {
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    U32s(Vec<u32>),
+    I32s(Vec<i32>),
+    F32s(Vec<f32>),
+    Strs(Vec<String>),
+}
+
+/// A tensor to write: name, dims (innermost first), ggml type id, bytes.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub type_id: u32,
+    pub data: Vec<u8>,
+}
+
+impl Tensor {
+    /// An f32 tensor.
+    pub fn f32(name: &str, dims: &[u64], values: &[f32]) -> Self {
+        Tensor {
+            name: name.into(),
+            dims: dims.to_vec(),
+            type_id: 0,
+            data: values.iter().flat_map(|value| value.to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// A GGUF file under construction.
+#[derive(Debug, Clone, Default)]
+pub struct GgufBuilder {
+    pub metadata: Vec<(String, Value)>,
+    pub tensors: Vec<Tensor>,
+    pub alignment: u64,
+}
+
+impl GgufBuilder {
+    pub fn new() -> Self {
+        GgufBuilder { metadata: Vec::new(), tensors: Vec::new(), alignment: 32 }
+    }
+
+    pub fn meta(mut self, key: &str, value: Value) -> Self {
+        self.metadata.push((key.into(), value));
+        self
+    }
+
+    pub fn tensor(mut self, tensor: Tensor) -> Self {
+        self.tensors.push(tensor);
+        self
+    }
+
+    /// The file's bytes; tensor offsets are laid out in order, aligned.
+    pub fn build(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            string(&mut out, key);
+            write_value(&mut out, value);
+        }
+        let mut offset = 0u64;
+        let mut offsets = Vec::new();
+        for tensor in &self.tensors {
+            string(&mut out, &tensor.name);
+            out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
+            for dim in &tensor.dims {
+                out.extend_from_slice(&dim.to_le_bytes());
+            }
+            out.extend_from_slice(&tensor.type_id.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offsets.push(offset);
+            offset = (offset + tensor.data.len() as u64).div_ceil(self.alignment) * self.alignment;
+        }
+        let data_start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
+        out.resize(data_start as usize, 0);
+        for (tensor, offset) in self.tensors.iter().zip(offsets) {
+            out.resize((data_start + offset) as usize, 0);
+            out.extend_from_slice(&tensor.data);
+        }
+        out
+    }
+}
+
+fn string(out: &mut Vec<u8>, value: &str) {
+    out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    out.extend_from_slice(value.as_bytes());
+}
+
+fn array_header(out: &mut Vec<u8>, element_type: u32, len: usize) {
+    out.extend_from_slice(&9u32.to_le_bytes());
+    out.extend_from_slice(&element_type.to_le_bytes());
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::U32(value) => {
+            out.extend_from_slice(&4u32.to_le_bytes());
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        Value::I32(value) => {
+            out.extend_from_slice(&5u32.to_le_bytes());
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        Value::F32(value) => {
+            out.extend_from_slice(&6u32.to_le_bytes());
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        Value::Bool(value) => {
+            out.extend_from_slice(&7u32.to_le_bytes());
+            out.push(u8::from(*value));
+        }
+        Value::Str(value) => {
+            out.extend_from_slice(&8u32.to_le_bytes());
+            string(out, value);
+        }
+        Value::U32s(values) => {
+            array_header(out, 4, values.len());
+            values.iter().for_each(|value| out.extend_from_slice(&value.to_le_bytes()));
+        }
+        Value::I32s(values) => {
+            array_header(out, 5, values.len());
+            values.iter().for_each(|value| out.extend_from_slice(&value.to_le_bytes()));
+        }
+        Value::F32s(values) => {
+            array_header(out, 6, values.len());
+            values.iter().for_each(|value| out.extend_from_slice(&value.to_le_bytes()));
+        }
+        Value::Strs(values) => {
+            array_header(out, 8, values.len());
+            values.iter().for_each(|value| string(out, value));
+        }
+    }
+}
+
+/// A small deterministic PRNG (SplitMix64) for seeded weights.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-scale, scale).
+    pub fn uniform(&mut self, scale: f32) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    }
+
+    pub fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len).map(|_| self.uniform(scale)).collect()
+    }
+}
+
+/// Shape of a synthetic transformer.
+#[derive(Debug, Clone)]
+pub struct TinyModel {
+    pub arch: &'static str,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub sections: Option<[i32; 4]>,
+    pub seed: u64,
+}
+
+impl TinyModel {
+    /// A tiny llama with a byte-level vocabulary of `n_vocab` tokens.
+    pub fn llama(seed: u64) -> Self {
+        TinyModel {
+            arch: "llama",
+            n_vocab: 64,
+            n_embd: 32,
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            n_ff: 64,
+            sections: None,
+            seed,
+        }
+    }
+
+    /// The model as a GGUF file with seeded random f32 weights.
+    pub fn build(&self) -> GgufBuilder {
+        let mut rng = Rng::new(self.seed);
+        let arch = self.arch;
+        let head_dim = self.n_embd / self.n_head;
+        let kv_dim = head_dim * self.n_head_kv;
+        let (e, v, f) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
+        let tokens: Vec<String> = (0..self.n_vocab).map(|id| format!("t{id}")).collect();
+        let mut builder = GgufBuilder::new()
+            .meta("general.architecture", Value::Str(arch.into()))
+            .meta(&format!("{arch}.context_length"), Value::U32(512))
+            .meta(&format!("{arch}.embedding_length"), Value::U32(self.n_embd as u32))
+            .meta(&format!("{arch}.block_count"), Value::U32(self.n_layer as u32))
+            .meta(&format!("{arch}.feed_forward_length"), Value::U32(self.n_ff as u32))
+            .meta(&format!("{arch}.attention.head_count"), Value::U32(self.n_head as u32))
+            .meta(&format!("{arch}.attention.head_count_kv"), Value::U32(self.n_head_kv as u32))
+            .meta(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+            .meta(&format!("{arch}.rope.freq_base"), Value::F32(10000.0))
+            .meta("tokenizer.ggml.model", Value::Str("gpt2".into()))
+            .meta("tokenizer.ggml.tokens", Value::Strs(tokens));
+        if let Some(sections) = self.sections {
+            builder = builder.meta(&format!("{arch}.rope.dimension_sections"), Value::I32s(sections.to_vec()));
+        }
+        let matrix = |name: String, n_in: u64, n_out: u64, rng: &mut Rng| {
+            let scale = 1.0 / (n_in as f32).sqrt();
+            Tensor::f32(&name, &[n_in, n_out], &rng.vec((n_in * n_out) as usize, scale))
+        };
+        builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
+        builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
+        let qwen2 = matches!(arch, "qwen2" | "qwen2vl");
+        let qwen3 = matches!(arch, "qwen3" | "qwen3vl");
+        for layer in 0..self.n_layer {
+            let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+            let norm = |rng: &mut Rng, len: usize| rng.vec(len, 0.2).iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
+            builder = builder
+                .tensor(Tensor::f32(&name("attn_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
+                .tensor(matrix(name("attn_q.weight"), e, e, &mut rng))
+                .tensor(matrix(name("attn_k.weight"), e, kv_dim as u64, &mut rng))
+                .tensor(matrix(name("attn_v.weight"), e, kv_dim as u64, &mut rng))
+                .tensor(matrix(name("attn_output.weight"), e, e, &mut rng))
+                .tensor(Tensor::f32(&name("ffn_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
+                .tensor(matrix(name("ffn_gate.weight"), e, f, &mut rng))
+                .tensor(matrix(name("ffn_up.weight"), e, f, &mut rng))
+                .tensor(matrix(name("ffn_down.weight"), f, e, &mut rng));
+            if qwen2 {
+                builder = builder
+                    .tensor(Tensor::f32(&name("attn_q.bias"), &[e], &rng.vec(self.n_embd, 0.1)))
+                    .tensor(Tensor::f32(&name("attn_k.bias"), &[kv_dim as u64], &rng.vec(kv_dim, 0.1)))
+                    .tensor(Tensor::f32(&name("attn_v.bias"), &[kv_dim as u64], &rng.vec(kv_dim, 0.1)));
+            }
+            if qwen3 {
+                builder = builder
+                    .tensor(Tensor::f32(&name("attn_q_norm.weight"), &[head_dim as u64], &norm(&mut rng, head_dim)))
+                    .tensor(Tensor::f32(&name("attn_k_norm.weight"), &[head_dim as u64], &norm(&mut rng, head_dim)));
+            }
+        }
+        builder
+    }
+}

@@ -1,0 +1,115 @@
+//! Batch invariance: a sequence's logits are bit-identical whether it runs
+//! alone or batched with others, whatever the prefill chunk size, thread
+//! count or the KV blocks it lands in.
+
+use sluice::model::batch::{Batch, BatchRow, RowInput, text_position};
+use sluice::model::transformer::{Scratch, Transformer};
+use sluice_kernels::pool::ThreadPool;
+use sluice_tests::models::default_model;
+
+const BLOCK_TOKENS: usize = 16;
+const DECODE_STEPS: usize = 4;
+
+struct Run<'a> {
+    prompts: &'a [Vec<u32>],
+    chunk: usize,
+    threads: usize,
+    /// Reverse the block ids each sequence gets (a different "slot").
+    reversed_blocks: bool,
+}
+
+/// Prefill every prompt in chunks (all sequences share each step's batch),
+/// then decode greedily together. Returns, per sequence, the bits of the
+/// logits after the prompt and after each decode step.
+fn run(model: &Transformer, config: Run) -> Vec<Vec<Vec<u32>>> {
+    let pool = ThreadPool::new(config.threads);
+    let blocks_per_seq = 8;
+    let n_seqs = config.prompts.len();
+    let mut kv = model.kv_store(n_seqs * blocks_per_seq, BLOCK_TOKENS);
+    let mut tables: Vec<Vec<u32>> =
+        (0..n_seqs).map(|seq| ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()).collect();
+    if config.reversed_blocks {
+        tables.reverse();
+    }
+    let mut scratch = Scratch::default();
+    let mut done = vec![0usize; n_seqs];
+    let mut last_token: Vec<u32> = vec![0; n_seqs];
+    let mut out: Vec<Vec<Vec<u32>>> = vec![Vec::new(); n_seqs];
+    let step_outputs = |batch: Batch, kv: &mut _, scratch: &mut Scratch, out: &mut Vec<Vec<Vec<u32>>>, last: &mut Vec<u32>| {
+        let output = model.forward(&batch, kv, &pool, scratch).expect("forward");
+        let n_vocab = model.hparams().n_vocab;
+        for (index, &row) in output.logit_rows.iter().enumerate() {
+            let logits = &output.logits[index * n_vocab..(index + 1) * n_vocab];
+            let seq = batch.rows[row].seq;
+            out[seq].push(logits.iter().map(|value| value.to_bits()).collect());
+            let best = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (token, &logit)| {
+                if logit > best.1 { (token, logit) } else { best }
+            });
+            last[seq] = best.0 as u32;
+        }
+    };
+    while done.iter().zip(config.prompts).any(|(done, prompt)| *done < prompt.len()) {
+        let mut rows = Vec::new();
+        for (seq, prompt) in config.prompts.iter().enumerate() {
+            let end = (done[seq] + config.chunk).min(prompt.len());
+            for cell in done[seq]..end {
+                rows.push(BatchRow {
+                    input: RowInput::Token(prompt[cell]),
+                    seq,
+                    cell: cell as u32,
+                    pos: text_position(cell as u32),
+                    logits: cell + 1 == prompt.len(),
+                });
+            }
+            done[seq] = end;
+        }
+        let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
+        step_outputs(batch, &mut kv, &mut scratch, &mut out, &mut last_token);
+    }
+    for step in 0..DECODE_STEPS {
+        let rows = (0..n_seqs)
+            .map(|seq| {
+                let cell = config.prompts[seq].len() + step;
+                BatchRow {
+                    input: RowInput::Token(last_token[seq]),
+                    seq,
+                    cell: cell as u32,
+                    pos: text_position(cell as u32),
+                    logits: true,
+                }
+            })
+            .collect();
+        let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
+        step_outputs(batch, &mut kv, &mut scratch, &mut out, &mut last_token);
+    }
+    out
+}
+
+#[test]
+fn logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
+    let model = Transformer::load(&default_model()).expect("default model loads");
+    let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % 49152).collect();
+    let others: Vec<Vec<u32>> =
+        (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % 49152).collect()).collect();
+    let alone = run(&model, Run { prompts: &[target.clone()], chunk: 512, threads: 2, reversed_blocks: false });
+    assert_eq!(alone[0].len(), 1 + DECODE_STEPS);
+
+    let mut batched_prompts = vec![target.clone()];
+    batched_prompts.extend(others.iter().cloned());
+    let batched = run(&model, Run { prompts: &batched_prompts, chunk: 512, threads: 2, reversed_blocks: false });
+    assert!(batched[0] == alone[0], "batched with 3 other sequences differs from alone");
+
+    let mut last_first = others.clone();
+    last_first.push(target.clone());
+    let placed = run(&model, Run { prompts: &last_first, chunk: 64, threads: 2, reversed_blocks: true });
+    assert!(placed[3] == alone[0], "another slot, other blocks and chunks of 64 differ from alone");
+
+    for chunk in [1, 7, 64] {
+        let chunked = run(&model, Run { prompts: &[target.clone()], chunk, threads: 2, reversed_blocks: false });
+        assert!(chunked[0] == alone[0], "prefill chunks of {chunk} differ from one chunk");
+    }
+    for threads in [1, 3] {
+        let threaded = run(&model, Run { prompts: &batched_prompts, chunk: 7, threads, reversed_blocks: false });
+        assert!(threaded[0] == alone[0], "{threads} threads differ from 2");
+    }
+}

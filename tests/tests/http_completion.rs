@@ -1,0 +1,236 @@
+//! Completions over real HTTP: streaming and not give the same tokens,
+//! text and probabilities for a seed (native, `/v1/completions`, chat);
+//! prompt caching changes counts, never tokens; probability shapes.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_tests::http::{Server, Stream};
+
+const PROMPT: &str = "The three primary colors are";
+
+fn ok(server: &Server, path: &str, body: &Value) -> Value {
+    let (status, answer) = server.post(path, body);
+    assert_eq!(status, StatusCode::OK, "{path} {body}: {answer}\n{}", server.log());
+    answer
+}
+
+fn streamed(server: &Server, path: &str, body: &Value) -> Stream {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let stream = server.stream(path, &body);
+    assert_eq!(stream.status, StatusCode::OK, "{path}: {}\n{}", stream.error, server.log());
+    assert!(stream.content_type.starts_with("text/event-stream"), "{}", stream.content_type);
+    stream
+}
+
+/// Token ids of llama-server probability entries.
+fn ids(entries: &[Value]) -> Vec<u64> {
+    entries.iter().map(|entry| entry["id"].as_u64().expect("id")).collect()
+}
+
+#[test]
+fn native_stream_and_non_stream_agree() {
+    let server = Server::start(&[]);
+    let body = json!({
+        "prompt": PROMPT, "n_predict": 12, "seed": 42, "temperature": 0.9,
+        "n_probs": 3, "return_tokens": true,
+    });
+    let whole = ok(&server, "/completion", &body);
+    let stream = streamed(&server, "/completion", &body);
+    assert!(!stream.done, "native streams end without [DONE]");
+    let (last, chunks) = stream.events.split_last().expect("a final chunk");
+    assert_eq!(last["stop"], true, "{last}");
+    assert!(
+        chunks.iter().all(|chunk| chunk["stop"] == false && chunk["tokens"].as_array().is_some_and(|t| t.len() == 1))
+    );
+    let content: String = stream.events.iter().map(|event| event["content"].as_str().expect("content")).collect();
+    let tokens: Vec<Value> = chunks.iter().map(|chunk| chunk["tokens"][0].clone()).collect();
+    let probs: Vec<Value> = chunks.iter().map(|chunk| chunk["completion_probabilities"][0].clone()).collect();
+
+    assert_eq!(content, whole["content"], "{whole}");
+    assert_eq!(Value::Array(tokens.clone()), whole["tokens"]);
+    assert_eq!(tokens.len() as u64, whole["tokens_predicted"].as_u64().expect("tokens_predicted"));
+    let whole_probs = whole["completion_probabilities"].as_array().expect("completion_probabilities");
+    assert_eq!(ids(&probs), ids(whole_probs));
+    for (streamed, whole) in probs.iter().zip(whole_probs) {
+        assert_eq!(streamed["top_logprobs"], whole["top_logprobs"]);
+        assert_eq!(streamed["logprob"], whole["logprob"]);
+    }
+    assert_eq!(last["stop_type"], whole["stop_type"]);
+    assert_eq!(last["tokens_predicted"], whole["tokens_predicted"]);
+    assert!(last.get("completion_probabilities").is_none(), "{last}");
+}
+
+#[test]
+fn openai_stream_and_non_stream_agree() {
+    let server = Server::start(&[]);
+
+    let body = json!({ "prompt": PROMPT, "max_tokens": 10, "seed": 7, "logprobs": 2 });
+    let whole = ok(&server, "/v1/completions", &body);
+    assert_eq!(whole["object"], "text_completion");
+    assert!(whole["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")));
+    let choice = &whole["choices"][0];
+    let stream = streamed(&server, "/v1/completions", &body);
+    assert!(stream.done, "OpenAI streams end with [DONE]");
+    let text: String = stream.events.iter().map(|event| event["choices"][0]["text"].as_str().expect("text")).collect();
+    assert_eq!(text, choice["text"]);
+    let entries: Vec<Value> = stream
+        .events
+        .iter()
+        .filter_map(|event| event["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(ids(&entries), ids(choice["logprobs"]["content"].as_array().expect("logprobs")));
+    let last = stream.events.last().expect("chunks");
+    assert_eq!(last["choices"][0]["finish_reason"], choice["finish_reason"]);
+    // The stream ran second on the same prompt: only its cached count may differ.
+    assert_eq!(last["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+    assert_eq!(last["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+    assert!(last["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64());
+    assert!(stream.events.iter().all(|event| event["id"] == stream.events[0]["id"]));
+
+    let chat = json!({
+        "messages": [{"role": "user", "content": "Name a color."}],
+        "max_tokens": 10, "seed": 3, "logprobs": true, "top_logprobs": 2,
+        "stream_options": {"include_usage": true},
+    });
+    let whole = ok(&server, "/v1/chat/completions", &chat);
+    assert_eq!(whole["object"], "chat.completion");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["role"], "assistant");
+    let stream = streamed(&server, "/v1/chat/completions", &chat);
+    assert!(stream.done);
+    let events = &stream.events;
+    assert_eq!(events[0]["choices"][0]["delta"], json!({"role": "assistant", "content": null}), "role delta first");
+    assert!(events.iter().all(|event| event["object"] == "chat.completion.chunk" && event["id"] == events[0]["id"]));
+    let content: String = events.iter().filter_map(|event| event["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, message["content"]);
+    let usage = events.last().expect("usage chunk");
+    assert_eq!(usage["choices"], json!([]), "the usage chunk comes last: {usage}");
+    assert_eq!(usage["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+    let finish = &events[events.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], whole["choices"][0]["finish_reason"]);
+    assert_eq!(finish["choices"][0]["delta"], json!({}));
+    let entries: Vec<Value> = events
+        .iter()
+        .filter_map(|event| event["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    let whole_entries = whole["choices"][0]["logprobs"]["content"].as_array().expect("chat logprobs");
+    assert_eq!(ids(&entries), ids(whole_entries));
+    assert!(whole_entries.iter().all(|entry| entry["top_logprobs"].as_array().is_some_and(|top| top.len() == 2)));
+    let joined: String = whole_entries.iter().map(|entry| entry["token"].as_str().expect("token")).collect();
+    assert_eq!(joined, message["content"], "the tokens of the logprobs spell the content");
+}
+
+#[test]
+fn cache_and_no_cache_agree_with_cached_counts() {
+    let server = Server::start(&["-np", "2"]);
+    let prompt = "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, \
+                  lemon, mango, nectarine, orange, papaya, quince, raspberry. The next fruit is";
+    let body = |cache: bool| json!({ "prompt": prompt, "n_predict": 8, "temperature": 0, "cache_prompt": cache });
+    let first = ok(&server, "/completion", &body(true));
+    let n_prompt = first["tokens_evaluated"].as_u64().expect("tokens_evaluated");
+    assert!(n_prompt > 40, "the prompt should span several KV blocks: {n_prompt}");
+    assert_eq!(first["tokens_cached"], 0, "{first}");
+    assert_eq!(first["timings"]["cache_n"], 0);
+    assert_eq!(first["timings"]["prompt_n"], n_prompt);
+
+    let cached = ok(&server, "/completion", &body(true));
+    let cache_n = cached["timings"]["cache_n"].as_u64().expect("cache_n");
+    assert!(cache_n > 0 && cache_n < n_prompt, "cache_n {cache_n} of {n_prompt}");
+    assert_eq!(cached["tokens_cached"], cache_n);
+    assert_eq!(cache_n + cached["timings"]["prompt_n"].as_u64().expect("prompt_n"), n_prompt);
+    assert_eq!(cached["content"], first["content"], "a cached prefix must not change the tokens");
+
+    let uncached = ok(&server, "/completion", &body(false));
+    assert_eq!(uncached["timings"]["cache_n"], 0);
+    assert_eq!(uncached["tokens_cached"], 0);
+    assert_eq!(uncached["content"], first["content"]);
+
+    let chat = json!({
+        "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": "Which fruit comes next?"}],
+        "max_tokens": 8, "temperature": 0,
+    });
+    let cold = ok(&server, "/v1/chat/completions", &chat);
+    let warm = ok(&server, "/v1/chat/completions", &chat);
+    let cached_tokens = warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+    assert!(cached_tokens > 0, "{warm}");
+    assert_eq!(warm["timings"]["cache_n"], cached_tokens);
+    assert_eq!(warm["usage"]["prompt_tokens"], cold["usage"]["prompt_tokens"]);
+    assert_eq!(warm["choices"][0]["message"]["content"], cold["choices"][0]["message"]["content"]);
+}
+
+#[test]
+fn probabilities_have_llama_server_shapes() {
+    let server = Server::start(&[]);
+    let check_pre = |entry: &Value, n: usize| {
+        assert!(entry["id"].is_u64() && entry["token"].is_string() && entry["bytes"].is_array(), "{entry}");
+        assert!(entry["logprob"].as_f64().is_some_and(|logprob| logprob <= 0.0), "{entry}");
+        let top = entry["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), n, "{entry}");
+        let logprobs: Vec<f64> = top.iter().map(|alt| alt["logprob"].as_f64().expect("logprob")).collect();
+        assert!(logprobs.windows(2).all(|pair| pair[0] >= pair[1]), "most likely first: {entry}");
+        assert!(top.iter().all(|alt| alt["id"].is_u64() && alt["token"].is_string() && alt["bytes"].is_array()));
+    };
+    let check_post = |entry: &Value, n: usize| {
+        assert!(entry["prob"].as_f64().is_some_and(|prob| prob > 0.0 && prob <= 1.0), "{entry}");
+        assert!(entry.get("logprob").is_none(), "{entry}");
+        let top = entry["top_probs"].as_array().expect("top_probs");
+        assert!(!top.is_empty() && top.len() <= n, "{entry}");
+        let sum: f64 = top.iter().map(|alt| alt["prob"].as_f64().expect("prob")).sum();
+        assert!(sum <= 1.0 + 1e-4, "{entry}");
+        if top.len() < n {
+            assert!((sum - 1.0).abs() < 1e-3, "fewer than n candidates cover all the mass: {entry}");
+        }
+    };
+
+    let pre = ok(&server, "/completion", &json!({ "prompt": PROMPT, "n_predict": 5, "n_probs": 10, "seed": 1 }));
+    let entries = pre["completion_probabilities"].as_array().expect("completion_probabilities");
+    assert_eq!(entries.len(), 5);
+    entries.iter().for_each(|entry| check_pre(entry, 10));
+
+    let body = json!({ "prompt": PROMPT, "n_predict": 5, "n_probs": 4, "seed": 1, "post_sampling_probs": true });
+    let post = ok(&server, "/completion", &body);
+    post["completion_probabilities"].as_array().expect("probs").iter().for_each(|entry| check_post(entry, 4));
+    let stream = streamed(&server, "/completion", &body);
+    let chunks = &stream.events[..stream.events.len() - 1];
+    assert_eq!(chunks.len(), 5);
+    for chunk in chunks {
+        let probs = chunk["completion_probabilities"].as_array().expect("one entry per chunk");
+        assert_eq!(probs.len(), 1);
+        check_post(&probs[0], 4);
+    }
+
+    let stream = streamed(&server, "/completion", &json!({ "prompt": PROMPT, "n_predict": 3, "n_probs": 2 }));
+    for chunk in &stream.events[..stream.events.len() - 1] {
+        check_pre(&chunk["completion_probabilities"][0], 2);
+    }
+
+    let completions = ok(&server, "/v1/completions", &json!({ "prompt": PROMPT, "max_tokens": 3, "logprobs": 2 }));
+    let content = completions["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content");
+    assert_eq!(content.len(), 3);
+    content.iter().for_each(|entry| check_pre(entry, 2));
+    let plain = ok(&server, "/v1/completions", &json!({ "prompt": PROMPT, "max_tokens": 2 }));
+    assert_eq!(plain["choices"][0]["logprobs"], Value::Null);
+
+    let chat = json!({ "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3 });
+    let answer = ok(&server, "/v1/chat/completions", &chat);
+    answer["choices"][0]["logprobs"]["content"].as_array().expect("chat logprobs").iter().for_each(|e| check_pre(e, 3));
+    let mut chat_stream = chat.clone();
+    chat_stream["stream"] = json!(true);
+    let stream = server.stream("/v1/chat/completions", &chat_stream);
+    let entries: Vec<&Value> = stream
+        .events
+        .iter()
+        .filter_map(|event| event["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .collect();
+    assert!(!entries.is_empty());
+    entries.iter().for_each(|entry| check_pre(entry, 3));
+    let (status, refused) = server
+        .post("/v1/chat/completions", &json!({ "messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2 }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+}

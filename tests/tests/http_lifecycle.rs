@@ -1,0 +1,270 @@
+//! Slots, metrics and the informational endpoints over real HTTP: a client
+//! that goes away frees its slot and KV blocks; `/metrics` moves as
+//! llama-server's does; `/props`, `/v1/models`, `/slots`, `/tokenize`,
+//! `/detokenize`, `/apply-template`, `/lora-adapters`.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_tests::http::Server;
+
+#[test]
+fn a_disconnect_mid_stream_frees_the_slot() {
+    let server = Server::start(&["-np", "1"]);
+    let body =
+        json!({ "prompt": "Count to one thousand: 1, 2, 3,", "n_predict": 4000, "ignore_eos": true, "stream": true });
+    let mut stream = server.open_stream("/completion", &body);
+    for _ in 0..3 {
+        let chunk = stream.next_data().expect("a chunk");
+        assert!(chunk.contains("\"stop\":false"), "{chunk}");
+    }
+    let (_, slots) = server.get("/slots");
+    assert_eq!(slots[0]["is_processing"], true, "{slots}");
+    assert!(server.metric("sluice_kv_blocks_used") > 0.0);
+    drop(stream);
+
+    server.wait_idle();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("sluice_kv_blocks_used") != 0.0 {
+        assert!(Instant::now() < deadline, "KV blocks still used after the client left\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.metric("llamacpp:requests_processing"), 0.0);
+    let (status, answer) = server.post("/completion", &json!({ "prompt": "Hello", "n_predict": 2 }));
+    assert_eq!(status, StatusCode::OK, "the slot serves again: {answer}");
+}
+
+#[test]
+fn metrics_move_as_llama_server_s_do() {
+    let server = Server::start(&[]);
+    let text = server.client().get(server.url("/metrics")).send().expect("metrics");
+    assert!(text.headers()["content-type"].to_str().expect("type").starts_with("text/plain; version=0.0.4"));
+    let text = text.text().expect("body");
+    for (name, kind) in [
+        ("llamacpp:prompt_tokens_total", "counter"),
+        ("llamacpp:prompt_tokens_cached_total", "counter"),
+        ("llamacpp:prompt_seconds_total", "counter"),
+        ("llamacpp:tokens_predicted_total", "counter"),
+        ("llamacpp:tokens_predicted_seconds_total", "counter"),
+        ("llamacpp:n_decode_total", "counter"),
+        ("llamacpp:n_tokens_max", "counter"),
+        ("llamacpp:prompt_tokens_seconds", "gauge"),
+        ("llamacpp:predicted_tokens_seconds", "gauge"),
+        ("llamacpp:requests_processing", "gauge"),
+        ("llamacpp:requests_deferred", "gauge"),
+        ("llamacpp:n_busy_slots_per_decode", "gauge"),
+        ("sluice_policy_call_seconds", "histogram"),
+        ("sluice_policy_faults_total", "counter"),
+        ("sluice_kv_blocks_used", "gauge"),
+        ("sluice_kv_blocks_free", "gauge"),
+        ("sluice_prefix_cache_hit_tokens_total", "counter"),
+        ("sluice_step_tokens_total", "counter"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind} missing:\n{text}");
+        assert!(text.contains(&format!("# HELP {name} ")), "{name} has no HELP");
+    }
+
+    let before = |name: &str| server.metric(name);
+    let prompt_tokens = before("llamacpp:prompt_tokens_total");
+    let predicted = before("llamacpp:tokens_predicted_total");
+    let decodes = before("llamacpp:n_decode_total");
+    let calls = before("sluice_policy_call_seconds_count");
+    let prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. Again:";
+    let body = json!({ "prompt": prompt, "n_predict": 8, "ignore_eos": true, "temperature": 0 });
+    let (status, answer) = server.post("/completion", &body);
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let timings = &answer["timings"];
+    let count = |value: &Value| value.as_f64().expect("a number");
+    assert_eq!(server.metric("llamacpp:prompt_tokens_total") - prompt_tokens, count(&timings["prompt_n"]));
+    assert_eq!(server.metric("llamacpp:tokens_predicted_total") - predicted, count(&timings["predicted_n"]));
+    assert!(server.metric("llamacpp:n_decode_total") - decodes >= 8.0);
+    assert!(server.metric("llamacpp:prompt_seconds_total") > 0.0);
+    assert!(server.metric("llamacpp:tokens_predicted_seconds_total") > 0.0);
+    assert!(server.metric("llamacpp:n_tokens_max") >= count(&answer["tokens_evaluated"]));
+    assert!(server.metric("sluice_policy_call_seconds_count") > calls);
+    assert_eq!(server.metric("llamacpp:requests_processing"), 0.0);
+    assert_eq!(server.metric("llamacpp:requests_deferred"), 0.0);
+    // Throughput gauges cover the window since the previous scrape.
+    assert!(server.metric("llamacpp:prompt_tokens_seconds") >= 0.0);
+
+    let cached_before = server.metric("llamacpp:prompt_tokens_cached_total");
+    let (_, again) = server.post("/completion", &body);
+    let cache_n = count(&again["timings"]["cache_n"]);
+    assert!(cache_n > 0.0, "{again}");
+    assert_eq!(server.metric("llamacpp:prompt_tokens_cached_total") - cached_before, cache_n);
+    assert_eq!(again["content"], answer["content"]);
+}
+
+#[test]
+fn informational_endpoints_answer_like_llama_server() {
+    let server = Server::start(&["-np", "2", "-c", "512", "--alias", "smol"]);
+    let (status, props) = server.get("/props");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(props["total_slots"], 2, "{props}");
+    assert_eq!(props["model_alias"], "smol");
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 512);
+    let params = &props["default_generation_settings"]["params"];
+    assert_eq!((params["top_k"].clone(), params["n_predict"].clone()), (json!(40), json!(-1)), "{params}");
+    assert!((params["temperature"].as_f64().expect("temperature") - 0.8).abs() < 1e-6);
+    assert!((params["min_p"].as_f64().expect("min_p") - 0.05).abs() < 1e-6);
+    assert_eq!(params["repeat_penalty"], 1.0);
+    assert_eq!(props["policy"]["name"], "continuous");
+    assert_eq!(props["policy"]["health"], "ok");
+    assert!(props["chat_template"].as_str().is_some_and(|template| template.contains("im_start")));
+
+    for path in ["/v1/models", "/models"] {
+        let (status, models) = server.get(path);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(models["object"], "list");
+        assert_eq!(models["data"][0]["id"], "smol");
+        assert_eq!(models["data"][0]["meta"]["n_ctx"], 512);
+        assert!(models["data"][0]["meta"]["n_params"].as_u64().is_some_and(|n| n > 100_000_000));
+    }
+
+    let (status, slots) = server.get("/slots?fail_on_no_slot=1");
+    assert_eq!(status, StatusCode::OK, "{slots}");
+    let slots = slots.as_array().expect("an array");
+    assert_eq!(slots.len(), 2);
+    for (id, slot) in slots.iter().enumerate() {
+        assert_eq!(
+            (slot["id"].clone(), slot["n_ctx"].clone(), slot["is_processing"].clone()),
+            (json!(id), json!(512), json!(false))
+        );
+    }
+
+    let (_, tokens) = server.post("/tokenize", &json!({ "content": "Hello world" }));
+    let ids = tokens["tokens"].as_array().expect("tokens").clone();
+    assert!(!ids.is_empty());
+    let (_, text) = server.post("/detokenize", &json!({ "tokens": ids }));
+    assert_eq!(text["content"], "Hello world");
+    let (_, pieces) = server.post("/tokenize", &json!({ "content": "Hello world", "with_pieces": true }));
+    let pieces = pieces["tokens"].as_array().expect("pieces");
+    let joined: String = pieces.iter().map(|piece| piece["piece"].as_str().expect("piece")).collect();
+    assert_eq!(joined, "Hello world");
+    assert!(pieces.iter().zip(&ids).all(|(piece, id)| &piece["id"] == id));
+    let (_, special) = server.post("/tokenize", &json!({ "content": "<|im_start|>", "parse_special": true }));
+    assert_eq!(special["tokens"].as_array().map(Vec::len), Some(1), "{special}");
+    let (_, plain) = server.post("/tokenize", &json!({ "content": "<|im_start|>", "parse_special": false }));
+    assert!(plain["tokens"].as_array().is_some_and(|tokens| tokens.len() > 1), "{plain}");
+
+    let messages = json!([{"role": "user", "content": "Hi there"}]);
+    let (status, template) = server.post("/apply-template", &json!({ "messages": messages }));
+    assert_eq!(status, StatusCode::OK, "{template}");
+    let prompt = template["prompt"].as_str().expect("prompt");
+    assert!(
+        prompt.contains("<|im_start|>user\nHi there<|im_end|>") && prompt.ends_with("<|im_start|>assistant\n"),
+        "{prompt}"
+    );
+
+    let (status, adapters) = server.get("/lora-adapters");
+    assert_eq!((status, adapters), (StatusCode::OK, json!([])));
+    let (status, _) = server.post("/lora-adapters", &json!([]));
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// A policy whose first decision is invalid (it decodes a slot that does
+/// not exist), on every fresh instance too: it faults twice and is
+/// quarantined on the first request.
+fn faulty_policy(dir: &std::path::Path) -> std::path::PathBuf {
+    use sluice_tests::plugin_fixtures::{BENIGN, OK, SCHEDULER_WIT, componentize, policy_module};
+    let path = dir.join("faulty.wasm");
+    std::fs::write(&path, componentize(&policy_module("0.1.0", BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"))
+        .expect("write plugin");
+    path
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-http-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+#[test]
+fn a_failed_closed_policy_refuses_with_503_until_an_admin_reload() {
+    let dir = scratch("fail-closed");
+    let policy = faulty_policy(&dir);
+    let policy = policy.to_str().expect("utf-8 path");
+    let server = Server::start(&["--policy", policy, "--api-key", "k"]);
+    let client = server.client();
+    let completion = json!({ "prompt": "Hello", "n_predict": 2 });
+    let post = |path: &str, body: &Value| server.send(client.post(server.url(path)).bearer_auth("k").json(body));
+
+    let (status, refused) = post("/completion", &completion);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(refused["error"]["type"], "unavailable_error");
+    assert!(refused["error"]["message"].as_str().is_some_and(|message| message.contains(policy)), "{refused}");
+    let (status, health) = server.get("/health");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
+    assert_eq!(health["error"]["type"], "unavailable_error");
+    assert_eq!(health["error"]["policy"], policy);
+    assert!(health["error"]["fault"].as_str().is_some_and(|fault| !fault.is_empty()), "{health}");
+    let mut streamed = completion.clone();
+    streamed["stream"] = json!(true);
+    let (status, _) = post("/completion", &streamed);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "before the first token a stream fails as plain HTTP");
+    let metrics = client.get(server.url("/metrics")).bearer_auth("k").send().and_then(|r| r.text()).expect("metrics");
+    let faults = format!("sluice_policy_faults_total{{policy=\"{policy}\",reason=\"invalid\"}} 2\n");
+    assert!(metrics.contains(&faults), "{faults} missing:\n{metrics}");
+    assert!(metrics.contains("sluice_policy_failed_closed 1\n"), "{metrics}");
+
+    let (status, answer) = post("/admin/policy", &json!({ "policy": "continuous" }));
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, health) = server.get("/health");
+    assert_eq!((status, health), (StatusCode::OK, json!({"status": "ok"})));
+    let (status, answer) = post("/completion", &completion);
+    assert_eq!(status, StatusCode::OK, "service resumes: {answer}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn a_fallback_policy_reports_degraded_and_serves() {
+    let dir = scratch("fallback");
+    let policy = faulty_policy(&dir);
+    let config = dir.join("fallback.toml");
+    std::fs::write(
+        &config,
+        format!("[policy]\nplugin = {:?}\non_fault = \"fallback\"\n", policy.display().to_string()),
+    )
+    .expect("config");
+    let server = Server::start(&["--config", config.to_str().expect("utf-8 path")]);
+    let (status, answer) = server.post("/completion", &json!({ "prompt": "Hello", "n_predict": 2 }));
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, health) = server.get("/health");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(health["status"], "degraded", "{health}");
+    let label = format!("sluice_policy_faults_total{{policy=\"{}\",reason=\"invalid\"}}", policy.display());
+    assert_eq!(server.metric(&label), 2.0);
+    assert_eq!(server.metric("sluice_policy_degraded"), 1.0);
+    assert_eq!(server.metric("sluice_policy_fallbacks_total"), 1.0);
+    let (_, props) = server.get("/props");
+    assert_eq!(props["policy"]["name"], "continuous");
+    assert_eq!(props["policy"]["health"], "degraded");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn sighup_reloads_the_policy_and_sigterm_stops_the_server() {
+    let dir = scratch("signals");
+    let config = dir.join("sluice.toml");
+    std::fs::write(&config, "[policy]\nplugin = \"continuous\"\n").expect("config");
+    let mut server = Server::start(&["--config", config.to_str().expect("utf-8 path")]);
+    server.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.log().contains("SIGHUP: policy reloaded") {
+        assert!(Instant::now() < deadline, "no reload logged:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A config made invalid is refused and the running policy stays.
+    std::fs::write(&config, "[policy]\nplugin = \"fastest\"\n").expect("config");
+    server.signal("HUP");
+    while !server.log().contains("policy not reloaded") {
+        assert!(Instant::now() < deadline, "no refusal logged:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, _) = server.post("/completion", &json!({ "prompt": "Hello", "n_predict": 2 }));
+    assert_eq!(status, StatusCode::OK);
+    server.signal("TERM");
+    assert_eq!(server.wait_exit(Duration::from_secs(30)), Some(0), "{}", server.log());
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

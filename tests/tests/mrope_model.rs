@@ -1,0 +1,119 @@
+//! M-RoPE targets (qwen2vl, qwen3vl) on synthetic models: embedding
+//! segments positioned as images, and MROPE reducing to NEOX for text.
+
+use sluice::model::batch::{Batch, BatchRow, Position, RowInput, image_positions, text_position};
+use sluice::model::gguf::GgufFile;
+use sluice::model::session::Session;
+use sluice::model::transformer::{Scratch, Transformer};
+use sluice_kernels::pool::ThreadPool;
+use sluice_tests::gguf_writer::{Rng, TinyModel};
+
+fn tiny(arch: &'static str, sections: Option<[i32; 4]>) -> Transformer {
+    // head_dim 8 → n_rot 8 → 4 rotary pairs.
+    let shape = TinyModel { arch, sections, ..TinyModel::llama(11) };
+    Transformer::from_file(GgufFile::from_bytes(shape.build().build()).expect("valid gguf")).expect("model loads")
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|value| value.to_bits()).collect()
+}
+
+/// Run rows with explicit positions on one sequence; logits of the last row.
+fn run_rows(model: &Transformer, rows: &[(RowInput, Position)], embeddings: &[f32]) -> Vec<f32> {
+    let pool = ThreadPool::new(1);
+    let mut kv = model.kv_store(4, 16);
+    let batch = Batch {
+        rows: rows
+            .iter()
+            .enumerate()
+            .map(|(cell, &(input, pos))| BatchRow { input, seq: 0, cell: cell as u32, pos, logits: cell + 1 == rows.len() })
+            .collect(),
+        block_tables: vec![vec![0, 1, 2, 3]],
+        embeddings: embeddings.to_vec(),
+        taps: Vec::new(),
+    };
+    model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward").logits
+}
+
+#[test]
+fn image_segments_get_spec_positions_and_text_resumes_after_the_jump() {
+    let model = tiny("qwen2vl", Some([2, 1, 1, 0]));
+    let n_embd = model.hparams().n_embd;
+    let (nx, ny) = (3u32, 2u32);
+    let embeddings = Rng::new(5).vec((nx * ny) as usize * n_embd, 0.5);
+    let pool = ThreadPool::new(1);
+
+    let mut session = Session::new(&model, 32);
+    session.prefill(&[1, 2, 3], 8, &pool).expect("text before");
+    session.embed_image(&embeddings, nx, ny, &pool).expect("image");
+    let after = session.decode(4, &pool).expect("text after");
+
+    // The same rows with the positions of the spec written out by hand.
+    let mut rows: Vec<(RowInput, Position)> =
+        [1, 2, 3].iter().enumerate().map(|(p, &token)| (RowInput::Token(token), text_position(p as u32))).collect();
+    let (positions, next) = image_positions(3, nx, ny);
+    assert_eq!(positions[4], [3, 4, 4, 0], "row 1, column 1 of an image at position 3");
+    assert_eq!(next, 3 + nx.max(ny));
+    rows.extend(positions.iter().enumerate().map(|(index, &pos)| (RowInput::Embedding(index), pos)));
+    rows.push((RowInput::Token(4), text_position(next)));
+    assert_eq!(bits(&after), bits(&run_rows(&model, &rows, &embeddings)));
+
+    // Positions matter: numbering the image rows as plain text changes the
+    // result.
+    let mut sequential = rows.clone();
+    for (cell, row) in sequential.iter_mut().enumerate() {
+        row.1 = text_position(cell as u32);
+    }
+    assert_ne!(bits(&after), bits(&run_rows(&model, &sequential, &embeddings)));
+}
+
+#[test]
+fn mrope_with_one_temporal_section_equals_neox_on_text() {
+    let prompt: Vec<(RowInput, Position)> =
+        [5u32, 9, 2, 7, 7, 1].iter().enumerate().map(|(p, &token)| (RowInput::Token(token), text_position(p as u32))).collect();
+    // Same seed, same weights: qwen2vl differs from qwen2 only in rope.
+    let neox = run_rows(&tiny("qwen2", None), &prompt, &[]);
+    let mrope = run_rows(&tiny("qwen2vl", Some([4, 0, 0, 0])), &prompt, &[]);
+    assert_eq!(bits(&neox), bits(&mrope));
+    let imrope = run_rows(&tiny("qwen3vl", Some([4, 0, 0, 0])), &prompt, &[]);
+    let qwen3 = run_rows(&tiny("qwen3", None), &prompt, &[]);
+    assert_ne!(bits(&qwen3), bits(&imrope), "IMROPE with these sections is not NEOX");
+}
+
+#[test]
+fn hidden_state_taps_expose_layer_inputs() {
+    let model = tiny("llama", None);
+    let hp = model.hparams().clone();
+    let pool = ThreadPool::new(1);
+    let mut kv = model.kv_store(2, 16);
+    let rows = [3u32, 1, 4]
+        .iter()
+        .enumerate()
+        .map(|(cell, &token)| BatchRow {
+            input: RowInput::Token(token),
+            seq: 0,
+            cell: cell as u32,
+            pos: text_position(cell as u32),
+            logits: cell == 2,
+        })
+        .collect();
+    let batch = Batch { rows, block_tables: vec![vec![0, 1]], embeddings: Vec::new(), taps: vec![0, 1, hp.n_layer] };
+    let output = model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward");
+    assert_eq!(output.taps.len(), 3);
+    assert!(output.taps.iter().all(|tap| tap.len() == 3 * hp.n_embd));
+    // Layer 0's input is the embedding of each token.
+    let file = model.file();
+    let embd = file.tensor("token_embd.weight").expect("embedding table");
+    let table: Vec<f32> =
+        file.data(embd).chunks_exact(4).map(|bytes| f32::from_le_bytes(bytes.try_into().expect("4 bytes"))).collect();
+    for (row, token) in [3usize, 1, 4].iter().enumerate() {
+        assert_eq!(
+            &output.taps[0][row * hp.n_embd..(row + 1) * hp.n_embd],
+            &table[token * hp.n_embd..(token + 1) * hp.n_embd]
+        );
+    }
+    assert_ne!(output.taps[1], output.taps[0]);
+    assert_ne!(output.taps[2], output.taps[1]);
+    let out_of_range = Batch { taps: vec![hp.n_layer + 1], ..batch };
+    assert!(model.forward(&out_of_range, &mut kv, &pool, &mut Scratch::default()).is_err());
+}
