@@ -1,5 +1,5 @@
 //! Numeric kernels. Filled in by the model-core work.
-pub mod ops;
-pub mod quant;
 pub mod matmul;
+pub mod ops;
 pub mod pool;
+pub mod quant;

@@ -99,7 +99,9 @@ macro_rules! export_policy {
                     const { ::std::cell::RefCell::new(::std::option::Option::None) };
             }
             impl __wit::Guest for __Exported {
-                fn configure(settings: ::std::vec::Vec<__wit::Setting>) -> ::std::result::Result<(), ::std::string::String> {
+                fn configure(
+                    settings: ::std::vec::Vec<__wit::Setting>,
+                ) -> ::std::result::Result<(), ::std::string::String> {
                     let policy = <$policy as $crate::Policy>::configure(&$crate::Settings::new(settings))?;
                     __STATE.with(|state| *state.borrow_mut() = ::std::option::Option::Some(policy));
                     ::std::result::Result::Ok(())
@@ -113,7 +115,7 @@ macro_rules! export_policy {
                     })
                 }
             }
-            $crate::scheduler::export_scheduler_world!(__Exported with_types_in $crate::scheduler);
+    $crate::scheduler::export_scheduler_world!(__Exported with_types_in $crate::scheduler);
         };
     };
 }
@@ -134,7 +136,7 @@ macro_rules! export_fixup {
                     <$fixup as $crate::Fixup>::fixup(&target, &draft)
                 }
             }
-            $crate::draft_fixup::export_draft_fixup_world!(__Exported with_types_in $crate::draft_fixup);
+    $crate::draft_fixup::export_draft_fixup_world!(__Exported with_types_in $crate::draft_fixup);
         };
     };
 }

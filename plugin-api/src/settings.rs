@@ -24,7 +24,9 @@ impl Settings {
     pub fn expect_only(&self, known: &[&str]) -> Result<(), String> {
         match self.entries.iter().find(|entry| !known.contains(&entry.key.as_str())) {
             None => Ok(()),
-            Some(entry) if known.is_empty() => Err(format!("unknown setting `{}`: this policy takes no settings", entry.key)),
+            Some(entry) if known.is_empty() => {
+                Err(format!("unknown setting `{}`: this policy takes no settings", entry.key))
+            }
             Some(entry) => Err(format!("unknown setting `{}` (expected one of: {})", entry.key, known.join(", "))),
         }
     }

@@ -37,10 +37,17 @@ fn busy_view(step: u64) -> StepView {
             OccupiedSlot { slot, phase, request: request(u64::from(slot), done) }
         })
         .collect();
-    let waiting = (0..WAITING)
-        .map(|index| WaitingRequest { request: request(1000 + index, 0), slot_hint: None })
-        .collect();
-    StepView { step, now_ms: step * 10, token_budget: 2048, free_slots: Vec::new(), occupied, waiting, ended: Vec::new() }
+    let waiting =
+        (0..WAITING).map(|index| WaitingRequest { request: request(1000 + index, 0), slot_hint: None }).collect();
+    StepView {
+        step,
+        now_ms: step * 10,
+        token_budget: 2048,
+        free_slots: Vec::new(),
+        occupied,
+        waiting,
+        ended: Vec::new(),
+    }
 }
 
 #[divan::bench]

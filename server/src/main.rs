@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate from one prompt straight on the model; prints tokens/s.
     Generate(cli::generate::GenerateArgs),
     /// Measure speed.
@@ -84,11 +84,13 @@ fn main() -> ExitCode {
     // llama-server spells some flags in ways clap cannot (`-np`, `--ctx_size`).
     let cli = Cli::parse_from(llama_style_args(std::env::args_os()));
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Generate(args) => cli::generate::generate(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
         Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
-        Command::Plugin(PluginCommand::Check { plugin, world, config }) => check_plugin(&plugin, world, config.as_deref()),
+        Command::Plugin(PluginCommand::Check { plugin, world, config }) => {
+            check_plugin(&plugin, world, config.as_deref())
+        }
     };
     match result {
         Ok(code) => code,
@@ -149,9 +151,9 @@ fn load_policy(host: &PluginHost, config: &Config) -> anyhow::Result<WasmPolicy>
 
 fn read_plugin(source: &PluginSource) -> anyhow::Result<Vec<u8>> {
     match source {
-        PluginSource::Builtin(name) => {
-            builtin_policy(name).map(|(_, bytes)| bytes.to_vec()).with_context(|| format!("no built-in plugin `{name}`"))
-        }
+        PluginSource::Builtin(name) => builtin_policy(name)
+            .map(|(_, bytes)| bytes.to_vec())
+            .with_context(|| format!("no built-in plugin `{name}`")),
         PluginSource::Path(path) => {
             std::fs::read(path).with_context(|| format!("{}: cannot read plugin", path.display()))
         }

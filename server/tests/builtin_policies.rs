@@ -4,7 +4,9 @@ use sluice::engine::policy::SchedulingPolicy;
 use sluice::plugins::policy_types::{
     Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, Setting, SettingValue, StepView, WaitingRequest,
 };
-use sluice::plugins::{BUILTIN_POLICIES, LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
+use sluice::plugins::{
+    BUILTIN_POLICIES, LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy,
+};
 
 fn request(id: u64, prompt_tokens: u32, prompt_done: u32) -> RequestInfo {
     RequestInfo {

@@ -78,4 +78,3 @@ pub fn componentize(wat: &str, wit: &str, world: &str) -> Vec<u8> {
         .and_then(|encoder| encoder.validate(true).encode())
         .expect("fixture encodes as a component")
 }
-

@@ -35,19 +35,20 @@ fn run(model: &Transformer, config: Run) -> Vec<Vec<Vec<u32>>> {
     let mut done = vec![0usize; n_seqs];
     let mut last_token: Vec<u32> = vec![0; n_seqs];
     let mut out: Vec<Vec<Vec<u32>>> = vec![Vec::new(); n_seqs];
-    let step_outputs = |batch: Batch, kv: &mut _, scratch: &mut Scratch, out: &mut Vec<Vec<Vec<u32>>>, last: &mut Vec<u32>| {
-        let output = model.forward(&batch, kv, &pool, scratch).expect("forward");
-        let n_vocab = model.hparams().n_vocab;
-        for (index, &row) in output.logit_rows.iter().enumerate() {
-            let logits = &output.logits[index * n_vocab..(index + 1) * n_vocab];
-            let seq = batch.rows[row].seq;
-            out[seq].push(logits.iter().map(|value| value.to_bits()).collect());
-            let best = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (token, &logit)| {
-                if logit > best.1 { (token, logit) } else { best }
-            });
-            last[seq] = best.0 as u32;
-        }
-    };
+    let step_outputs =
+        |batch: Batch, kv: &mut _, scratch: &mut Scratch, out: &mut Vec<Vec<Vec<u32>>>, last: &mut Vec<u32>| {
+            let output = model.forward(&batch, kv, &pool, scratch).expect("forward");
+            let n_vocab = model.hparams().n_vocab;
+            for (index, &row) in output.logit_rows.iter().enumerate() {
+                let logits = &output.logits[index * n_vocab..(index + 1) * n_vocab];
+                let seq = batch.rows[row].seq;
+                out[seq].push(logits.iter().map(|value| value.to_bits()).collect());
+                let best = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (token, &logit)| {
+                    if logit > best.1 { (token, logit) } else { best }
+                });
+                last[seq] = best.0 as u32;
+            }
+        };
     while done.iter().zip(config.prompts).any(|(done, prompt)| *done < prompt.len()) {
         let mut rows = Vec::new();
         for (seq, prompt) in config.prompts.iter().enumerate() {

@@ -234,3 +234,43 @@ fn probabilities_have_llama_server_shapes() {
         .post("/v1/chat/completions", &json!({ "messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2 }));
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
 }
+
+#[test]
+fn prompt_shapes_and_several_completions() {
+    let server = Server::start(&["-np", "2"]);
+    let greedy = |prompt: Value| json!({ "prompt": prompt, "n_predict": 4, "temperature": 0, "return_tokens": true });
+    let text = ok(&server, "/completion", &greedy(json!(PROMPT)));
+    let (_, tokens) = server.post("/tokenize", &json!({ "content": PROMPT, "add_special": true }));
+    let ids = tokens["tokens"].clone();
+    let from_ids = ok(&server, "/completion", &greedy(ids.clone()));
+    assert_eq!(from_ids["tokens"], text["tokens"], "a token-array prompt is the same prompt");
+    assert_eq!(from_ids["tokens_evaluated"], text["tokens_evaluated"]);
+
+    // A top-level array of strings is several prompts: an array answer.
+    let several = ok(&server, "/completion", &greedy(json!([PROMPT, "Hello"])));
+    let results = several.as_array().expect("one result per prompt");
+    assert_eq!(results.len(), 2);
+    assert_eq!((results[0]["index"].clone(), results[1]["index"].clone()), (json!(0), json!(1)));
+    assert_eq!(results[0]["tokens"], text["tokens"]);
+
+    let projected = ok(
+        &server,
+        "/completion",
+        &json!({ "prompt": PROMPT, "n_predict": 2, "response_fields": ["content", "generation_settings/n_predict"] }),
+    );
+    assert_eq!(projected.as_object().map(|object| object.len()), Some(2), "{projected}");
+    assert_eq!(projected["generation_settings/n_predict"], 2);
+
+    let chat = json!({ "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "n": 2, "seed": 5 });
+    let answer = ok(&server, "/v1/chat/completions", &chat);
+    let choices = answer["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 2, "{answer}");
+    assert_eq!((choices[0]["index"].clone(), choices[1]["index"].clone()), (json!(0), json!(1)));
+    assert_eq!(answer["usage"]["completion_tokens"], 6);
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let stream = server.stream("/v1/chat/completions", &streamed);
+    assert!(stream.done);
+    let finishes = stream.events.iter().filter(|event| event["choices"][0]["finish_reason"].is_string()).count();
+    assert_eq!(finishes, 2, "one finish_reason per choice");
+}

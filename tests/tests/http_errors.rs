@@ -156,3 +156,27 @@ fn health_says_loading_then_ok() {
     let (status, _) = server.get("/v1/health");
     assert_eq!(status, StatusCode::OK);
 }
+
+#[test]
+fn unsupported_features_refuse_the_start() {
+    let refused = |args: &[&str], mentions: &str| {
+        let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .output()
+            .expect("sluice runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(mentions) && stderr.contains("not supported yet"), "{stderr}");
+    };
+    refused(&["-md", "draft.gguf", "--spec-type", "draft-simple"], "speculative decoding");
+    refused(&["--lora", "adapter.gguf"], "adapter.gguf");
+    refused(&["--lora-scaled", "scaled.gguf:0.5"], "scaled.gguf");
+    let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
+        .args(["serve", "--port", "0", "-m", "/no/such/model.gguf"])
+        .output()
+        .expect("sluice runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/no/such/model.gguf: cannot load the model"), "{stderr}");
+}

@@ -33,6 +33,48 @@ fn a_disconnect_mid_stream_frees_the_slot() {
     assert_eq!(server.metric("llamacpp:requests_processing"), 0.0);
     let (status, answer) = server.post("/completion", &json!({ "prompt": "Hello", "n_predict": 2 }));
     assert_eq!(status, StatusCode::OK, "the slot serves again: {answer}");
+
+    // A client that gives up on a non-streamed answer cancels it too.
+    let mut long = body.clone();
+    long["stream"] = json!(false);
+    let gave_up =
+        server.client().post(server.url("/completion")).json(&long).timeout(Duration::from_millis(1500)).send();
+    assert!(gave_up.is_err_and(|error| error.is_timeout()));
+    server.wait_idle();
+    assert_eq!(server.metric("sluice_kv_blocks_used"), 0.0);
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let dir = scratch("queue");
+    let config = dir.join("queue.toml");
+    std::fs::write(&config, "[engine]\nslots = 1\nqueue_limit = 1\n").expect("config");
+    let server = Server::start(&["--config", config.to_str().expect("utf-8 path")]);
+    let body = json!({ "prompt": "Count to one thousand:", "n_predict": 4000, "ignore_eos": true, "stream": true });
+    let mut running = server.open_stream("/completion", &body);
+    running.next_data().expect("the first request runs");
+    std::thread::scope(|scope| {
+        // The second waits for the slot (its answer starts only with its
+        // first token, so it waits on its own thread).
+        let waiting = scope.spawn(|| server.client().post(server.url("/completion")).json(&body).send());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.metric("llamacpp:requests_deferred") < 1.0 {
+            assert!(Instant::now() < deadline, "the second request never queued\n{}", server.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let refused = server.client().post(server.url("/completion")).json(&body).send().expect("answered");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(refused.headers().contains_key("retry-after"), "{:?}", refused.headers());
+        let error: Value = refused.json().expect("JSON error");
+        assert_eq!(error["error"]["type"], "unavailable_error", "{error}");
+        drop(running);
+        let mut second = waiting.join().expect("second request thread").expect("second request answered");
+        assert_eq!(second.status(), StatusCode::OK);
+        let mut first_chunk = [0u8; 16];
+        std::io::Read::read(&mut second, &mut first_chunk).expect("the second request streams");
+    });
+    server.wait_idle();
+    std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
 #[test]

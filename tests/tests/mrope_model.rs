@@ -26,7 +26,13 @@ fn run_rows(model: &Transformer, rows: &[(RowInput, Position)], embeddings: &[f3
         rows: rows
             .iter()
             .enumerate()
-            .map(|(cell, &(input, pos))| BatchRow { input, seq: 0, cell: cell as u32, pos, logits: cell + 1 == rows.len() })
+            .map(|(cell, &(input, pos))| BatchRow {
+                input,
+                seq: 0,
+                cell: cell as u32,
+                pos,
+                logits: cell + 1 == rows.len(),
+            })
             .collect(),
         block_tables: vec![vec![0, 1, 2, 3]],
         embeddings: embeddings.to_vec(),
@@ -69,8 +75,11 @@ fn image_segments_get_spec_positions_and_text_resumes_after_the_jump() {
 
 #[test]
 fn mrope_with_one_temporal_section_equals_neox_on_text() {
-    let prompt: Vec<(RowInput, Position)> =
-        [5u32, 9, 2, 7, 7, 1].iter().enumerate().map(|(p, &token)| (RowInput::Token(token), text_position(p as u32))).collect();
+    let prompt: Vec<(RowInput, Position)> = [5u32, 9, 2, 7, 7, 1]
+        .iter()
+        .enumerate()
+        .map(|(p, &token)| (RowInput::Token(token), text_position(p as u32)))
+        .collect();
     // Same seed, same weights: qwen2vl differs from qwen2 only in rope.
     let neox = run_rows(&tiny("qwen2", None), &prompt, &[]);
     let mrope = run_rows(&tiny("qwen2vl", Some([4, 0, 0, 0])), &prompt, &[]);

@@ -27,8 +27,12 @@ impl Reference {
         let data = self.file.data(tensor);
         let row_bytes = tensor.len / n_out;
         for row in 0..n_out {
-            dequantize_row(tensor.dtype, &data[row * row_bytes..(row + 1) * row_bytes], &mut out[row * n_in..(row + 1) * n_in])
-                .expect("dequantize");
+            dequantize_row(
+                tensor.dtype,
+                &data[row * row_bytes..(row + 1) * row_bytes],
+                &mut out[row * n_in..(row + 1) * n_in],
+            )
+            .expect("dequantize");
         }
         (out, n_in, n_out)
     }
@@ -58,8 +62,10 @@ fn reference_logits(path: &std::path::Path, tokens: &[u32]) -> Vec<f64> {
     let base = f64::from(file.f32("llama.rope.freq_base").expect("base"));
     let head_dim = n_embd / n_head;
     let (embd, _, _) = model.matrix("token_embd.weight");
-    let mut xs: Vec<Vec<f64>> =
-        tokens.iter().map(|&t| embd[t as usize * n_embd..(t as usize + 1) * n_embd].iter().map(|&v| f64::from(v)).collect()).collect();
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| embd[t as usize * n_embd..(t as usize + 1) * n_embd].iter().map(|&v| f64::from(v)).collect())
+        .collect();
     let rope = |v: &mut [f64], pos: usize| {
         for head in v.chunks_mut(head_dim) {
             for j in 0..head_dim / 2 {
@@ -89,7 +95,10 @@ fn reference_logits(path: &std::path::Path, tokens: &[u32]) -> Vec<f64> {
                 let kv = h / (n_head / n_head_kv) * head_dim;
                 let q = &qs[pos][h * head_dim..(h + 1) * head_dim];
                 let scores: Vec<f64> = (0..=pos)
-                    .map(|p| q.iter().zip(&ks[p][kv..kv + head_dim]).map(|(a, b)| a * b).sum::<f64>() / (head_dim as f64).sqrt())
+                    .map(|p| {
+                        q.iter().zip(&ks[p][kv..kv + head_dim]).map(|(a, b)| a * b).sum::<f64>()
+                            / (head_dim as f64).sqrt()
+                    })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
@@ -127,7 +136,11 @@ fn forward_agrees_with_an_f64_reference() {
     for candidate in top_probs(&ours, 10) {
         let reference_logprob = reference[candidate.token as usize] - log_sum;
         let difference = (f64::from(candidate.prob).ln() - reference_logprob).abs();
-        eprintln!("token {}: ours {:.4}, reference {reference_logprob:.4}", candidate.token, f64::from(candidate.prob).ln());
+        eprintln!(
+            "token {}: ours {:.4}, reference {reference_logprob:.4}",
+            candidate.token,
+            f64::from(candidate.prob).ln()
+        );
         worst = worst.max(difference);
     }
     eprintln!("worst top-10 log-prob difference from the f64 reference: {worst:.4}");

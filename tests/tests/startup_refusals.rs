@@ -58,9 +58,14 @@ fn bad_plugins_stop_the_server_with_path_and_reason() {
 #[test]
 fn a_good_plugin_loads() {
     let scratch = Scratch::new("good");
-    let policy = scratch.write("good.wasm", &componentize(&policy_module("0.1.0", BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"));
-    let (_, stderr) = serve(&["--policy", policy.to_str().expect("utf-8 path")]);
+    let policy =
+        scratch.write("good.wasm", &componentize(&policy_module("0.1.0", BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"));
+    // The policy loads before the model, which is absent here, so the
+    // server reports the policy and then stops on the model.
+    let (code, stderr) =
+        serve(&["--policy", policy.to_str().expect("utf-8 path"), "-m", "/nonexistent/model.gguf", "--port", "0"]);
     assert!(stderr.contains(&format!("policy `{}` loaded", policy.display())), "{stderr}");
+    assert_eq!(code, Some(1), "{stderr}");
 }
 
 #[test]

@@ -24,7 +24,8 @@ enum Task {
     Plugins(plugins::PluginsArgs),
     /// Everything CI runs: the plugin check, plugin unit tests, all host tests.
     Test,
-    /// Build and run the server with config/sluice.toml; extra args go to `sluice serve`.
+    /// Fetch the default model if missing and serve it with config/sluice.toml
+    /// (127.0.0.1:8080); extra args go to `sluice serve`.
     Serve {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -82,8 +83,14 @@ fn test() -> anyhow::Result<()> {
     plugins::plugins(plugins::PluginsArgs::check())?;
     models::fetch_model()?;
     eprintln!("xtask: plugin unit tests (native)");
-    run(cargo()
-        .args(["test", "--locked", "--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"]))?;
+    run(cargo().args([
+        "test",
+        "--locked",
+        "--manifest-path",
+        "plugins/Cargo.toml",
+        "--target-dir",
+        "target/plugins/native",
+    ]))?;
     eprintln!("xtask: host workspace tests (release)");
     run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]))?;
     eprintln!("xtask: all tests passed in {:.0} s", started.elapsed().as_secs_f64());
@@ -91,6 +98,7 @@ fn test() -> anyhow::Result<()> {
 }
 
 fn serve(args: &[String]) -> anyhow::Result<()> {
+    models::fetch_model()?;
     run(cargo()
         .args(["run", "--release", "--package", "sluice", "--", "serve", "--config", "config/sluice.toml"])
         .args(args))

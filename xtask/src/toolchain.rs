@@ -40,7 +40,8 @@ impl Toolchain {
         let root = repo_root().join("target/wasm-toolchain").join(PINNED_NAME);
         let stamp = root.join(".complete");
         if !stamp.exists() {
-            setup_pinned(&root).with_context(|| format!("setting up the pinned wasm toolchain in {}", root.display()))?;
+            setup_pinned(&root)
+                .with_context(|| format!("setting up the pinned wasm toolchain in {}", root.display()))?;
             std::fs::write(&stamp, PINNED_PACKAGES.join("\n"))?;
         }
         Ok(Toolchain::Pinned { root })
@@ -88,12 +89,15 @@ impl Toolchain {
 }
 
 fn rustup_has_wasm_target() -> bool {
-    let output = Command::new("rustc").args(["--print", "target-libdir", "--target", "wasm32-unknown-unknown"]).output();
+    let output =
+        Command::new("rustc").args(["--print", "target-libdir", "--target", "wasm32-unknown-unknown"]).output();
     match output {
         Ok(output) if output.status.success() => {
             let libdir = String::from_utf8_lossy(&output.stdout);
             std::fs::read_dir(libdir.trim())
-                .map(|entries| entries.flatten().any(|entry| entry.file_name().to_string_lossy().starts_with("libstd-")))
+                .map(|entries| {
+                    entries.flatten().any(|entry| entry.file_name().to_string_lossy().starts_with("libstd-"))
+                })
                 .unwrap_or(false)
         }
         _ => false,
@@ -101,7 +105,8 @@ fn rustup_has_wasm_target() -> bool {
 }
 
 fn host_sysroot() -> anyhow::Result<PathBuf> {
-    let output = Command::new("rustc").args(["--print", "sysroot"]).output().context("running rustc --print sysroot")?;
+    let output =
+        Command::new("rustc").args(["--print", "sysroot"]).output().context("running rustc --print sysroot")?;
     if !output.status.success() {
         bail!("rustc --print sysroot failed");
     }

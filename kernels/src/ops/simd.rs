@@ -708,7 +708,6 @@ mod tests {
         assert_eq!(got[1], x.iter().copied().fold(f32::MIN, f32::max));
     }
 
-
     #[test]
     fn reduce_pads_the_tail_and_keeps_lane_order() {
         for n in [0, 1, 15, 16, 17, 33, 100] {

@@ -57,8 +57,8 @@ export_policy!(Continuous);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
     use sluice_plugin_api::SettingValue;
+    use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
 
     fn policy() -> Continuous {
         Continuous::configure(&Settings::default()).expect("no settings is valid")
@@ -87,10 +87,7 @@ mod tests {
             .waiting(request(9, 80))
             .build();
         let decision = policy().step(&view);
-        assert_eq!(
-            decision.admit,
-            vec![Admit { request_id: 7, slot: 0 }, Admit { request_id: 8, slot: 2 }]
-        );
+        assert_eq!(decision.admit, vec![Admit { request_id: 7, slot: 0 }, Admit { request_id: 8, slot: 2 }]);
         assert_eq!(decision.decode, vec![1]);
         assert_eq!(decision.prefill, vec![Prefill { slot: 0, tokens: 80 }, Prefill { slot: 2, tokens: 19 }]);
         assert_eq!(tokens_used(&decision), 100);

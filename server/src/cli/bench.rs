@@ -69,7 +69,11 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
 }
 
 fn argmax(logits: &[f32]) -> u32 {
-    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (token, &logit)| if logit > best.1 { (token, logit) } else { best }).0 as u32
+    logits
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (token, &logit)| if logit > best.1 { (token, logit) } else { best })
+        .0 as u32
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -61,7 +61,8 @@ pub fn default_threads() -> usize {
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let model = Transformer::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let tokenizer = Tokenizer::from_gguf(model.file()).with_context(|| format!("tokenizer of {}", args.model.display()))?;
+    let tokenizer =
+        Tokenizer::from_gguf(model.file()).with_context(|| format!("tokenizer of {}", args.model.display()))?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
     let pool = ThreadPool::new(args.threads.max(1));
@@ -92,7 +93,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let mut generated = 0;
     let mut forwards = 0;
     while generated < args.n_predict {
-        let token = sampler.sample(&logits, None);
+        let token = sampler.sample(&logits, None).token;
         sampler.accept(token);
         generated += 1;
         if !args.ignore_eos && tokenizer.is_end_of_generation(token) {

@@ -6,7 +6,13 @@ use sluice::model::gguf::{GgufFile, MetaArray, MetaValue};
 
 pub fn model_info(path: &Path) -> anyhow::Result<()> {
     let file = GgufFile::open(path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
-    println!("{}: GGUF v{}, {} metadata entries, {} tensors", path.display(), file.version, file.metadata().len(), file.tensors().len());
+    println!(
+        "{}: GGUF v{}, {} metadata entries, {} tensors",
+        path.display(),
+        file.version,
+        file.metadata().len(),
+        file.tensors().len()
+    );
     println!();
     for (key, value) in file.metadata() {
         println!("{key} = {}", describe(value));
@@ -32,13 +38,18 @@ fn describe(value: &MetaValue) -> String {
         format!("[{}{more}]", shown.join(", "))
     }
     match value {
-        MetaValue::Str(text) if text.len() > 120 => format!("{:?}… ({} bytes)", &text[..text.floor_char_boundary(120)], text.len()),
+        MetaValue::Str(text) if text.len() > 120 => {
+            format!("{:?}… ({} bytes)", &text[..text.floor_char_boundary(120)], text.len())
+        }
         MetaValue::Str(text) => format!("{text:?}"),
         MetaValue::Array(MetaArray::Ints(values)) => list(values),
         MetaValue::Array(MetaArray::U64s(values)) => list(values),
         MetaValue::Array(MetaArray::Floats(values)) => list(values),
         MetaValue::Array(MetaArray::Bools(values)) => list(values),
         MetaValue::Array(MetaArray::Strs(values)) => list(values),
-        other => format!("{other:?}").split('(').nth(1).map_or_else(|| format!("{other:?}"), |inner| inner.trim_end_matches(')').to_owned()),
+        other => format!("{other:?}")
+            .split('(')
+            .nth(1)
+            .map_or_else(|| format!("{other:?}"), |inner| inner.trim_end_matches(')').to_owned()),
     }
 }

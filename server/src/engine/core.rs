@@ -10,13 +10,15 @@ use std::time::{Duration, Instant};
 use sluice_kernels::pool::ThreadPool;
 use tokio::sync::mpsc as events;
 
-use super::handle::{EngineConfig, Health, Shared, SlotInfo};
+use super::handle::{EngineConfig, FallbackPolicy, Health, Shared, SlotInfo};
 use super::kv::{BlockManager, SeqBlocks};
 use super::metrics::Metrics;
 use super::policy::{
     Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
 };
-use super::request::{Completion, EngineError, Event, GenerationRequest, RequestId, StopType, Timings, TokenEvent, TokenProbs};
+use super::request::{
+    Completion, EngineError, Event, GenerationRequest, RequestId, StopType, Timings, TokenEvent, TokenProbs,
+};
 use super::sampling::{Sampler, TokenProb, token_prob, top_probs};
 use super::text::{Appended, TextStream};
 use super::validate::{has_runnable_work, validate};
@@ -97,7 +99,7 @@ pub(super) struct Engine {
     model: Arc<Transformer>,
     tokenizer: Arc<Tokenizer>,
     policy: Box<dyn SchedulingPolicy>,
-    fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
+    fallback: FallbackPolicy,
     config: EngineConfig,
     shared: Arc<Shared>,
     commands: mpsc::Receiver<Command>,
@@ -121,7 +123,7 @@ impl Engine {
         model: Arc<Transformer>,
         tokenizer: Arc<Tokenizer>,
         policy: Box<dyn SchedulingPolicy>,
-        fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
+        fallback: FallbackPolicy,
         config: EngineConfig,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
@@ -273,11 +275,16 @@ impl Engine {
             .collect();
         for (slot, active) in self.slots.iter().enumerate() {
             match active {
-                Some(active) => occupied.push(OccupiedSlot { slot: slot as u32, phase: active.phase, request: active.info(groups[slot]) }),
+                Some(active) => occupied.push(OccupiedSlot {
+                    slot: slot as u32,
+                    phase: active.phase,
+                    request: active.info(groups[slot]),
+                }),
                 None => free_slots.push(slot as u32),
             }
         }
-        let waiting_lora: Vec<Vec<(u32, f32)>> = self.waiting.iter().map(|waiting| waiting.request.lora.clone()).collect();
+        let waiting_lora: Vec<Vec<(u32, f32)>> =
+            self.waiting.iter().map(|waiting| waiting.request.lora.clone()).collect();
         let waiting_groups: Vec<u32> = waiting_lora.iter().map(|lora| self.adapter_group(lora)).collect();
         let waiting = self
             .waiting
@@ -334,7 +341,10 @@ impl Engine {
             self.stalled_steps += 1;
             if self.stalled_steps >= self.config.stall_steps {
                 self.stalled_steps = 0;
-                self.fault("stalled", format!("granted nothing for {} steps with work runnable", self.config.stall_steps));
+                self.fault(
+                    "stalled",
+                    format!("granted nothing for {} steps with work runnable", self.config.stall_steps),
+                );
             } else {
                 // Let time pass: a policy waiting on the clock should not spin.
                 std::thread::sleep(Duration::from_millis(1));
@@ -433,7 +443,11 @@ impl Engine {
             let start = active.prompt_done;
             let tokens = prefill.tokens as usize;
             if let Err(error) = self.blocks.reserve(&mut active.blocks, start + tokens) {
-                self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))));
+                self.end_slot(
+                    slot,
+                    EndReason::Failed,
+                    Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))),
+                );
                 continue;
             }
             active.prompt_started.get_or_insert_with(Instant::now);
@@ -503,20 +517,30 @@ impl Engine {
         let ctx = self.config.ctx;
         let tokenizer = Arc::clone(&self.tokenizer);
         let Some(active) = self.slots[slot].as_mut() else { return false };
+        if active.request.n_predict == Some(0) {
+            // n_predict 0 evaluates the prompt only.
+            self.finish(slot, StopType::Limit, String::new(), false);
+            return false;
+        }
         active.decode_started.get_or_insert_with(Instant::now);
         let n_probs = active.request.n_probs;
         let mut post = Vec::new();
         let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
         let post_request = (n_probs > 0 && active.request.post_sampling_probs).then_some((n_probs, &mut post));
-        let token = active.sampler.sample(&active.held_logits, post_request);
+        let sampled = active.sampler.sample(&active.held_logits, post_request);
+        let token = sampled.token;
         active.sampler.accept(token);
         active.generated += 1;
         active.phase = Phase::Decoding;
+        Metrics::add(&self.shared.metrics.tokens_predicted_total, 1);
         let probs = if let Some(top) = pre {
-            Some(TokenProbs { chosen: TokenProb { token, prob: token_prob(&active.held_logits, token) }, top, post_sampling: false })
+            Some(TokenProbs {
+                chosen: TokenProb { token, prob: token_prob(&active.held_logits, token) },
+                top,
+                post_sampling: false,
+            })
         } else if n_probs > 0 {
-            let chosen = post.iter().find(|entry| entry.token == token).copied().unwrap_or(TokenProb { token, prob: 0.0 });
-            Some(TokenProbs { chosen, top: post, post_sampling: true })
+            Some(TokenProbs { chosen: sampled, top: post, post_sampling: true })
         } else {
             None
         };
@@ -548,7 +572,11 @@ impl Engine {
         }
         active.tokens.push(token);
         if let Err(error) = self.blocks.reserve(&mut active.blocks, active.cells + 1) {
-            self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))));
+            self.end_slot(
+                slot,
+                EndReason::Failed,
+                Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))),
+            );
             return false;
         }
         true
@@ -558,7 +586,7 @@ impl Engine {
         let mut batch = Batch::default();
         let mut prefill_tokens = 0;
         let mut decode_tokens = 0;
-        for (seq, item) in work.iter().enumerate() {
+        for item in &work {
             let (slot, start, inputs, wants_logits): (usize, usize, Vec<u32>, bool) = match *item {
                 Work::Prefill { slot, start, tokens } => {
                     let Some(active) = self.slots[slot].as_ref() else { continue };
@@ -585,7 +613,6 @@ impl Engine {
                     logits: wants_logits && offset + 1 == count,
                 });
             }
-            let _ = seq;
         }
         let started = Instant::now();
         let output = match self.model.forward(&batch, &mut self.kv, &self.pool, &mut self.scratch) {
@@ -596,7 +623,11 @@ impl Engine {
                     let slot = match *item {
                         Work::Prefill { slot, .. } | Work::Decode { slot } => slot,
                     };
-                    self.end_slot(slot, EndReason::Failed, Some(Event::Failed(EngineError::Internal(error.to_string()))));
+                    self.end_slot(
+                        slot,
+                        EndReason::Failed,
+                        Some(Event::Failed(EngineError::Internal(error.to_string()))),
+                    );
                 }
                 return;
             }
@@ -609,7 +640,6 @@ impl Engine {
         Metrics::add(&metrics.step_prefill_tokens_total, prefill_tokens as u64);
         Metrics::add(&metrics.step_decode_tokens_total, decode_tokens as u64);
         Metrics::add(&metrics.prompt_tokens_total, prefill_tokens as u64);
-        Metrics::add(&metrics.tokens_predicted_total, decode_tokens as u64);
         let total = (prefill_tokens + decode_tokens).max(1) as f64;
         let micros = elapsed.as_micros() as f64;
         Metrics::add(&metrics.prompt_micros_total, (micros * prefill_tokens as f64 / total) as u64);
@@ -629,7 +659,8 @@ impl Engine {
             let last_row = row + count - 1;
             row += count;
             let Some(active) = self.slots[slot].as_mut() else { continue };
-            let logits = logits_of_row.get(&last_row).map(|&index| &output.logits[index * n_vocab..(index + 1) * n_vocab]);
+            let logits =
+                logits_of_row.get(&last_row).map(|&index| &output.logits[index * n_vocab..(index + 1) * n_vocab]);
             match item {
                 Work::Prefill { tokens, start, .. } => {
                     active.tokens.extend_from_slice(&active.request.prompt[start..start + tokens]);
@@ -638,7 +669,8 @@ impl Engine {
                     if let Some(logits) = logits {
                         active.held_logits = logits.to_vec();
                         active.phase = Phase::Ready;
-                        active.prompt_ms = active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
+                        active.prompt_ms =
+                            active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
                     }
                 }
                 Work::Decode { .. } => {
@@ -650,7 +682,10 @@ impl Engine {
             }
             let written = active.cells;
             self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
-            Metrics::set(&self.shared.metrics.n_tokens_max, Metrics::get(&self.shared.metrics.n_tokens_max).max(written as u64));
+            Metrics::set(
+                &self.shared.metrics.n_tokens_max,
+                Metrics::get(&self.shared.metrics.n_tokens_max).max(written as u64),
+            );
         }
     }
 
@@ -700,8 +735,11 @@ impl Engine {
         Metrics::set(&metrics.kv_blocks_cached, stats.cached as u64);
         Metrics::set(&metrics.kv_blocks_free, stats.free as u64);
         Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
-        let lora: Vec<Vec<(u32, f32)>> =
-            self.slots.iter().map(|active| active.as_ref().map(|a| a.request.lora.clone()).unwrap_or_default()).collect();
+        let lora: Vec<Vec<(u32, f32)>> = self
+            .slots
+            .iter()
+            .map(|active| active.as_ref().map(|a| a.request.lora.clone()).unwrap_or_default())
+            .collect();
         let groups: Vec<u32> = lora.iter().map(|lora| self.adapter_group(lora)).collect();
         let infos = self
             .slots

@@ -15,6 +15,10 @@ use crate::config::OnFault;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::Transformer;
 
+/// Builds the policy to fall back to after a quarantine (`on_fault =
+/// "fallback"`); `None` when it cannot be built (then the engine fails closed).
+pub type FallbackPolicy = Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>;
+
 /// Engine settings (`[engine]` and the policy's fault rules).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -57,9 +61,15 @@ impl Default for EngineConfig {
 pub enum Health {
     Ok,
     /// Running on the fallback policy after the configured one faulted.
-    Degraded { policy: String, fault: String },
+    Degraded {
+        policy: String,
+        fault: String,
+    },
     /// The policy failed closed; requests are refused until a reload.
-    FailedClosed { policy: String, fault: String },
+    FailedClosed {
+        policy: String,
+        fault: String,
+    },
 }
 
 /// A slot as `/slots` shows it.
@@ -116,7 +126,7 @@ impl EngineHandle {
         model: Arc<Transformer>,
         tokenizer: Arc<Tokenizer>,
         policy: Box<dyn SchedulingPolicy>,
-        fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
+        fallback: FallbackPolicy,
         config: EngineConfig,
     ) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();

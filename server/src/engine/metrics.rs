@@ -51,7 +51,8 @@ impl Metrics {
     }
 
     pub fn observe_policy_call(&self, seconds: f64) {
-        let bucket = POLICY_CALL_BUCKETS.iter().position(|bound| seconds <= *bound).unwrap_or(POLICY_CALL_BUCKETS.len());
+        let bucket =
+            POLICY_CALL_BUCKETS.iter().position(|bound| seconds <= *bound).unwrap_or(POLICY_CALL_BUCKETS.len());
         Self::add(&self.policy_call_buckets[bucket], 1);
         Self::add(&self.policy_call_nanos_total, (seconds * 1e9) as u64);
         Self::add(&self.policy_calls_total, 1);

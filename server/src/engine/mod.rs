@@ -11,4 +11,4 @@ pub mod sampling;
 pub mod text;
 pub mod validate;
 
-pub use handle::{EngineConfig, EngineHandle, Health, Shared, SlotInfo, SubmitError};
+pub use handle::{EngineConfig, EngineHandle, FallbackPolicy, Health, Shared, SlotInfo, SubmitError};

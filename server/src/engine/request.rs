@@ -144,7 +144,9 @@ pub enum EngineError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The request left the queue and got a slot.
-    Started { id_slot: u32 },
+    Started {
+        id_slot: u32,
+    },
     Token(TokenEvent),
     Done(Completion),
     Failed(EngineError),

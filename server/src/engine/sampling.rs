@@ -123,10 +123,11 @@ impl Sampler {
         self.history.push_back(token);
     }
 
-    /// Sample a token from `logits`. `post_probs`, when asked, receives the
-    /// probabilities of the candidates left after the chain (most likely
-    /// first, zero probabilities dropped), at most `n`.
-    pub fn sample(&mut self, logits: &[f32], post_probs: Option<(usize, &mut Vec<TokenProb>)>) -> u32 {
+    /// Sample a token from `logits`; returns it with its probability after
+    /// the chain. `post_probs`, when asked, receives the probabilities of the
+    /// candidates left after the chain (most likely first, zero
+    /// probabilities dropped), at most `n`.
+    pub fn sample(&mut self, logits: &[f32], post_probs: Option<(usize, &mut Vec<TokenProb>)>) -> TokenProb {
         self.candidates.clear();
         self.candidates.extend(logits.iter().enumerate().map(|(token, &logit)| Candidate {
             token: token as u32,
@@ -153,11 +154,14 @@ impl Sampler {
         softmax(&mut self.candidates);
         let draw = self.rng.next_canonical();
         let mut cumulative = 0.0f64;
-        let mut chosen = self.candidates.last().map_or(0, |candidate| candidate.token);
+        let mut chosen = self.candidates.last().map_or(TokenProb { token: 0, prob: 0.0 }, |candidate| TokenProb {
+            token: candidate.token,
+            prob: candidate.prob,
+        });
         for candidate in &self.candidates {
             cumulative += f64::from(candidate.prob);
             if draw < cumulative {
-                chosen = candidate.token;
+                chosen = TokenProb { token: candidate.token, prob: candidate.prob };
                 break;
             }
         }
@@ -221,7 +225,9 @@ pub fn top_probs(logits: &[f32], n: usize) -> Vec<TokenProb> {
         best.insert(at, (token as u32, logit));
         best.truncate(n);
     }
-    best.into_iter().map(|(token, logit)| TokenProb { token, prob: ((logit - max).exp() as f64 / sum) as f32 }).collect()
+    best.into_iter()
+        .map(|(token, logit)| TokenProb { token, prob: ((logit - max).exp() as f64 / sum) as f32 })
+        .collect()
 }
 
 /// The probability of `token` under a raw softmax over all logits.
@@ -415,13 +421,13 @@ mod tests {
     #[test]
     fn greedy_picks_the_largest_logit() {
         let mut sampler = Sampler::new(greedy());
-        assert_eq!(sampler.sample(&[0.1, 2.0, -1.0, 1.9], None), 1);
+        assert_eq!(sampler.sample(&[0.1, 2.0, -1.0, 1.9], None), TokenProb { token: 1, prob: 1.0 });
     }
 
     #[test]
     fn logit_bias_can_ban_the_best_token() {
         let params = SamplingParams { logit_bias: vec![(1, f32::NEG_INFINITY)], ..greedy() };
-        assert_eq!(Sampler::new(params).sample(&[0.1, 2.0, -1.0, 1.9], None), 3);
+        assert_eq!(Sampler::new(params).sample(&[0.1, 2.0, -1.0, 1.9], None).token, 3);
     }
 
     #[test]
@@ -429,7 +435,7 @@ mod tests {
         let params = SamplingParams { repeat_penalty: 2.0, ..greedy() };
         let mut sampler = Sampler::new(params);
         sampler.accept(1);
-        assert_eq!(sampler.sample(&[0.1, 2.0, -1.0, 1.9], None), 3);
+        assert_eq!(sampler.sample(&[0.1, 2.0, -1.0, 1.9], None).token, 3);
     }
 
     #[test]
@@ -438,7 +444,7 @@ mod tests {
         let params = SamplingParams { seed: Some(42), ..SamplingParams::default() };
         let draws = |params: &SamplingParams| {
             let mut sampler = Sampler::new(params.clone());
-            (0..20).map(|_| sampler.sample(&logits, None)).collect::<Vec<_>>()
+            (0..20).map(|_| sampler.sample(&logits, None).token).collect::<Vec<_>>()
         };
         assert_eq!(draws(&params), draws(&params));
         let mut probs = Vec::new();

@@ -84,7 +84,11 @@ pub fn validate(view: &StepView, decision: &Decision, extra_per_decode: u32) -> 
             .iter()
             .any(|occupied| occupied.slot == slot && matches!(occupied.phase, Phase::Ready | Phase::Decoding));
         if !decodable {
-            return Err(if prefilled.contains(&slot) { Invalid::PrefillAndDecode(slot) } else { Invalid::NotDecodable(slot) });
+            return Err(if prefilled.contains(&slot) {
+                Invalid::PrefillAndDecode(slot)
+            } else {
+                Invalid::NotDecodable(slot)
+            });
         }
         if !decoded.insert(slot) {
             return Err(Invalid::DecodeTwice(slot));
@@ -186,7 +190,8 @@ mod tests {
     fn runnable_work_needs_an_occupied_slot_or_a_free_slot_for_a_waiter() {
         assert!(has_runnable_work(&view()));
         assert!(!has_runnable_work(&ViewBuilder::new(2, 10).build()));
-        let full = ViewBuilder::new(1, 10).occupied(0, Phase::Decoding, request(1, 1).done(1)).waiting(request(2, 1)).build();
+        let full =
+            ViewBuilder::new(1, 10).occupied(0, Phase::Decoding, request(1, 1).done(1)).waiting(request(2, 1)).build();
         assert!(has_runnable_work(&full));
     }
 }

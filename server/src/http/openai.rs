@@ -156,9 +156,18 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError
         Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
         None => Map::new(),
     };
-    ready.template.render_with(&messages, add_generation_prompt, &extra).map_err(|error| match error {
-        TemplateError::Raised(message) => ApiError::invalid(message),
-        other => ApiError::new(ErrorType::Server, other.to_string()),
+    let rendered =
+        ready.template.render_with(&messages, add_generation_prompt, &extra).map_err(|error| match error {
+            TemplateError::Raised(message) => ApiError::invalid(message),
+            other => ApiError::new(ErrorType::Server, other.to_string()),
+        })?;
+    // The prompt is tokenized with BOS added where the vocabulary asks for
+    // it; a template that writes BOS itself would double it, so its text is
+    // dropped here (as llama.cpp does).
+    let bos = ready.tokenizer.bos().map(|id| ready.tokenizer.piece(id)).filter(|bos| !bos.is_empty());
+    Ok(match bos {
+        Some(bos) if ready.tokenizer.adds_bos() => rendered.strip_prefix(bos).map(str::to_owned).unwrap_or(rendered),
+        _ => rendered,
     })
 }
 

@@ -177,9 +177,11 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
             None => defaults.n_predict,
         };
 
-    let mut sampling = SamplingParams::default();
     // Soft limits clamp, as llama-server's schema does.
-    sampling.temperature = fields.f32("temperature")?.unwrap_or(defaults.temperature).max(0.0);
+    let mut sampling = SamplingParams {
+        temperature: fields.f32("temperature")?.unwrap_or(defaults.temperature).max(0.0),
+        ..SamplingParams::default()
+    };
     if let Some(top_k) = fields.int("top_k")? {
         sampling.top_k = top_k.clamp(0, i64::from(i32::MAX)) as i32;
     }

@@ -318,7 +318,10 @@ impl GgufFile {
     /// A non-negative integer that fits in u32.
     pub fn u32(&self, key: &str) -> Result<u32, GgufError> {
         let value = self.require(key)?;
-        value.as_i64().and_then(|value| u32::try_from(value).ok()).ok_or_else(|| Self::wrong(key, "an integer 0..2^32", value))
+        value
+            .as_i64()
+            .and_then(|value| u32::try_from(value).ok())
+            .ok_or_else(|| Self::wrong(key, "an integer 0..2^32", value))
     }
 
     /// An optional u32.
@@ -430,9 +433,8 @@ fn tensor_info(
     let row_bytes = usize::try_from(dims[0]).ok().and_then(|n| dtype.row_bytes(n)).ok_or_else(|| {
         tensor_error(&name, format!("first dimension {} is not a multiple of the {} block size", dims[0], dtype.name()))
     })?;
-    let len = (row_bytes as u64)
-        .checked_mul(rows)
-        .ok_or_else(|| tensor_error(&name, format!("dims {dims:?} overflow")))?;
+    let len =
+        (row_bytes as u64).checked_mul(rows).ok_or_else(|| tensor_error(&name, format!("dims {dims:?} overflow")))?;
     if offset % alignment != 0 {
         return Err(tensor_error(&name, format!("offset {offset} is not aligned to {alignment}")));
     }
@@ -536,14 +538,20 @@ impl<'a> Reader<'a> {
         let field = |index: usize| format!("{key}[{index}]");
         Ok(match element_type {
             8 => MetaArray::Strs((0..len).map(|index| self.string(&field(index))).collect::<Result<_, _>>()?),
-            7 => MetaArray::Bools((0..len).map(|index| Ok(self.array::<1>(&field(index))?[0] != 0)).collect::<Result<_, _>>()?),
-            6 => MetaArray::Floats(
-                (0..len)
-                    .map(|index| Ok(f64::from(f32::from_le_bytes(self.array(&field(index))?))))
-                    .collect::<Result<_, GgufError>>()?,
+            7 => MetaArray::Bools(
+                (0..len).map(|index| Ok(self.array::<1>(&field(index))?[0] != 0)).collect::<Result<_, _>>()?,
             ),
+            6 => {
+                MetaArray::Floats(
+                    (0..len)
+                        .map(|index| Ok(f64::from(f32::from_le_bytes(self.array(&field(index))?))))
+                        .collect::<Result<_, GgufError>>()?,
+                )
+            }
             12 => MetaArray::Floats(
-                (0..len).map(|index| Ok(f64::from_le_bytes(self.array(&field(index))?))).collect::<Result<_, GgufError>>()?,
+                (0..len)
+                    .map(|index| Ok(f64::from_le_bytes(self.array(&field(index))?)))
+                    .collect::<Result<_, GgufError>>()?,
             ),
             10 => {
                 let values: Vec<u64> = (0..len).map(|index| self.u64(&field(index))).collect::<Result<_, _>>()?;
@@ -556,7 +564,9 @@ impl<'a> Reader<'a> {
                 (0..len)
                     .map(|index| {
                         let value = self.scalar(&field(index), element_type)?;
-                        value.as_i64().ok_or_else(|| GgufError::ValueType { field: field(index), type_id: element_type })
+                        value
+                            .as_i64()
+                            .ok_or_else(|| GgufError::ValueType { field: field(index), type_id: element_type })
                     })
                     .collect::<Result<_, GgufError>>()?,
             ),

@@ -113,7 +113,11 @@ impl HParams {
             Some(_) => bounded("attention.head_count_kv", MAX_DIM)?,
         };
         if n_head % n_head_kv != 0 {
-            return Err(invalid(&key("attention.head_count_kv"), n_head_kv, format!("must divide head_count {n_head}")));
+            return Err(invalid(
+                &key("attention.head_count_kv"),
+                n_head_kv,
+                format!("must divide head_count {n_head}"),
+            ));
         }
         let head_dim = match file.opt_u32(&key("attention.key_length"))? {
             Some(_) => bounded("attention.key_length", MAX_DIM)?,
@@ -123,7 +127,11 @@ impl HParams {
         if let Some(value_length) = file.opt_u32(&key("attention.value_length"))?
             && value_length as usize != head_dim
         {
-            return Err(invalid(&key("attention.value_length"), value_length, format!("must equal key_length {head_dim}")));
+            return Err(invalid(
+                &key("attention.value_length"),
+                value_length,
+                format!("must equal key_length {head_dim}"),
+            ));
         }
         let n_ff = bounded("feed_forward_length", MAX_DIM)?;
         let n_ctx_train = bounded("context_length", 1 << 24)?;

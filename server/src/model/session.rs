@@ -64,9 +64,19 @@ impl<'m> Session<'m> {
 
     /// Process an embedding segment of `nx × ny` rows (row-major, n_embd
     /// each) positioned as an image; return the logits of its last row.
-    pub fn embed_image(&mut self, embeddings: &[f32], nx: u32, ny: u32, pool: &ThreadPool) -> Result<Vec<f32>, ForwardError> {
+    pub fn embed_image(
+        &mut self,
+        embeddings: &[f32],
+        nx: u32,
+        ny: u32,
+        pool: &ThreadPool,
+    ) -> Result<Vec<f32>, ForwardError> {
         let (positions, next) = super::batch::image_positions(self.next_pos, nx, ny);
-        let rows = positions.iter().enumerate().map(|(index, pos)| (RowInput::Embedding(index), Some(*pos))).collect::<Vec<_>>();
+        let rows = positions
+            .iter()
+            .enumerate()
+            .map(|(index, pos)| (RowInput::Embedding(index), Some(*pos)))
+            .collect::<Vec<_>>();
         let logits = self.run(&rows, embeddings, true, pool)?.logits;
         self.next_pos = next;
         Ok(logits)
@@ -90,10 +100,21 @@ impl<'m> Session<'m> {
                     next_pos += 1;
                     text_position(next_pos - 1)
                 });
-                BatchRow { input, seq: 0, cell: self.cells + index as u32, pos, logits: last_logits && index + 1 == rows.len() }
+                BatchRow {
+                    input,
+                    seq: 0,
+                    cell: self.cells + index as u32,
+                    pos,
+                    logits: last_logits && index + 1 == rows.len(),
+                }
             })
             .collect();
-        let batch = Batch { rows: batch_rows, block_tables: vec![self.table.clone()], embeddings: embeddings.to_vec(), taps: Vec::new() };
+        let batch = Batch {
+            rows: batch_rows,
+            block_tables: vec![self.table.clone()],
+            embeddings: embeddings.to_vec(),
+            taps: Vec::new(),
+        };
         let output = self.model.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
         self.cells += rows.len() as u32;
         self.next_pos = next_pos;

@@ -203,7 +203,8 @@ impl Transformer {
                 _ => {}
             }
             let table = batch.block_tables.get(entry.seq).ok_or(ForwardError::Sequence { row, seq: entry.seq })?;
-            let offset = kv.cell_offset(table, entry.cell as usize).ok_or(ForwardError::Cell { row, cell: entry.cell })?;
+            let offset =
+                kv.cell_offset(table, entry.cell as usize).ok_or(ForwardError::Cell { row, cell: entry.cell })?;
             offsets.push(offset);
         }
         match batch.taps.iter().find(|tap| **tap > self.hparams.n_layer) {
@@ -235,7 +236,9 @@ impl Transformer {
             let dst = &mut s.x[row * n_embd..(row + 1) * n_embd];
             match entry.input {
                 RowInput::Token(token) => embd.dequantize_row(token as usize, dst),
-                RowInput::Embedding(index) => dst.copy_from_slice(&batch.embeddings[index * n_embd..(index + 1) * n_embd]),
+                RowInput::Embedding(index) => {
+                    dst.copy_from_slice(&batch.embeddings[index * n_embd..(index + 1) * n_embd])
+                }
             }
         }
 
@@ -310,7 +313,8 @@ impl Transformer {
         }
         tap(batch, hp.n_layer, &s.x, &mut output.taps);
 
-        output.logit_rows = batch.rows.iter().enumerate().filter(|(_, row)| row.logits).map(|(index, _)| index).collect();
+        output.logit_rows =
+            batch.rows.iter().enumerate().filter(|(_, row)| row.logits).map(|(index, _)| index).collect();
         let m = output.logit_rows.len();
         if m > 0 {
             resize(&mut s.h, m * n_embd);
@@ -378,6 +382,7 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, LoadError
         return Err(tensor_problem(name, &format!("type {} for a norm/bias vector", tensor.dtype.name())));
     }
     let mut out = vec![0.0; len];
-    dequantize_row(tensor.dtype, file.data(tensor), &mut out).map_err(|error| tensor_problem(name, &error.to_string()))?;
+    dequantize_row(tensor.dtype, file.data(tensor), &mut out)
+        .map_err(|error| tensor_problem(name, &error.to_string()))?;
     Ok(out)
 }

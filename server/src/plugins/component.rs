@@ -86,7 +86,8 @@ pub(super) fn load(
 
     let engine = host.engine();
     let ty = component.component_type();
-    let imports: Vec<String> = ty.imports(engine).map(|(name, item)| format!("`{name}` ({})", kind(&item.ty))).collect();
+    let imports: Vec<String> =
+        ty.imports(engine).map(|(name, item)| format!("`{name}` ({})", kind(&item.ty))).collect();
     if !imports.is_empty() {
         return Err(LoadError::Imports { plugin: source_of(), imports: imports.join(", ") });
     }
@@ -98,7 +99,8 @@ pub(super) fn load(
     }
     let expected_world = world_of(interface);
     for name in &exports {
-        let Some((found_interface, version)) = name.strip_prefix("sluice:plugin/").and_then(|rest| rest.split_once('@'))
+        let Some((found_interface, version)) =
+            name.strip_prefix("sluice:plugin/").and_then(|rest| rest.split_once('@'))
         else {
             continue;
         };

@@ -4,8 +4,8 @@ use wasmtime::component::Linker;
 
 use super::component::{self, LoadError, PluginSource};
 use super::fault::PluginFault;
-use super::host::{PluginHost, PluginLimits};
 use super::fixup_types::{Edit, ModelInfo};
+use super::host::{PluginHost, PluginLimits};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
@@ -36,7 +36,12 @@ pub struct WasmFixup {
 
 impl WasmFixup {
     /// Load and check a fixup component.
-    pub fn load(host: &PluginHost, source: PluginSource, bytes: &[u8], limits: PluginLimits) -> Result<Self, LoadError> {
+    pub fn load(
+        host: &PluginHost,
+        source: PluginSource,
+        bytes: &[u8],
+        limits: PluginLimits,
+    ) -> Result<Self, LoadError> {
         let component = component::load(host, &source, bytes, "fixup")?;
         let mismatch = |error: wasmtime::Error| LoadError::Mismatch {
             plugin: source.clone(),
@@ -58,7 +63,8 @@ impl WasmFixup {
         let fault = |fault: PluginFault| FixupError::Fault { plugin: self.name.clone(), fault };
         let limits = self.limits;
         let mut store = self.host.store(limits).map_err(fault)?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|error| fault(PluginFault::classify(error, &limits)))?;
+        let bindings =
+            self.pre.instantiate(&mut store).map_err(|error| fault(PluginFault::classify(error, &limits)))?;
         super::host::arm(&mut store, limits).map_err(fault)?;
         bindings
             .sluice_plugin_fixup()

@@ -33,12 +33,13 @@ pub use settings::settings_from_toml;
 pub mod policy_types {
     pub use super::scheduler::bindings::exports::sluice::plugin::policy::{Setting, SettingValue};
     pub use sluice_plugin_api::{
-        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepView,
-        WaitingRequest,
+        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepView, WaitingRequest,
     };
 }
 
 /// Types of the `draft-fixup` world.
 pub mod fixup_types {
-    pub use super::fixup::bindings::exports::sluice::plugin::fixup::{Edit, MetaEntry, MetaValue, ModelInfo, TensorInfo};
+    pub use super::fixup::bindings::exports::sluice::plugin::fixup::{
+        Edit, MetaEntry, MetaValue, ModelInfo, TensorInfo,
+    };
 }

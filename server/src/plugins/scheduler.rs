@@ -78,12 +78,13 @@ impl WasmPolicy {
         self.instance = None;
         let limits = self.limits;
         let mut store = self.host.store(limits)?;
-        let bindings = self.pre.instantiate(&mut store).map_err(|error| match PluginFault::classify(error, &limits) {
-            // Not a fault of running code: the exports' types differ from
-            // the host's (checked when the typed functions are looked up).
-            PluginFault::Malformed(message) => InstanceError::Mismatch(message),
-            fault => InstanceError::Fault(fault),
-        })?;
+        let bindings =
+            self.pre.instantiate(&mut store).map_err(|error| match PluginFault::classify(error, &limits) {
+                // Not a fault of running code: the exports' types differ from
+                // the host's (checked when the typed functions are looked up).
+                PluginFault::Malformed(message) => InstanceError::Mismatch(message),
+                fault => InstanceError::Fault(fault),
+            })?;
         host::arm(&mut store, limits)?;
         bindings
             .sluice_plugin_policy()
@@ -216,8 +217,16 @@ fn refill<T>(column: &mut Vec<T>, values: impl Iterator<Item = T>) {
 
 fn from_wire(decision: wire::Decision) -> Decision {
     Decision {
-        admit: decision.admit.into_iter().map(|admit| Admit { request_id: admit.request_id, slot: admit.slot }).collect(),
-        prefill: decision.prefill.into_iter().map(|prefill| Prefill { slot: prefill.slot, tokens: prefill.tokens }).collect(),
+        admit: decision
+            .admit
+            .into_iter()
+            .map(|admit| Admit { request_id: admit.request_id, slot: admit.slot })
+            .collect(),
+        prefill: decision
+            .prefill
+            .into_iter()
+            .map(|prefill| Prefill { slot: prefill.slot, tokens: prefill.tokens })
+            .collect(),
         decode: decision.decode,
     }
 }

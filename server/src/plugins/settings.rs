@@ -40,8 +40,9 @@ mod tests {
 
     #[test]
     fn nested_tables_flatten_to_dotted_keys() {
-        let table: toml::Table = toml::from_str("max_members = 4\nshare = 0.5\n[slo]\nttft_ms = 200\nname = \"x\"\nstrict = true")
-            .expect("valid toml");
+        let table: toml::Table =
+            toml::from_str("max_members = 4\nshare = 0.5\n[slo]\nttft_ms = 200\nname = \"x\"\nstrict = true")
+                .expect("valid toml");
         let settings = settings_from_toml(&table).expect("all scalar");
         let keys: Vec<&str> = settings.iter().map(|setting| setting.key.as_str()).collect();
         assert_eq!(keys, ["max_members", "share", "slo.name", "slo.strict", "slo.ttft_ms"]);
