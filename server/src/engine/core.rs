@@ -719,12 +719,15 @@ impl Engine {
     /// report the end to the policy.
     fn end_slot(&mut self, slot: usize, reason: EndReason, event: Option<Event>) {
         let Some(active) = self.slots[slot].take() else { return };
-        if let Some(event) = event {
-            let _ = active.events.send(event);
-        }
+        // Bookkeeping first: a client that reads /metrics or /slots right
+        // after its response must see the request gone.
         self.blocks.release(active.blocks);
         self.ended.push(EndedRequest { request_id: active.id, slot: Some(slot as u32), reason });
         self.shared.metrics.requests_processing.fetch_sub(1, Ordering::Relaxed);
+        self.publish();
+        if let Some(event) = event {
+            let _ = active.events.send(event);
+        }
     }
 
     /// Publish slots, queue and KV usage for the HTTP layer.
