@@ -7,5 +7,6 @@
 pub mod config;
 pub mod engine;
 pub mod http;
+pub mod lab;
 pub mod model;
 pub mod plugins;

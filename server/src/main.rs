@@ -24,6 +24,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Generate from one prompt straight on the model; prints tokens/s.
     Generate(cli::generate::GenerateArgs),
+    /// Compare scheduling policies on a workload: simulated, and live with --live.
+    Lab(Box<cli::lab::LabArgs>),
     /// Measure speed.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -39,6 +41,10 @@ enum Command {
 enum BenchCommand {
     /// Decode and prefill tokens/s of a model.
     Model(cli::bench::BenchModelArgs),
+    /// Aggregate tokens/s and latency percentiles of a running server.
+    Serve(cli::bench::BenchServeArgs),
+    /// Fit the policy lab's step-cost model to real forward passes.
+    Calibrate(cli::bench::BenchCalibrateArgs),
 }
 
 #[derive(Subcommand)]
@@ -87,6 +93,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::Generate(args) => cli::generate::generate(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Serve(args)) => cli::bench::bench_serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Calibrate(args)) => cli::bench::bench_calibrate(args).map(|()| ExitCode::SUCCESS),
+        Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),
         Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
         Command::Plugin(PluginCommand::Check { plugin, world, config }) => {
             check_plugin(&plugin, world, config.as_deref())

@@ -1,5 +1,6 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod bench_serve;
 mod models;
 mod plugins;
 mod toolchain;
@@ -32,10 +33,12 @@ enum Task {
     },
     /// Download the default model (cached under target/models/, sha256-checked).
     FetchModel,
-    /// Run a benchmark: `plugins` (policy step cost) or `model` (decode and
-    /// prefill tokens/s of the default model; `--json` ends with a JSON line).
+    /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
+    /// prefill tokens/s of the default model; `--json` ends with a JSON line)
+    /// or `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
+    /// `--llama-server BIN` measures llama-server the same way).
     Bench {
-        #[arg(value_parser = ["plugins", "model"])]
+        #[arg(value_parser = ["plugins", "model", "serve"])]
         suite: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -114,6 +117,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
                 .arg(&model)
                 .args(args))
         }
+        "serve" => bench_serve::bench_serve(args),
         other => bail!("unknown benchmark suite `{other}`"),
     }
 }

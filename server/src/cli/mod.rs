@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod generate;
+pub mod lab;
 pub mod model_info;

@@ -1,0 +1,98 @@
+//! `cargo xtask bench serve [--llama-server BIN] [sluice bench serve args]`:
+//! starts `sluice serve` on the default model with 16 slots and 2 kernel
+//! threads, measures it with `sluice bench serve`, and when given a
+//! llama-server binary does the same to it with matching settings.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+
+use crate::{cargo, models, repo_root, run};
+
+const SLOTS: &str = "16";
+const THREADS: &str = "2";
+/// Per slot: a 100-token prompt and 128 new tokens fit.
+const SLOT_CTX: usize = 512;
+
+/// Kills the server when the benchmark ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
+    let (llama_server, rest) = split_llama_server(args)?;
+    let model = models::fetch_model()?;
+    run(cargo().args(["build", "--quiet", "--release", "--package", "sluice"]))?;
+    let sluice = repo_root().join("target/release/sluice");
+
+    let port = free_port()?;
+    let server = Server(
+        Command::new(&sluice)
+            .args(["serve", "-m"])
+            .arg(&model)
+            .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &SLOT_CTX.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log_file("sluice")?)
+            .spawn()
+            .context("starting sluice serve")?,
+    );
+    measure(&sluice, port, "sluice", &rest)?;
+    drop(server);
+
+    if let Some(binary) = llama_server {
+        let port = free_port()?;
+        // llama-server's -c is the total context, split between its slots.
+        let total_ctx = (SLOT_CTX * SLOTS.parse::<usize>()?).to_string();
+        let _server = Server(
+            Command::new(&binary)
+                .arg("-m")
+                .arg(&model)
+                .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &total_ctx])
+                .stdout(Stdio::null())
+                .stderr(log_file("llama-server")?)
+                .spawn()
+                .with_context(|| format!("starting {}", binary.display()))?,
+        );
+        measure(&sluice, port, "llama-server", &rest)?;
+    }
+    Ok(())
+}
+
+fn measure(sluice: &Path, port: u16, label: &str, args: &[String]) -> anyhow::Result<()> {
+    run(Command::new(sluice)
+        .args(["bench", "serve", "--url", &format!("http://127.0.0.1:{port}"), "--label", label])
+        .args(args))
+}
+
+/// The server's log goes to target/bench-serve-NAME.log, out of the table's way.
+fn log_file(name: &str) -> anyhow::Result<std::fs::File> {
+    let path = repo_root().join(format!("target/bench-serve-{name}.log"));
+    std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// Takes `--llama-server BIN` out of the arguments.
+fn split_llama_server(args: &[String]) -> anyhow::Result<(Option<PathBuf>, Vec<String>)> {
+    let mut binary = None;
+    let mut rest = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--llama-server" {
+            binary = Some(PathBuf::from(args.next().context("--llama-server needs a path")?));
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    Ok((binary, rest))
+}
+
+/// A port that was free a moment ago (the servers bind it right after).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
