@@ -123,6 +123,30 @@ fn openai_stream_and_non_stream_agree() {
     assert!(whole_entries.iter().all(|entry| entry["top_logprobs"].as_array().is_some_and(|top| top.len() == 2)));
     let joined: String = whole_entries.iter().map(|entry| entry["token"].as_str().expect("token")).collect();
     assert_eq!(joined, message["content"], "the tokens of the logprobs spell the content");
+
+    // timings_per_token puts `timings` on every token chunk, native and OpenAI.
+    for path in ["/completion", "/v1/completions", "/v1/chat/completions"] {
+        let body = json!({
+            "prompt": PROMPT, "messages": [{"role": "user", "content": "Hi"}],
+            "n_predict": 4, "timings_per_token": true, "ignore_eos": true,
+        });
+        let stream = streamed(&server, path, &body);
+        let token_chunks: Vec<&Value> = stream
+            .events
+            .iter()
+            .filter(|event| match event["choices"].as_array() {
+                None => event["stop"] == json!(false),
+                Some(choices) => choices
+                    .first()
+                    .is_some_and(|choice| choice["finish_reason"].is_null() && choice["delta"].get("role").is_none()),
+            })
+            .collect();
+        assert_eq!(token_chunks.len(), 4, "{path}: {:?}", stream.events);
+        for (n, chunk) in token_chunks.iter().enumerate() {
+            assert_eq!(chunk["timings"]["predicted_n"], n + 1, "{path}: {chunk}");
+            assert!(chunk["timings"]["prompt_n"].as_u64().is_some_and(|n| n > 0), "{path}: {chunk}");
+        }
+    }
 }
 
 #[test]

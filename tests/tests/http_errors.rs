@@ -108,6 +108,24 @@ fn the_api_key_guards_everything_but_health() {
     assert_eq!(server.send(completion().bearer_auth("s3cret")).0, StatusCode::OK);
     assert_eq!(server.send(completion().header("x-api-key", "s3cret")).0, StatusCode::OK);
 
+    // CORS as llama-server: a preflight needs no key; every answer echoes the origin.
+    let origin = "http://app.example";
+    let preflight = client
+        .request(reqwest::Method::OPTIONS, server.url("/v1/chat/completions"))
+        .header("origin", origin)
+        .send()
+        .expect("preflight");
+    assert_eq!(preflight.status(), StatusCode::OK);
+    let header = |response: &reqwest::blocking::Response, name: &str| {
+        response.headers().get(name).and_then(|value| value.to_str().ok()).map(str::to_owned)
+    };
+    assert_eq!(header(&preflight, "access-control-allow-origin").as_deref(), Some(origin));
+    assert_eq!(header(&preflight, "access-control-allow-credentials").as_deref(), Some("true"));
+    assert!(header(&preflight, "access-control-allow-methods").is_some_and(|methods| methods.contains("POST")));
+    let refused = completion().header("origin", origin).send().expect("request");
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&refused, "access-control-allow-origin").as_deref(), Some(origin));
+
     // The policy can be replaced behind the key; a bad plugin is refused
     // with its path and the old policy keeps serving.
     let admin = |body: Value| server.send(client.post(server.url("/admin/policy")).bearer_auth("s3cret").json(&body));

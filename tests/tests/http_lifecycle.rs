@@ -154,6 +154,9 @@ fn informational_endpoints_answer_like_llama_server() {
     assert_eq!(props["policy"]["name"], "continuous");
     assert_eq!(props["policy"]["health"], "ok");
     assert!(props["chat_template"].as_str().is_some_and(|template| template.contains("im_start")));
+    let (status, refused) = server.post("/props", &json!({}));
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{refused}");
+    assert_eq!(refused["error"]["type"], "not_supported_error");
 
     for path in ["/v1/models", "/models"] {
         let (status, models) = server.get(path);

@@ -54,6 +54,10 @@ pub struct ServerConfig {
     pub slots: bool,
     /// Seconds of silence before an SSE stream gets a `:` comment; 0 = never.
     pub sse_ping_interval: u64,
+    /// `Access-Control-Allow-Origin`: "*" echoes the request's origin (with
+    /// credentials), "localhost" echoes only local origins, anything else is
+    /// sent as it is.
+    pub cors_origins: String,
     pub limits: ServerLimits,
 }
 
@@ -67,6 +71,7 @@ impl Default for ServerConfig {
             metrics: true,
             slots: true,
             sse_ping_interval: 30,
+            cors_origins: "*".into(),
             limits: ServerLimits::default(),
         }
     }
@@ -527,6 +532,7 @@ impl Config {
         if let Some(threads) = flags.threads_http {
             self.server.threads_http = threads;
         }
+        set(&mut self.server.cors_origins, &flags.cors_origins);
         if flags.metrics {
             self.server.metrics = true;
         }
@@ -694,6 +700,9 @@ pub struct Overrides {
     /// Model name reported by the API (`model.alias`).
     #[arg(long, value_name = "NAME")]
     pub alias: Option<String>,
+    /// Allowed CORS origins: "*", "localhost" or an origin (`server.cors_origins`).
+    #[arg(long, value_name = "ORIGINS")]
+    pub cors_origins: Option<String>,
     /// API key required on every endpoint but /health (`server.api_key`).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,

@@ -2,17 +2,16 @@
 //! with llama-server's request fields and response shapes.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Outcome, Plan, blocking, collect, probs_json, submit, timings_json};
+use super::generate::{Outcome, Plan, StreamProgress, blocking, collect, probs_json, submit, timings_json};
 use super::params::{self, Fields, JsonBody, object, settings_json};
 use super::{AppState, Ready, prompt, sse};
-use crate::engine::request::{Completion, Timings, TokenEvent};
+use crate::engine::request::{Completion, TokenEvent};
 
 /// `POST /completion`.
 pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
@@ -97,26 +96,16 @@ fn project(result: &Value, paths: &[String]) -> Value {
     Value::Object(projected)
 }
 
-/// Per-completion stream state.
-#[derive(Default, Clone)]
-struct Progress {
-    id_slot: Option<u32>,
-    predicted: usize,
-    started: Option<Instant>,
-    first_token: Option<Instant>,
-    new_line: bool,
-}
-
 /// The native stream: one chunk per token, then the final object.
 struct NativeStream {
     ready: Arc<Ready>,
     plan: Arc<Plan>,
-    progress: Vec<Progress>,
+    progress: Vec<StreamProgress>,
 }
 
 impl NativeStream {
     fn new(ready: Arc<Ready>, plan: Arc<Plan>) -> Self {
-        let progress = vec![Progress::default(); plan.outputs()];
+        let progress = vec![StreamProgress::default(); plan.outputs()];
         NativeStream { ready, plan, progress }
     }
 }
@@ -124,17 +113,14 @@ impl NativeStream {
 impl sse::Render for NativeStream {
     fn started(&mut self, index: usize, id_slot: u32) {
         if let Some(progress) = self.progress.get_mut(index) {
-            progress.id_slot = Some(id_slot);
-            progress.started = Some(Instant::now());
+            progress.start(id_slot);
         }
     }
 
     fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value> {
         let prompt_len = self.plan.prompt(index).len();
         let Some(progress) = self.progress.get_mut(index) else { return Vec::new() };
-        progress.predicted += 1;
-        progress.new_line |= token.text.contains('\n');
-        let first_token = *progress.first_token.get_or_insert_with(Instant::now);
+        progress.token(&token.text);
         let mut chunk = json!({
             "index": index,
             "content": token.text,
@@ -150,7 +136,7 @@ impl sse::Render for NativeStream {
             object.insert("completion_probabilities".into(), json!([probs_json(&self.ready.tokenizer, probs, n)]));
         }
         if self.plan.generation.timings_per_token {
-            object.insert("timings".into(), timings_json(&partial_timings(progress, prompt_len, first_token)));
+            object.insert("timings".into(), timings_json(&progress.timings(prompt_len)));
         }
         vec![chunk]
     }
@@ -176,16 +162,6 @@ impl sse::Render for NativeStream {
 
 /// Timings so far, measured here since the engine reports its own only at
 /// the end: the prompt from the slot's start to the first token.
-fn partial_timings(progress: &Progress, prompt_len: usize, first_token: Instant) -> Timings {
-    let prompt_ms = progress.started.map_or(0.0, |started| first_token.duration_since(started).as_secs_f64() * 1e3);
-    Timings {
-        prompt_n: prompt_len,
-        prompt_ms,
-        predicted_n: progress.predicted,
-        predicted_ms: first_token.elapsed().as_secs_f64() * 1e3,
-        ..Timings::default()
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -13,6 +13,42 @@ use crate::engine::request::{Completion, Event, RequestId, StopType, Timings, To
 use crate::engine::sampling::TokenProb;
 use crate::model::tokenizer::Tokenizer;
 
+/// Per-completion state of a stream: the slot, tokens so far, and the
+/// clock readings `timings_per_token` reports.
+#[derive(Default, Clone)]
+pub struct StreamProgress {
+    pub id_slot: Option<u32>,
+    pub predicted: usize,
+    pub new_line: bool,
+    started: Option<std::time::Instant>,
+    first_token: Option<std::time::Instant>,
+}
+
+impl StreamProgress {
+    pub fn start(&mut self, id_slot: u32) {
+        self.id_slot = Some(id_slot);
+        self.started = Some(std::time::Instant::now());
+    }
+
+    pub fn token(&mut self, text: &str) {
+        self.predicted += 1;
+        self.new_line |= text.contains('\n');
+        self.first_token.get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Timings so far: prompt time up to the first token, generation since.
+    pub fn timings(&self, prompt_len: usize) -> Timings {
+        let first_token = self.first_token.unwrap_or_else(std::time::Instant::now);
+        Timings {
+            prompt_n: prompt_len,
+            prompt_ms: self.started.map_or(0.0, |started| first_token.duration_since(started).as_secs_f64() * 1e3),
+            predicted_n: self.predicted,
+            predicted_ms: first_token.elapsed().as_secs_f64() * 1e3,
+            ..Timings::default()
+        }
+    }
+}
+
 /// A request ready to run: its generation fields and tokenized prompts.
 /// Output `index` = prompt number × `n_cmpl` + completion number.
 #[derive(Debug, Clone)]

@@ -126,6 +126,12 @@ fn phase_name(phase: Option<Phase>) -> &'static str {
     }
 }
 
+/// `POST /props`: llama-server changes nothing here unless started with
+/// `--props`; sluice has no writable properties, so it always answers 501.
+pub async fn set_props() -> ApiError {
+    ApiError::new(ErrorType::NotSupported, "This server does not support changing global properties.")
+}
+
 /// `GET /slots`: each slot's state; `?fail_on_no_slot=1` answers 503 when
 /// none is idle.
 pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> Result<Json<Value>, ApiError> {

@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod auth;
 pub mod completion;
+mod cors;
 pub mod error;
 pub mod generate;
 pub mod info;
@@ -144,7 +145,7 @@ impl AppState {
     }
 }
 
-/// Every route, behind the request span, the loading gate and the API key.
+/// Every route, behind the request span, CORS, the loading gate and the API key.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config().server.limits.body_bytes;
     Router::new()
@@ -158,7 +159,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/apply-template", post(tokenize::apply_template))
-        .route("/props", get(info::props))
+        .route("/props", get(info::props).post(info::set_props))
         .route("/v1/models", get(info::models))
         .route("/models", get(info::models))
         .route("/slots", get(info::slots))
@@ -169,6 +170,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
         .layer(middleware::from_fn_with_state(state.clone(), loading_gate))
+        .layer(middleware::from_fn_with_state(state.clone(), cors::cors))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)

@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
-use super::generate::{Outcome, Plan, blocking, collect, finish_reason, probs_json, submit, timings_json, usage_json};
+use super::generate::{
+    Outcome, Plan, StreamProgress, blocking, collect, finish_reason, probs_json, submit, timings_json, usage_json,
+};
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::{AppState, Ready, prompt, sse};
 use crate::engine::request::{Completion, TokenEvent, TokenProbs};
@@ -226,6 +228,8 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
             include_usage: plan.generation.include_usage,
             role_sent: vec![false; outputs],
             completions: Vec::with_capacity(outputs),
+            progress: vec![StreamProgress::default(); outputs],
+            plan: Arc::new(plan),
         };
         return sse::respond(jobs, render, state.ping()).await;
     }
@@ -275,6 +279,9 @@ struct OpenAiStream {
     include_usage: bool,
     role_sent: Vec<bool>,
     completions: Vec<Completion>,
+    /// For `timings_per_token`.
+    progress: Vec<StreamProgress>,
+    plan: Arc<Plan>,
 }
 
 impl OpenAiStream {
@@ -316,14 +323,27 @@ impl OpenAiStream {
 }
 
 impl sse::Render for OpenAiStream {
-    fn started(&mut self, _index: usize, _id_slot: u32) {}
+    fn started(&mut self, index: usize, id_slot: u32) {
+        if let Some(progress) = self.progress.get_mut(index) {
+            progress.start(id_slot);
+        }
+    }
 
     fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value> {
+        if let Some(progress) = self.progress.get_mut(index) {
+            progress.token(&token.text);
+        }
         let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
         // A token whose text is held back (a partial character or stop
         // word) still carries its probabilities.
         if !token.text.is_empty() || token.probs.is_some() || self.kind == Kind::Text {
-            chunks.push(self.chunk(vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)]));
+            let mut chunk = self.chunk(vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)]);
+            if self.plan.generation.timings_per_token
+                && let Some(progress) = self.progress.get(index)
+            {
+                insert(&mut chunk, "timings", timings_json(&progress.timings(self.plan.prompt(index).len())));
+            }
+            chunks.push(chunk);
         }
         chunks
     }
