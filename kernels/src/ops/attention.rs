@@ -108,8 +108,8 @@ impl HeadShape {
 /// The arithmetic follows llama.cpp's CPU flash attention, whose outputs
 /// sluice is checked against: q is rounded to f16; per query head, positions
 /// are visited in order with a running maximum and sum (online softmax);
-/// scores are `(q · k_i) * scale` with the dot product in the fixed 16-lane
-/// order; the weighted sum of V is rescaled when the maximum grows and kept
+/// scores are `(q · k_i) * scale` with the dot product in GGML's order; the
+/// weighted sum of V is rescaled when the maximum grows and kept
 /// rounded to f16 after every position; the output is that sum divided by
 /// the softmax denominator. (Small models amplify even f16-level
 /// differences in attention into visible log-probability changes, so
@@ -155,26 +155,34 @@ pub fn attend(
             let mut sum = 0.0f32;
             kv.for_each_row(n_visible, kv_len, #[inline(always)] |_, at| {
                 let k = &kv.k[at + kv_at..][..head_dim];
-                let mut dot = s.splat(0.0);
+                // Four accumulators over 64-element groups, fused
+                // multiply-adds, then (a0 + a2) + (a1 + a3): the order of
+                // GGML's f16 dot product with 16-lane vectors.
+                let mut dot = [s.splat(0.0); 4];
                 for (c, q) in q.iter().enumerate() {
-                    dot = s.add(dot, s.mul(s.load(q), load_chunk(s, k, c)));
+                    dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
                 }
+                let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
                 let score = s.reduce_sum(dot) * scale;
                 let (old_scale, weight) = if score > m {
                     let old_scale = (m - score).exp();
                     m = score;
-                    (old_scale, 1.0)
+                    (Some(old_scale), 1.0)
                 } else {
-                    (1.0, (score - m).exp())
+                    (None, (score - m).exp())
                 };
                 let v = &kv.v[at + kv_at..][..head_dim];
-                let (old_scale_v, weight_v) = (s.splat(old_scale), s.splat(weight));
+                let weight_v = s.splat(weight);
                 for (c, acc) in acc.iter_mut().enumerate() {
-                    let updated = s.add(s.mul(s.load(acc), old_scale_v), s.mul(load_chunk(s, v, c), weight_v));
-                    let mut rounded = [f16::ZERO; LANES];
-                    s.store_f16(updated, &mut rounded);
-                    s.store(s.load_f16(&rounded), acc);
+                    // A new maximum rescales the sum (rounded to f16) before
+                    // the fused multiply-add of this position's V (rounded
+                    // again), as llama.cpp's two f16 vector steps do.
+                    if let Some(old_scale) = old_scale {
+                        store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
+                    }
+                    store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
                 }
+                let old_scale = old_scale.unwrap_or(1.0);
                 sum = sum * old_scale + weight;
             });
             let inv = s.splat(1.0 / sum);
@@ -185,6 +193,14 @@ pub fn attend(
         }
     });
     Ok(())
+}
+
+/// Stores `value` rounded to f16 (and widened back) into `acc`.
+#[inline(always)]
+fn store_rounded_to_f16<S: Simd>(s: S, value: S::V, acc: &mut [f32; LANES]) {
+    let mut rounded = [f16::ZERO; LANES];
+    s.store_f16(value, &mut rounded);
+    s.store(s.load_f16(&rounded), acc);
 }
 
 /// Chunk `c` of a head's row, zero-padded past its end.

@@ -126,6 +126,8 @@ pub(crate) trait Simd: Copy {
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c` with one rounding (fused multiply-add).
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn div(self, a: Self::V, b: Self::V) -> Self::V;
     /// `if a > b { a } else { b }` per lane: x86 MAXPS semantics, which also
     /// fixes what NaN and signed zeros give.
@@ -214,6 +216,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn mul(self, a: Self::V, b: Self::V) -> Self::V {
         lanewise(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        lanewise(|i| a[i].mul_add(b[i], c[i]))
     }
     #[inline(always)]
     fn div(self, a: Self::V, b: Self::V) -> Self::V {
@@ -412,6 +418,11 @@ pub(crate) mod x86 {
             unsafe { both!(_mm256_mul_ps, a, b) }
         }
         #[inline(always)]
+        fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe { both!(_mm256_fmadd_ps, a, b, c) }
+        }
+        #[inline(always)]
         fn div(self, a: Self::V, b: Self::V) -> Self::V {
             // SAFETY: see the module comment.
             unsafe { both!(_mm256_div_ps, a, b) }
@@ -502,6 +513,11 @@ pub(crate) mod x86 {
         fn mul(self, a: Self::V, b: Self::V) -> Self::V {
             // SAFETY: see the module comment.
             unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe { _mm512_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         fn div(self, a: Self::V, b: Self::V) -> Self::V {

@@ -53,15 +53,17 @@ pub(crate) struct BlockQ8_0 {
     pub qs: [i8; 32],
 }
 
-/// Activation partner of Q4_1/Q5_1. `sum` (little-endian i16) is the sum of
-/// the quants, which the weight block's offset `m` multiplies. GGML stores
-/// `d · sum` as an f16 instead, which overflows once a block's largest
-/// activation passes about 2050; the exact integer costs the same to use.
+/// Activation partner of Q4_1/Q5_1, laid out as GGML's: `s` is the f16 of
+/// `d · Σq` computed with the f32 scale before `d` itself is rounded, which
+/// the weight block's offset `m` multiplies. (Rounding `d` first moves
+/// outputs by ~1e-4 on real models, enough to change log-probabilities
+/// compared with llama.cpp.) Like GGML's, `s` overflows to infinity once a
+/// block's largest activation passes about 2050.
 #[derive(Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 pub(crate) struct BlockQ8_1 {
     pub d: [u8; 2],
-    pub sum: [u8; 2],
+    pub s: [u8; 2],
     pub qs: [i8; 32],
 }
 

@@ -28,11 +28,6 @@ pub(crate) fn bsum(y: &BlockQ8K, group: usize) -> i32 {
     i32::from(i16::from_le_bytes([y.bsums[2 * group], y.bsums[2 * group + 1]]))
 }
 
-#[inline(always)]
-pub(crate) fn q8_1_sum(a: &BlockQ8_1) -> i32 {
-    i32::from(i16::from_le_bytes(a.sum))
-}
-
 // ---- float steps shared with the SIMD paths --------------------------------
 
 /// One block of a weight format whose value is `d * q`.
@@ -41,14 +36,11 @@ pub(crate) fn finish_scaled(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
     acc + (d_w * d_a) * isum as f32
 }
 
-/// One block of a weight format whose value is `d * q + m`; `sum_a` is the
-/// activation block's Σq.
+/// One block of a weight format whose value is `d * q + m`; `s_a` is the
+/// activation block's scaled sum `d · Σq` (see `BlockQ8_1`).
 #[inline(always)]
-pub(crate) fn finish_offset(acc: f32, d_w: f32, m_w: f32, d_a: f32, sum_a: i32, isum: i32) -> f32 {
-    // The activation block's scaled sum is rounded to f16, as llama.cpp
-    // stores it: outputs are compared against llama.cpp's.
-    let scaled_sum = half::f16::from_f32(d_a * sum_a as f32).to_f32();
-    acc + ((d_w * d_a) * isum as f32 + m_w * scaled_sum)
+pub(crate) fn finish_offset(acc: f32, d_w: f32, m_w: f32, d_a: f32, s_a: f32, isum: i32) -> f32 {
+    acc + ((d_w * d_a) * isum as f32 + m_w * s_a)
 }
 
 /// One Q4_K/Q5_K block: `isum` is Σ sc·(q·a) and `isum_min` Σ m·(Σa) over
@@ -248,7 +240,9 @@ fn dequantize_k(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], q: &[u8; QK_K], y:
 #[inline(always)]
 pub(crate) fn act_scale(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
-    (d, if d.is_normal() { 1.0 / d } else { 0.0 })
+    // 127/amax, not 1/d: the two differ in the last bit for about a third
+    // of blocks, which flips a quant now and then; GGML computes 127/amax.
+    (d, if d.is_normal() { 127.0 / amax } else { 0.0 })
 }
 
 /// Largest magnitude of a block. Callers pass finite values; NaN handling
@@ -286,8 +280,7 @@ pub(crate) fn quantize_q8_1(x: &[f32], dst: &mut [u8]) {
         let (d, id) = act_scale(amax(x));
         let sum = quantize_into(x, id, &mut y.qs);
         y.d = f16::from_f32(d).to_le_bytes();
-        // At most 32 · 127 in magnitude.
-        y.sum = (sum as i16).to_le_bytes();
+        y.s = f16::from_f32(d * sum as f32).to_le_bytes();
     }
 }
 
@@ -327,7 +320,7 @@ pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     dot_blocks(w, a, |acc, w: &BlockQ4_1, a: &BlockQ8_1| {
         let isum = idot(&q4_1_quants(w), &a.qs);
-        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), q8_1_sum(a), isum)
+        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), half_to_f32(a.s), isum)
     })
 }
 
@@ -340,7 +333,7 @@ pub(crate) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 pub(crate) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     dot_blocks(w, a, |acc, w: &BlockQ5_1, a: &BlockQ8_1| {
         let isum = idot(&q5_1_quants(w), &a.qs);
-        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), q8_1_sum(a), isum)
+        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), half_to_f32(a.s), isum)
     })
 }
 

@@ -353,8 +353,8 @@ fn activation_quantization_rounds_ties_to_even_and_fills_sums() {
     assert_eq!(q[2..10].iter().map(|&b| b as i8).collect::<Vec<_>>(), [127, 2, -4, 0, 0, 2, -127, 3]);
 
     let q = quantized(SimdLevel::Scalar, ActFormat::Q8_1, &x);
-    // The sum of the quants above.
-    assert_eq!(i16::from_le_bytes([q[2], q[3]]), 3);
+    // d times the sum of the quants above, as f16.
+    assert_eq!(f16::from_le_bytes([q[2], q[3]]).to_f32(), 3.0);
 
     let q = quantized(SimdLevel::Scalar, ActFormat::Q8_K, &x);
     assert_eq!(f32::from_le_bytes([q[0], q[1], q[2], q[3]]), 1.0);

@@ -147,9 +147,7 @@ fn finish_scaled4(acc: __m128, d_w: __m128, d_a: __m128, isum: __m128i) -> __m12
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn finish_offset4(acc: __m128, d_w: __m128, m_w: __m128, d_a: __m128, sum_a: i32, isum: __m128i) -> __m128 {
-    // Rounded to f16 like the reference (scalar::finish_offset).
-    let s_a = _mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_mul_ps(d_a, _mm_set1_ps(sum_a as f32))));
+fn finish_offset4(acc: __m128, d_w: __m128, m_w: __m128, d_a: __m128, s_a: __m128, isum: __m128i) -> __m128 {
     let t = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(d_w, d_a), _mm_cvtepi32_ps(isum)), _mm_mul_ps(m_w, s_a));
     _mm_add_ps(acc, t)
 }
@@ -435,7 +433,7 @@ macro_rules! dot_kernels {
                         dm[r] = half_pair(x.d, x.m);
                     }
                     let (d_w, m_w) = half_pairs4(dm);
-                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), scalar::q8_1_sum(y), hsum4(isums));
+                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), hsum4(isums));
                 }
                 lanes(acc)
             }
@@ -472,7 +470,7 @@ macro_rules! dot_kernels {
                         dm[r] = half_pair(x.d, x.m);
                     }
                     let (d_w, m_w) = half_pairs4(dm);
-                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), scalar::q8_1_sum(y), hsum4(isums));
+                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), hsum4(isums));
                 }
                 lanes(acc)
             }
@@ -702,7 +700,7 @@ fn quantize_q8_1(x: &[f32], dst: &mut [u8]) {
         let i = quantize32(&v, id, &mut y.qs);
         let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
         y.d = f16::from_f32(d).to_le_bytes();
-        y.sum = (sum as i16).to_le_bytes();
+        y.s = f16::from_f32(d * sum as f32).to_le_bytes();
     }
 }
 
