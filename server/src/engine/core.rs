@@ -85,6 +85,13 @@ impl Active {
     }
 }
 
+/// Every phase change of a slot, at debug level under its own target, so
+/// operators and tests can follow what a policy did step by step
+/// (`log.level = "info,sluice::phase=debug"`).
+fn trace_phase(step: u64, slot: usize, request: RequestId, phase: &'static str) {
+    tracing::debug!(target: "sluice::phase", step, slot, request, phase, "phase");
+}
+
 fn max_tokens(request: &GenerationRequest) -> u32 {
     request.n_predict.map_or(u32::MAX, |n| n.min(u32::MAX as usize) as u32)
 }
@@ -488,6 +495,7 @@ impl Engine {
         let text = TextStream::new(waiting.request.stop.clone());
         let _ = waiting.events.send(Event::Started { id_slot: slot as u32 });
         let cached = admission.cached_tokens;
+        trace_phase(self.step, slot, waiting.id, "prefilling");
         self.slots[slot] = Some(Active {
             id: waiting.id,
             tokens: waiting.request.prompt[..cached].to_vec(),
@@ -531,7 +539,10 @@ impl Engine {
         let token = sampled.token;
         active.sampler.accept(token);
         active.generated += 1;
-        active.phase = Phase::Decoding;
+        if active.phase != Phase::Decoding {
+            trace_phase(self.step, slot, active.id, "decoding");
+            active.phase = Phase::Decoding;
+        }
         Metrics::add(&self.shared.metrics.tokens_predicted_total, 1);
         let probs = if let Some(top) = pre {
             Some(TokenProbs {
@@ -669,6 +680,7 @@ impl Engine {
                     if let Some(logits) = logits {
                         active.held_logits = logits.to_vec();
                         active.phase = Phase::Ready;
+                        trace_phase(self.step, slot, active.id, "ready");
                         active.prompt_ms =
                             active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
                     }
@@ -719,6 +731,16 @@ impl Engine {
     /// report the end to the policy.
     fn end_slot(&mut self, slot: usize, reason: EndReason, event: Option<Event>) {
         let Some(active) = self.slots[slot].take() else { return };
+        trace_phase(
+            self.step,
+            slot,
+            active.id,
+            match reason {
+                EndReason::Completed => "completed",
+                EndReason::Cancelled => "cancelled",
+                EndReason::Failed => "failed",
+            },
+        );
         // Bookkeeping first: a client that reads /metrics or /slots right
         // after its response must see the request gone.
         self.blocks.release(active.blocks);

@@ -1,11 +1,23 @@
 //! Built-in plugins, embedded at build time from `plugins/dist/` (rebuilt by
 //! `cargo xtask plugins`, checked by `cargo xtask plugins --check`).
 
-/// Built-in scheduling policies by name.
+/// A table entry `(name, component)` for `plugins/dist/<name>.wasm`.
+macro_rules! builtin {
+    ($name:literal) => {
+        ($name, include_bytes!(concat!("../../../plugins/dist/", $name, ".wasm")) as &[u8])
+    };
+}
+
+/// Built-in scheduling policies by name; `continuous` is the default and
+/// the fallback (specs/scheduling.md, "Built-in policies").
 pub const BUILTIN_POLICIES: &[(&str, &[u8])] =
-    &[("continuous", include_bytes!("../../../plugins/dist/continuous.wasm"))];
+    &[builtin!("continuous"), builtin!("cohort"), builtin!("prefill-first"), builtin!("priority")];
 
 /// The component of a built-in policy.
 pub fn builtin_policy(name: &str) -> Option<(&'static str, &'static [u8])> {
     BUILTIN_POLICIES.iter().find(|(builtin, _)| *builtin == name).copied()
 }
+
+#[cfg(test)]
+#[path = "builtin_tests.rs"]
+mod tests;
