@@ -1,0 +1,252 @@
+//! The cohort barrier through the real engine over HTTP (specs/scheduling.md,
+//! cases (a)–(c) and (e)–(h); (d) needs LoRA adapters and is covered by the
+//! plugin's native tests). Phase transitions come from the engine's phase
+//! log (`sluice::phase` at debug level), so each case asserts the order in
+//! which slots prefilled, became ready, decoded and ended.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_tests::http::Server;
+
+/// One phase transition from the log.
+#[derive(Clone, Debug, PartialEq)]
+struct Transition {
+    step: u64,
+    request: u64,
+    phase: String,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(&format!(" {key}="))? + key.len() + 2;
+    line[start..].split_whitespace().next().map(|value| value.trim_matches('"'))
+}
+
+fn transitions(server: &Server) -> Vec<Transition> {
+    server
+        .log()
+        .lines()
+        .filter(|line| line.contains("sluice::phase"))
+        .filter_map(|line| {
+            Some(Transition {
+                step: field(line, "step")?.parse().ok()?,
+                request: field(line, "request")?.parse().ok()?,
+                phase: field(line, "phase")?.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Per request (in order of admission): its transitions.
+fn by_request(log: &[Transition]) -> Vec<(u64, Vec<Transition>)> {
+    let mut order = Vec::new();
+    let mut map: BTreeMap<u64, Vec<Transition>> = BTreeMap::new();
+    for transition in log {
+        if !map.contains_key(&transition.request) {
+            order.push(transition.request);
+        }
+        map.entry(transition.request).or_default().push(transition.clone());
+    }
+    order.into_iter().map(|id| (id, map.remove(&id).unwrap_or_default())).collect()
+}
+
+fn step_of(transitions: &[Transition], phase: &str) -> u64 {
+    transitions
+        .iter()
+        .find(|transition| transition.phase == phase)
+        .unwrap_or_else(|| panic!("no {phase} in {transitions:?}"))
+        .step
+}
+
+fn server(policy: &str, name: &str) -> (Server, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-cohort-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!("[policy]\nplugin = \"{policy}\"\n[log]\nlevel = \"info,sluice::phase=debug\"\n"),
+    )
+    .expect("config");
+    let server = Server::start(&["--config", config.to_str().expect("utf-8 path"), "-np", "4", "-b", "16"]);
+    (server, dir)
+}
+
+/// Distinct token prompts of exact lengths.
+fn prompt(len: u32, seed: u32) -> Vec<u32> {
+    (0..len).map(|i| 1000 + (i * 37 + seed * 101) % 9000).collect()
+}
+
+fn body(prompt: &[u32], stream: bool) -> Value {
+    json!({ "prompt": prompt, "n_predict": 6, "temperature": 0, "cache_prompt": false,
+            "stream": stream, "return_tokens": true })
+}
+
+/// The generated tokens of a completion, streamed or not.
+fn complete(server: &Server, prompt: &[u32], stream: bool) -> Vec<u64> {
+    if stream {
+        let answer = server.stream("/completion", &body(prompt, true));
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.error);
+        return answer
+            .events
+            .iter()
+            .filter(|event| event["stop"] == false)
+            .flat_map(|event| event["tokens"].as_array().cloned().unwrap_or_default())
+            .map(|token| token.as_u64().expect("token id"))
+            .collect();
+    }
+    let (status, answer) = server.post("/completion", &body(prompt, false));
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    answer["tokens"].as_array().expect("tokens").iter().map(|token| token.as_u64().expect("id")).collect()
+}
+
+/// Waits until the log holds `count` transitions into `phase`.
+fn wait_for(server: &Server, phase: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while transitions(server).iter().filter(|transition| transition.phase == phase).count() < count {
+        assert!(Instant::now() < deadline, "no {count} × {phase}:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs a long prompt, then (once it is prefilling) a medium and a short
+/// one, concurrently; returns each one's tokens and the phase log of the run.
+fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Vec<(u64, Vec<Transition>)>) {
+    let before = transitions(server).len();
+    let prompts = [prompt(120, 1), prompt(40, 2), prompt(6, 3)];
+    let tokens = std::thread::scope(|scope| {
+        let seen = transitions(server).iter().filter(|t| t.phase == "prefilling").count();
+        let long = scope.spawn(|| complete(server, &prompts[0], stream));
+        wait_for(server, "prefilling", seen + 1);
+        let others: Vec<_> = prompts[1..].iter().map(|p| scope.spawn(move || complete(server, p, stream))).collect();
+        let mut tokens = vec![long.join().expect("long request")];
+        tokens.extend(others.into_iter().map(|handle| handle.join().expect("request")));
+        tokens
+    });
+    (tokens, by_request(&transitions(server)[before..]))
+}
+
+/// The order of (member, phase) over the run, members numbered by admission.
+fn phase_order(run: &[(u64, Vec<Transition>)]) -> Vec<(usize, String)> {
+    let mut all: Vec<(u64, usize, String)> = run
+        .iter()
+        .enumerate()
+        .flat_map(|(member, (_, transitions))| transitions.iter().map(move |t| (t.step, member, t.phase.clone())))
+        .collect();
+    all.sort();
+    all.into_iter().map(|(_, member, phase)| (member, phase)).collect()
+}
+
+#[test]
+fn members_hold_until_the_last_prompt_then_decode_together_streaming_or_not() {
+    let (server, dir) = server("cohort", "trio");
+    let (tokens, run) = trio(&server, false);
+    assert_eq!(run.len(), 3, "three members: {run:?}");
+    let ready: Vec<u64> = run.iter().map(|(_, t)| step_of(t, "ready")).collect();
+    let decoding: Vec<u64> = run.iter().map(|(_, t)| step_of(t, "decoding")).collect();
+    let last_ready = *ready.iter().max().expect("members");
+    // (a) TG starts together, (b) only after the last member's prompt:
+    // earlier finishers held their logits meanwhile.
+    assert!(decoding.iter().all(|&step| step == last_ready + 1), "ready {ready:?}, decoding {decoding:?}");
+    assert!(ready.iter().any(|&step| step < last_ready), "someone was held: ready {ready:?}");
+    // (c) the late compatible arrivals joined before the seal (the first ready).
+    let seal = *ready.iter().min().expect("members");
+    assert!(run.iter().all(|(_, t)| step_of(t, "prefilling") < seal), "{run:?}");
+    assert!(run.iter().all(|(_, t)| t.last().is_some_and(|last| last.phase == "completed")));
+
+    // (g) Streaming gives the same tokens and the same phase order.
+    let (streamed, streamed_run) = trio(&server, true);
+    assert_eq!(streamed, tokens);
+    assert_eq!(phase_order(&streamed_run), phase_order(&run));
+
+    // (h) A cohort of one behaves like a plain request: same tokens as under
+    // `continuous`, prompt → ready → decoding in consecutive steps.
+    let alone = prompt(6, 3);
+    let before = transitions(&server).len();
+    assert_eq!(complete(&server, &alone, false), tokens[2], "batch invariance across cohort sizes");
+    let solo = by_request(&transitions(&server)[before..]);
+    let steps: Vec<u64> = ["prefilling", "ready", "decoding"].iter().map(|p| step_of(&solo[0].1, p)).collect();
+    assert_eq!(steps[2], steps[1] + 1, "{solo:?}");
+    let (plain, plain_dir) = server_continuous();
+    assert_eq!(complete(&plain, &alone, false), tokens[2]);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+    std::fs::remove_dir_all(&plain_dir).expect("clean up");
+}
+
+/// Sends a request on a plain TCP connection and returns the connection.
+fn send_raw(server: &Server, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let address = server.url("").trim_start_matches("http://").to_owned();
+    let mut socket = std::net::TcpStream::connect(&address).expect("connect");
+    let payload = body.to_string();
+    write!(
+        socket,
+        "POST /completion HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    )
+    .expect("send");
+    socket
+}
+
+fn server_continuous() -> (Server, PathBuf) {
+    server("continuous", "plain")
+}
+
+#[test]
+fn new_prompts_wait_for_the_decoding_cohort_to_drain() {
+    let (server, dir) = server("cohort", "drain");
+    let (long, medium) = (prompt(120, 4), prompt(40, 5));
+    let late = prompt(6, 6);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| complete(&server, &long, false));
+        wait_for(&server, "prefilling", 1);
+        let second = scope.spawn(|| complete(&server, &medium, false));
+        // (c) After the seal nobody joins: this arrival waits for the next cohort.
+        wait_for(&server, "ready", 1);
+        let third = scope.spawn(|| complete(&server, &late, false));
+        for handle in [first, second, third] {
+            assert_eq!(handle.join().expect("request").len(), 6);
+        }
+    });
+    let run = by_request(&transitions(&server));
+    assert_eq!(run.len(), 3, "{run:?}");
+    let seal = step_of(&run[0].1, "ready");
+    assert!(step_of(&run[1].1, "prefilling") < seal, "the medium prompt joined before the seal: {run:?}");
+    // (f) The late prompt's PP starts only after the cohort drained.
+    let drained = run[..2].iter().map(|(_, t)| step_of(t, "completed")).max().expect("members");
+    assert!(step_of(&run[2].1, "prefilling") >= drained, "{run:?}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn a_member_cancelled_during_its_prompt_releases_the_others() {
+    let (server, dir) = server("cohort", "cancel");
+    let (first, long) = (prompt(120, 7), prompt(600, 8));
+    let expected = {
+        let (plain, plain_dir) = server_continuous();
+        let tokens = complete(&plain, &first, false);
+        drop(plain);
+        std::fs::remove_dir_all(&plain_dir).expect("clean up");
+        tokens
+    };
+    std::thread::scope(|scope| {
+        let held = scope.spawn(|| complete(&server, &first, false));
+        wait_for(&server, "prefilling", 1);
+        // The long member joins, then its client goes away mid-prompt. (A
+        // raw connection: nothing, not even headers, is sent to a member
+        // before its first token, so an HTTP client would wait here.)
+        let client = send_raw(&server, &body(&long, true));
+        wait_for(&server, "ready", 1);
+        drop(client);
+        // (e) The held member is released and finishes with its solo tokens.
+        assert_eq!(held.join().expect("request"), expected);
+    });
+    let run = by_request(&transitions(&server));
+    let cancelled = step_of(&run[1].1, "cancelled");
+    assert!(step_of(&run[0].1, "decoding") > cancelled, "{run:?}");
+    assert!(!run[1].1.iter().any(|t| t.phase == "ready"), "cancelled during its prompt: {run:?}");
+    server.wait_idle();
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
