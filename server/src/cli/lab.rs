@@ -192,23 +192,23 @@ impl Drop for ChildServer {
 /// and stops the server.
 fn live_run(args: &LabArgs, policy: &PolicyConfig, trace: &[TraceRequest]) -> anyhow::Result<Vec<RequestRecord>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let settings = toml::to_string(&toml::Table::from_iter([
-        ("plugin".to_owned(), toml::Value::String(policy.plugin.clone())),
+    // The config file's directory anchors relative plugin paths; hand the
+    // server an absolute one.
+    let plugin = match std::fs::canonicalize(&policy.plugin) {
+        Ok(absolute) => absolute.display().to_string(),
+        Err(_) => policy.plugin.clone(),
+    };
+    let policy_table = toml::Table::from_iter([
+        ("plugin".to_owned(), toml::Value::String(plugin)),
         ("stall_steps".to_owned(), toml::Value::Integer(i64::from(args.stall_steps))),
         ("settings".to_owned(), toml::Value::Table(policy.settings.clone())),
-    ]))?;
-    let config_path = args.out.join(format!("live-{}.toml", file_stem(&policy.plugin)));
-    let plugin_path = Path::new(&policy.plugin);
-    // The config file's directory anchors relative plugin paths; make them absolute first.
-    let settings = if plugin_path.exists() {
-        let absolute = std::fs::canonicalize(plugin_path)?;
-        settings.replace(&policy.plugin, &absolute.display().to_string())
-    } else {
-        settings
-    };
-    std::fs::write(&config_path, format!("[policy]\n{settings}"))?;
-    let log = std::fs::File::create(args.out.join(format!("live-{}.log", file_stem(&policy.plugin))))?;
-    let _server = ChildServer(
+    ]);
+    let config = toml::to_string(&toml::Table::from_iter([("policy".to_owned(), toml::Value::Table(policy_table))]))?;
+    let stem = file_stem(&policy.plugin);
+    let config_path = args.out.join(format!("live-{stem}.toml"));
+    std::fs::write(&config_path, config)?;
+    let log_path = args.out.join(format!("live-{stem}.log"));
+    let mut server = ChildServer(
         Command::new(std::env::current_exe()?)
             .args(["serve", "--config"])
             .arg(&config_path)
@@ -217,7 +217,7 @@ fn live_run(args: &LabArgs, policy: &PolicyConfig, trace: &[TraceRequest]) -> an
             .args(["--port", &port.to_string(), "-np", &args.slots.to_string()])
             .args(["-b", &args.batch_tokens.to_string(), "-t", &args.threads.to_string()])
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(std::fs::File::create(&log_path)?)
             .spawn()
             .context("starting sluice serve for --live")?,
     );
@@ -228,8 +228,16 @@ fn live_run(args: &LabArgs, policy: &PolicyConfig, trace: &[TraceRequest]) -> an
         token_range: (1000, 20000),
         seed: args.seed,
     })?;
-    runtime.block_on(client.wait_healthy(Duration::from_secs(120)))?;
-    Ok(runtime.block_on(replay(&client, trace)))
+    // Up to two minutes for the model to load, unless the server exits.
+    for _ in 0..120 {
+        if let Some(status) = server.0.try_wait()? {
+            bail!("sluice serve for --live exited ({status}); its log: {}", log_path.display());
+        }
+        if runtime.block_on(client.wait_healthy(Duration::from_secs(1))).is_ok() {
+            return Ok(runtime.block_on(replay(&client, trace)));
+        }
+    }
+    bail!("sluice serve for --live did not become healthy; its log: {}", log_path.display())
 }
 
 fn write_pictures(out: &Path, runs: &[PolicyRun]) -> anyhow::Result<()> {
