@@ -259,6 +259,21 @@ fn a_failed_closed_policy_refuses_with_503_until_an_admin_reload() {
     assert_eq!((status, health), (StatusCode::OK, json!({"status": "ok"})));
     let (status, answer) = post("/completion", &completion);
     assert_eq!(status, StatusCode::OK, "service resumes: {answer}");
+
+    // Another policy comes with its own settings; bad ones are refused and
+    // the running policy stays.
+    let (status, answer) = post("/admin/policy", &json!({ "policy": "cohort", "settings": { "max_members": 2 } }));
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let props = client.get(server.url("/props")).bearer_auth("k").send().and_then(|r| r.json::<Value>()).expect("props");
+    assert_eq!(props["policy"]["name"], "cohort");
+    assert_eq!(props["policy"]["settings"], json!({ "max_members": 2 }));
+    let (status, refused) = post("/admin/policy", &json!({ "policy": "cohort", "settings": { "max_members": 0 } }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.contains("max_members")), "{refused}");
+    let (status, refused) = post("/admin/policy", &json!({ "policy": "cohort", "settings": [1] }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    let (status, answer) = post("/completion", &completion);
+    assert_eq!(status, StatusCode::OK, "the cohort policy serves: {answer}");
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 

@@ -131,8 +131,10 @@ fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PolicyError> 
     Ok(name)
 }
 
-/// `POST /admin/policy`: `{"policy": NAME|PATH}` loads that policy with the
-/// configured limits and settings; no `policy` reloads the config file's.
+/// `POST /admin/policy`: `{"policy": NAME|PATH, "settings": {...}}` loads
+/// that policy with the configured limits and the given settings (none when
+/// left out: another policy's settings would not fit it); no `policy`
+/// reloads the config file's.
 /// Needs the API key: without one configured the endpoint is closed.
 pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     if state.api_key().is_none() {
@@ -141,12 +143,17 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
             "/admin endpoints need an API key (`server.api_key` or --api-key)",
         ));
     }
-    let requested = Fields(object(&body)?).str("policy")?.map(str::to_owned);
+    let fields = Fields(object(&body)?);
+    let requested = fields.str("policy")?.map(str::to_owned);
+    let settings = match body.get("settings") {
+        None | Some(Value::Null) => toml::Table::new(),
+        Some(value) => settings_table(value)?,
+    };
     let worker = state.clone();
     let name = blocking(move || {
         let policies = worker.policies();
         let loaded = match requested {
-            Some(plugin) => policies.load(PolicyConfig { plugin, ..policies.active() }),
+            Some(plugin) => policies.load(PolicyConfig { plugin, settings, ..policies.active() }),
             None => policies.from_file().and_then(|config| policies.load(config)),
         };
         let policy = loaded.map_err(|error| ApiError::invalid(error.to_string()))?;
@@ -154,6 +161,27 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
     })
     .await?;
     Ok(Json(json!({ "success": true, "policy": name })))
+}
+
+/// A JSON object of booleans, numbers and strings as `[policy.settings]`.
+fn settings_table(value: &Value) -> Result<toml::Table, ApiError> {
+    let expected = "an object of booleans, numbers and strings";
+    let object = value.as_object().ok_or_else(|| wrong("settings", expected))?;
+    object
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                Value::Bool(flag) => toml::Value::Boolean(*flag),
+                Value::String(text) => toml::Value::String(text.clone()),
+                Value::Number(number) => match number.as_i64() {
+                    Some(integer) => toml::Value::Integer(integer),
+                    None => toml::Value::Float(number.as_f64().ok_or_else(|| wrong("settings", expected))?),
+                },
+                _ => return Err(wrong(&format!("settings.{key}"), "a boolean, number or string")),
+            };
+            Ok((key.clone(), value))
+        })
+        .collect()
 }
 
 /// `GET /lora-adapters`: no adapters are loaded yet.
