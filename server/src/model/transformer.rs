@@ -7,6 +7,7 @@
 //! only on its own inputs and its sequence's KV cells.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use sluice_kernels::matmul::{QuantMatrix, matmul};
 use sluice_kernels::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles};
@@ -107,7 +108,8 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     ffn: Vec<f32>,
-    attn_scratch: Vec<f32>,
+    /// One attention scratch buffer per pool thread.
+    attn_scratch: Vec<Mutex<Vec<f32>>>,
     angles: Vec<RopeAngles>,
 }
 
@@ -283,18 +285,36 @@ impl Transformer {
             }
             resize(&mut s.attn, n * q_dim);
             let (keys, values) = kv.layer(index);
-            for (row, entry) in batch.rows.iter().enumerate() {
-                let pages = PageTable { blocks: &batch.block_tables[entry.seq], block_tokens: kv.block_tokens() };
-                ops::attend(
-                    &s.q[row * q_dim..(row + 1) * q_dim],
-                    KvPages { k: keys, v: values, pages },
-                    entry.cell as usize + 1,
-                    self.heads,
-                    scale,
-                    &mut s.attn[row * q_dim..(row + 1) * q_dim],
-                    &mut s.attn_scratch,
-                )
-                .map_err(|error| ForwardError::Kernel(error.to_string()))?;
+            // Rows are independent: threads take every n-th row (later rows
+            // of a prompt attend to more positions, so interleaving keeps
+            // the shares even). Each row's result is the same whichever
+            // thread computes it.
+            let outputs: Vec<Mutex<&mut [f32]>> = s.attn.chunks_exact_mut(q_dim).map(Mutex::new).collect();
+            s.attn_scratch.resize_with(pool.n_threads(), Mutex::default);
+            let (q, scratch, heads, block_tokens) = (&s.q, &s.attn_scratch, self.heads, kv.block_tokens());
+            let failure: Mutex<Option<String>> = Mutex::new(None);
+            pool.run(|thread, n_threads| {
+                let Ok(mut scratch) = scratch[thread].lock() else { return };
+                for (row, entry) in batch.rows.iter().enumerate().skip(thread).step_by(n_threads) {
+                    let pages = PageTable { blocks: &batch.block_tables[entry.seq], block_tokens };
+                    let Ok(mut out) = outputs[row].lock() else { return };
+                    let attended = ops::attend(
+                        &q[row * q_dim..(row + 1) * q_dim],
+                        KvPages { k: keys, v: values, pages },
+                        entry.cell as usize + 1,
+                        heads,
+                        scale,
+                        &mut out,
+                        &mut scratch,
+                    );
+                    if let (Err(error), Ok(mut failure)) = (attended, failure.lock()) {
+                        failure.get_or_insert(error.to_string());
+                    }
+                }
+            });
+            drop(outputs);
+            if let Some(error) = failure.into_inner().ok().flatten() {
+                return Err(ForwardError::Kernel(error));
             }
             resize(&mut s.h, n * n_embd);
             matmul(&self.matrix(&layer.output), &s.attn, n, &mut s.h, pool);
