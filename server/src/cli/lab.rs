@@ -80,6 +80,8 @@ struct PolicyRun {
     records: Vec<RequestRecord>,
     decision_hash: Option<String>,
     fault: Option<String>,
+    /// (ms, requests waiting for a slot) after each simulated step.
+    queue: Vec<(f64, usize)>,
 }
 
 pub fn lab(args: LabArgs) -> anyhow::Result<()> {
@@ -105,6 +107,7 @@ pub fn lab(args: LabArgs) -> anyhow::Result<()> {
             records: run.records,
             decision_hash: Some(run.decision_hash),
             fault: run.fault,
+            queue: thin(&run.queue, 500),
         });
         if args.live {
             let records = live_run(&args, &config, &trace)?;
@@ -115,6 +118,7 @@ pub fn lab(args: LabArgs) -> anyhow::Result<()> {
                 records,
                 decision_hash: None,
                 fault: None,
+                queue: Vec::new(),
             });
         }
     }
@@ -172,6 +176,16 @@ fn policy_config(spec: &str) -> anyhow::Result<PolicyConfig> {
         config.settings.insert(key.trim().to_owned(), value);
     }
     Ok(config)
+}
+
+/// At most `points` evenly spaced samples of a series (its maximum is what
+/// matters most, so each kept point is the largest of the ones it stands for).
+fn thin(series: &[(f64, usize)], points: usize) -> Vec<(f64, usize)> {
+    let stride = series.len().div_ceil(points.max(1)).max(1);
+    series
+        .chunks(stride)
+        .filter_map(|chunk| chunk.iter().copied().max_by_key(|&(_, waiting)| waiting))
+        .collect()
 }
 
 fn file_stem(spec: &str) -> String {
@@ -278,6 +292,8 @@ fn report_json(args: &LabArgs, runs: &[PolicyRun], cost: CostModel) -> serde_jso
             "summary": run.summary,
             "decision_hash": run.decision_hash,
             "fault": run.fault,
+            "queue": run.queue,
+            "queue_max": run.queue.iter().map(|&(_, waiting)| waiting).max(),
             "sim_vs_live_relative_error": if run.engine == "live" { sim_error(&run.label) } else { None },
         })).collect::<Vec<_>>(),
     })
@@ -286,16 +302,16 @@ fn report_json(args: &LabArgs, runs: &[PolicyRun], cost: CostModel) -> serde_jso
 fn print_table(trace: &[TraceRequest], runs: &[PolicyRun]) {
     println!("{} requests", trace.len());
     println!(
-        "| policy | engine | failed | tok/s | goodput req/s | TTFT p50 / p90 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | decision hash |"
+        "| policy | engine | failed | tok/s | goodput req/s | TTFT p50 / p90 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | queue max | decision hash |"
     );
-    println!("|---|---|---:|---:|---:|---|---|---|---|");
+    println!("|---|---|---:|---:|---:|---|---|---|---:|---|");
     let triple =
         |p: Option<Percentiles>| p.map_or("-".into(), |p| format!("{:.0} / {:.0} / {:.0}", p.p50, p.p90, p.p99));
     let pair = |p: Option<Percentiles>| p.map_or("-".into(), |p| format!("{:.1} / {:.1}", p.p50, p.p99));
     for run in runs {
         let s = &run.summary;
         println!(
-            "| {} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
             run.label,
             run.engine,
             s.failed,
@@ -304,6 +320,7 @@ fn print_table(trace: &[TraceRequest], runs: &[PolicyRun]) {
             triple(s.ttft_ms),
             pair(s.itl_ms),
             pair(s.e2e_ms),
+            run.queue.iter().map(|&(_, waiting)| waiting).max().map_or("-".into(), |max| max.to_string()),
             run.decision_hash.as_deref().unwrap_or("-")
         );
         if let Some(fault) = &run.fault {

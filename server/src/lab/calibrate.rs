@@ -80,21 +80,24 @@ pub fn default_grid() -> Vec<(u32, u32, u32)> {
     grid
 }
 
-/// Least squares fit of `ms ≈ base + a·prefill + b·decode + c·kpairs`.
-/// `None` when the samples do not determine the four terms.
+/// Least squares fit of `ms ≈ base + a·prefill + b·decode + c·kpairs` in
+/// relative terms: each sample's error is divided by its time, so a
+/// one-token decode step weighs as much as a long prefill (an absolute fit
+/// lets the long steps drive the fixed cost negative). `None` when the
+/// samples do not determine the four terms.
 pub fn fit(samples: &[Sample]) -> Option<CostModel> {
     let features = |work: &StepWork| {
         [1.0, f64::from(work.prefill_tokens), f64::from(work.decode_tokens), work.attention_pairs as f64 / 1000.0]
     };
-    // Normal equations XᵀX β = Xᵀy.
+    // Normal equations of the weighted problem: row and target scaled by 1/ms.
     let mut a = [[0.0f64; 5]; 4];
-    for sample in samples {
-        let x = features(&sample.work);
+    for sample in samples.iter().filter(|sample| sample.ms > 0.0) {
+        let x = features(&sample.work).map(|value| value / sample.ms);
         for i in 0..4 {
             for j in 0..4 {
                 a[i][j] += x[i] * x[j];
             }
-            a[i][4] += x[i] * sample.ms;
+            a[i][4] += x[i];
         }
     }
     let beta = solve(a)?;
