@@ -65,11 +65,8 @@ fn server(policy: &str, name: &str) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!("sluice-cohort-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let config = dir.join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!("[policy]\nplugin = \"{policy}\"\n[log]\nlevel = \"info,sluice::phase=debug\"\n"),
-    )
-    .expect("config");
+    std::fs::write(&config, format!("[policy]\nplugin = \"{policy}\"\n[log]\nlevel = \"info,sluice::phase=debug\"\n"))
+        .expect("config");
     let server = Server::start(&["--config", config.to_str().expect("utf-8 path"), "-np", "4", "-b", "16"]);
     (server, dir)
 }
