@@ -21,6 +21,8 @@ fn a_disconnect_mid_stream_frees_the_slot() {
     }
     let (_, slots) = server.get("/slots");
     assert_eq!(slots[0]["is_processing"], true, "{slots}");
+    assert_eq!(slots[0]["phase"], "decoding", "{slots}");
+    assert_eq!(slots[0]["policy"], "continuous", "{slots}");
     assert!(server.metric("sluice_kv_blocks_used") > 0.0);
     drop(stream);
 

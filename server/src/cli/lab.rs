@@ -182,10 +182,7 @@ fn policy_config(spec: &str) -> anyhow::Result<PolicyConfig> {
 /// matters most, so each kept point is the largest of the ones it stands for).
 fn thin(series: &[(f64, usize)], points: usize) -> Vec<(f64, usize)> {
     let stride = series.len().div_ceil(points.max(1)).max(1);
-    series
-        .chunks(stride)
-        .filter_map(|chunk| chunk.iter().copied().max_by_key(|&(_, waiting)| waiting))
-        .collect()
+    series.chunks(stride).filter_map(|chunk| chunk.iter().copied().max_by_key(|&(_, waiting)| waiting)).collect()
 }
 
 fn file_stem(spec: &str) -> String {

@@ -238,7 +238,14 @@ pub fn token_prob(logits: &[f32], token: u32) -> f32 {
 }
 
 fn sort_descending(candidates: &mut [Candidate]) {
-    candidates.sort_by(|a, b| b.logit.total_cmp(&a.logit));
+    candidates.sort_by(descending);
+}
+
+/// Most likely first; equal logits by token id, which is the order a stable
+/// sort of token-ordered candidates gives, so a partial selection under
+/// this order picks exactly the candidates a full sort would.
+fn descending(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.token.cmp(&b.token))
 }
 
 fn softmax(candidates: &mut [Candidate]) {
@@ -259,6 +266,12 @@ fn top_k(candidates: &mut Vec<Candidate>, k: i32, min_keep: usize, sorted: &mut 
     }
     let k = (k as usize).max(min_keep).min(candidates.len());
     if !*sorted {
+        // Select the k best first: sorting the whole vocabulary every token
+        // costs milliseconds.
+        if k < candidates.len() {
+            candidates.select_nth_unstable_by(k, descending);
+            candidates.truncate(k);
+        }
         sort_descending(candidates);
         *sorted = true;
     }
@@ -400,6 +413,26 @@ impl Mt19937 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_by_selection_keeps_what_a_stable_full_sort_keeps() {
+        // Few distinct logits: many ties straddle the cut.
+        let logits: Vec<f32> = (0..5000u32).map(|i| ((i * 7919) % 13) as f32 * 0.5).collect();
+        for k in [1, 3, 40, 385, 4999] {
+            let mut selected: Vec<Candidate> = logits
+                .iter()
+                .enumerate()
+                .map(|(token, &logit)| Candidate { token: token as u32, logit, prob: 0.0 })
+                .collect();
+            let mut sorted = false;
+            top_k(&mut selected, k, 1, &mut sorted);
+            let mut full = logits.iter().enumerate().map(|(token, &logit)| (token as u32, logit)).collect::<Vec<_>>();
+            full.sort_by(|a, b| b.1.total_cmp(&a.1));
+            full.truncate(k as usize);
+            let picked: Vec<(u32, f32)> = selected.iter().map(|c| (c.token, c.logit)).collect();
+            assert_eq!(picked, full, "k = {k}");
+        }
+    }
 
     #[test]
     fn mt19937_matches_the_standard_sequence() {

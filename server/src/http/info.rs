@@ -152,6 +152,7 @@ pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
     if fail_on_no_slot && slots.iter().all(|slot| slot.phase.is_some()) {
         return Err(ApiError::new(ErrorType::Unavailable, "no slot available"));
     }
+    let policy = ready.engine.policy_name();
     let slots: Vec<Value> = slots
         .iter()
         .map(|slot| {
@@ -161,6 +162,7 @@ pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                 "speculative": false,
                 "is_processing": slot.phase.is_some(),
                 "phase": phase_name(slot.phase),
+                "policy": policy,
             });
             if let (Some(request), Some(object)) = (slot.request_id, value.as_object_mut()) {
                 let n_predict = slot.max_tokens.map_or(-1, |max| max as i64);
