@@ -1,7 +1,8 @@
-//! `cargo xtask plugins [--check]`: build every plugin in `plugins/` into a
-//! component. With the pinned toolchain the components are written to
-//! `plugins/dist/` (the built-ins the server embeds); `--check` rebuilds
-//! with the pinned toolchain and fails if `plugins/dist/` differs.
+//! `cargo xtask plugins [--pinned|--check]`: build every plugin in
+//! `plugins/` into a component, written to `target/plugins/components/`.
+//! `--pinned` builds with the pinned toolchain and writes `plugins/dist/`
+//! (the built-ins the server embeds); `--check` rebuilds with the pinned
+//! toolchain and fails if `plugins/dist/` differs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,14 +38,16 @@ pub fn plugins(args: PluginsArgs) -> anyhow::Result<()> {
     if args.check {
         return check_dist(&dist, &built);
     }
-    if toolchain.is_pinned() {
+    // Only an explicit --pinned build updates the committed built-ins; an
+    // author's everyday build (whichever toolchain it used) goes to target/.
+    if args.pinned {
         write_dist(&dist, &built)?;
         eprintln!("xtask: wrote {} components to plugins/dist/", built.len());
     } else {
         let out = repo_root().join("target/plugins/components");
         write_dist(&out, &built)?;
         eprintln!(
-            "xtask: wrote {} components to {} (plugins/dist/ is only written by the pinned toolchain: --pinned)",
+            "xtask: wrote {} components to {} (plugins/dist/ is only written by --pinned)",
             built.len(),
             out.display()
         );

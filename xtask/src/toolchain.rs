@@ -47,9 +47,6 @@ impl Toolchain {
         Ok(Toolchain::Pinned { root })
     }
 
-    pub fn is_pinned(&self) -> bool {
-        matches!(self, Toolchain::Pinned { .. })
-    }
 
     pub fn describe(&self) -> String {
         match self {
