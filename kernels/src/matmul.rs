@@ -110,22 +110,35 @@ pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool:
     let dot = kernels.dot(weights.dtype);
     let out = as_atomic(out);
     let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(1);
+    let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
+    let store = |i: usize, j: usize, values: &[f32]| {
+        for (o, v) in out[i * n_out + j..].iter().zip(values) {
+            o.store(v.to_bits(), Ordering::Relaxed);
+        }
+    };
     pool.run(|thread, n_threads| {
         let rows = share(n_out, thread, n_threads);
         for tile_start in rows.clone().step_by(tile) {
             let tile_rows = tile_start..(tile_start + tile).min(rows.end);
-            for (i, a) in acts.chunks_exact(act_row_bytes).enumerate() {
-                let out_row = &out[i * n_out..(i + 1) * n_out];
-                let mut j = tile_rows.start;
-                while j + 4 <= tile_rows.end {
-                    let values = dot.call4(std::array::from_fn(|r| weights.row(j + r)), a);
-                    for (o, v) in out_row[j..j + 4].iter().zip(values) {
-                        o.store(v.to_bits(), Ordering::Relaxed);
-                    }
-                    j += 4;
+            let groups_end = tile_rows.start + (tile_rows.len() / 4) * 4;
+            let four = |j: usize| -> [&[u8]; 4] { std::array::from_fn(|r| weights.row(j + r)) };
+            // Activation rows in pairs: each weight block is decoded once for
+            // both, with the same bits as one row at a time.
+            for i in (0..m - m % 2).step_by(2) {
+                for j in (tile_rows.start..groups_end).step_by(4) {
+                    let [v0, v1] = dot.call4x2(four(j), [act(i), act(i + 1)]);
+                    store(i, j, &v0);
+                    store(i + 1, j, &v1);
                 }
-                for (row, o) in (j..tile_rows.end).zip(&out_row[j..tile_rows.end]) {
-                    o.store(dot.call(weights.row(row), a).to_bits(), Ordering::Relaxed);
+            }
+            if m % 2 == 1 {
+                for j in (tile_rows.start..groups_end).step_by(4) {
+                    store(m - 1, j, &dot.call4(four(j), act(m - 1)));
+                }
+            }
+            for i in 0..m {
+                for row in groups_end..tile_rows.end {
+                    store(i, row, &[dot.call(weights.row(row), act(i))]);
                 }
             }
         }

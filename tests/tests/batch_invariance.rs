@@ -92,7 +92,8 @@ fn logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
     let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % 49152).collect();
     let others: Vec<Vec<u32>> =
         (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % 49152).collect()).collect();
-    let alone = run(&model, Run { prompts: &[target.clone()], chunk: 512, threads: 2, reversed_blocks: false });
+    let alone =
+        run(&model, Run { prompts: std::slice::from_ref(&target), chunk: 512, threads: 2, reversed_blocks: false });
     assert_eq!(alone[0].len(), 1 + DECODE_STEPS);
 
     let mut batched_prompts = vec![target.clone()];
@@ -106,7 +107,8 @@ fn logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
     assert!(placed[3] == alone[0], "another slot, other blocks and chunks of 64 differ from alone");
 
     for chunk in [1, 7, 64] {
-        let chunked = run(&model, Run { prompts: &[target.clone()], chunk, threads: 2, reversed_blocks: false });
+        let chunked =
+            run(&model, Run { prompts: std::slice::from_ref(&target), chunk, threads: 2, reversed_blocks: false });
         assert!(chunked[0] == alone[0], "prefill chunks of {chunk} differ from one chunk");
     }
     for threads in [1, 3] {

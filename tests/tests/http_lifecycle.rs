@@ -266,7 +266,8 @@ fn a_failed_closed_policy_refuses_with_503_until_an_admin_reload() {
     // the running policy stays.
     let (status, answer) = post("/admin/policy", &json!({ "policy": "cohort", "settings": { "max_members": 2 } }));
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let props = client.get(server.url("/props")).bearer_auth("k").send().and_then(|r| r.json::<Value>()).expect("props");
+    let props =
+        client.get(server.url("/props")).bearer_auth("k").send().and_then(|r| r.json::<Value>()).expect("props");
     assert_eq!(props["policy"]["name"], "cohort");
     assert_eq!(props["policy"]["settings"], json!({ "max_members": 2 }));
     let (status, refused) = post("/admin/policy", &json!({ "policy": "cohort", "settings": { "max_members": 0 } }));

@@ -40,8 +40,11 @@ fn transitions(server: &Server) -> Vec<Transition> {
         .collect()
 }
 
-/// Per request (in order of admission): its transitions.
-fn by_request(log: &[Transition]) -> Vec<(u64, Vec<Transition>)> {
+/// Per request (in order of admission): its id and transitions.
+type Run = Vec<(u64, Vec<Transition>)>;
+
+/// The log grouped per request, in order of admission.
+fn by_request(log: &[Transition]) -> Run {
     let mut order = Vec::new();
     let mut map: BTreeMap<u64, Vec<Transition>> = BTreeMap::new();
     for transition in log {
@@ -110,7 +113,7 @@ fn wait_for(server: &Server, phase: &str, count: usize) {
 
 /// Runs a long prompt, then (once it is prefilling) a medium and a short
 /// one, concurrently; returns each one's tokens and the phase log of the run.
-fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Vec<(u64, Vec<Transition>)>) {
+fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Run) {
     let before = transitions(server).len();
     let prompts = [prompt(120, 1), prompt(40, 2), prompt(6, 3)];
     let tokens = std::thread::scope(|scope| {

@@ -349,6 +349,7 @@ impl SimdLevel {
 /// unless the level they belong to is supported.
 type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
 type Dot4Fn = unsafe fn([&[u8]; 4], &[u8]) -> [f32; 4];
+type Dot4x2Fn = unsafe fn([&[u8]; 4], [&[u8]; 2]) -> [[f32; 4]; 2];
 type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
 
 /// The kernels of one supported level. Only constructed for a level the CPU
@@ -370,14 +371,14 @@ impl Kernels {
     }
 
     pub(crate) fn dot(self, dtype: DType) -> Dot {
-        let (one, four) = match self.level {
+        let (one, four, four_by_two) = match self.level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => x86::avx2::kernels(dtype),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => x86::avx512::kernels(dtype),
-            _ => (scalar_dot(dtype), None),
+            _ => (scalar_dot(dtype), None, None),
         };
-        Dot { one, four }
+        Dot { one, four, four_by_two }
     }
 
     /// Lengths were validated by the caller.
@@ -399,6 +400,7 @@ impl Kernels {
 pub(crate) struct Dot {
     one: DotFn,
     four: Option<Dot4Fn>,
+    four_by_two: Option<Dot4x2Fn>,
 }
 
 impl Dot {
@@ -416,6 +418,17 @@ impl Dot {
             // SAFETY: as in `call`.
             Some(four) => unsafe { four(weight_rows, act_row) },
             None => weight_rows.map(|w| self.call(w, act_row)),
+        }
+    }
+
+    /// Four weight rows against two activation rows, decoding each weight
+    /// block once; the same bits as two `call4`s.
+    #[inline]
+    pub(crate) fn call4x2(self, weight_rows: [&[u8]; 4], act_rows: [&[u8]; 2]) -> [[f32; 4]; 2] {
+        match self.four_by_two {
+            // SAFETY: as in `call`.
+            Some(four_by_two) => unsafe { four_by_two(weight_rows, act_rows) },
+            None => act_rows.map(|a| self.call4(weight_rows, a)),
         }
     }
 }

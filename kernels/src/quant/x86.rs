@@ -21,7 +21,7 @@ use super::blocks::{
     blocks, blocks_mut, k_scales,
 };
 use super::scalar::{self, LANES};
-use super::{ActFormat, DType, Dot4Fn, DotFn, QuantizeFn};
+use super::{ActFormat, DType, Dot4Fn, Dot4x2Fn, DotFn, QuantizeFn};
 
 // ---- helpers shared by both levels -----------------------------------------
 
@@ -173,17 +173,70 @@ fn lanes<const R: usize>(v: __m128) -> [f32; R] {
     std::array::from_fn(|r| all[r])
 }
 
-/// R weight rows and an activation row as blocks, cut to the blocks all of
+/// R weight rows and A activation rows as blocks, cut to the blocks all of
 /// them have (they are the same length when the caller validated them).
 #[inline(always)]
-fn rows<'a, W: bytemuck::Pod, A: bytemuck::Pod, const R: usize>(
+fn rows<'a, W: bytemuck::Pod, Act: bytemuck::Pod, const R: usize, const A: usize>(
     w: [&'a [u8]; R],
-    a: &'a [u8],
-) -> ([&'a [W]; R], &'a [A]) {
-    const { assert!(R >= 1 && R <= 4) };
+    a: [&'a [u8]; A],
+) -> ([&'a [W]; R], [&'a [Act]; A]) {
+    const { assert!(R >= 1 && R <= 4 && A >= 1) };
     let w = w.map(blocks::<W>);
-    let n = w.iter().fold(blocks::<A>(a).len(), |n, row| n.min(row.len()));
-    (w.map(|row| &row[..n]), &blocks::<A>(a)[..n])
+    let a = a.map(blocks::<Act>);
+    let n = w.iter().map(|row| row.len()).chain(a.iter().map(|row| row.len())).min().unwrap_or(0);
+    (w.map(|row| &row[..n]), a.map(|row| &row[..n]))
+}
+
+/// The scale fields of a legacy weight block as 4 bytes: `d` then `m` (zero
+/// for formats without an offset).
+trait ScaleBytes {
+    fn scale_bytes(&self) -> [u8; 4];
+}
+
+macro_rules! scale_bytes {
+    ($($block:ty => |$x:ident| $bytes:expr),* $(,)?) => {
+        $(impl ScaleBytes for $block {
+            #[inline(always)]
+            fn scale_bytes(&self) -> [u8; 4] {
+                let $x = self;
+                $bytes
+            }
+        })*
+    };
+}
+
+scale_bytes! {
+    BlockQ4_0 => |x| [x.d[0], x.d[1], 0, 0],
+    BlockQ5_0 => |x| [x.d[0], x.d[1], 0, 0],
+    BlockQ8_0 => |x| [x.d[0], x.d[1], 0, 0],
+    BlockQ4_1 => |x| [x.d[0], x.d[1], x.m[0], x.m[1]],
+    BlockQ5_1 => |x| [x.d[0], x.d[1], x.m[0], x.m[1]],
+}
+
+/// Four rows' `d` as f32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn prep_d(scales: &[[u8; 4]; 4]) -> __m128 {
+    halves4(scales.map(|s| u16::from_le_bytes([s[0], s[1]])))
+}
+
+/// Four rows' `d` and `m` as f32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn prep_dm(scales: &[[u8; 4]; 4]) -> (__m128, __m128) {
+    half_pairs4(scales.map(u32::from_le_bytes))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn finish_d(acc: __m128, d_w: __m128, y: &BlockQ8_0, isum: __m128i) -> __m128 {
+    finish_scaled4(acc, d_w, broadcast_half(y.d), isum)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn finish_dm(acc: __m128, (d_w, m_w): (__m128, __m128), y: &BlockQ8_1, isum: __m128i) -> __m128 {
+    finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), isum)
 }
 
 // ---- per-level primitives --------------------------------------------------
@@ -347,6 +400,23 @@ macro_rules! float_dot {
     };
 }
 
+/// The one-row and four-row entry points of a legacy kernel (`A` = 1).
+macro_rules! legacy_entries {
+    ($features:literal, $one:ident, $four:ident, $kernel:ident) => {
+        #[target_feature(enable = $features)]
+        fn $one(w: &[u8], a: &[u8]) -> f32 {
+            let [[value]] = $kernel::<1, 1>([w], [a]);
+            value
+        }
+
+        #[target_feature(enable = $features)]
+        fn $four(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let [values] = $kernel::<4, 1>(w, [a]);
+            values
+        }
+    };
+}
+
 /// The single-row entry point of an R-row kernel.
 macro_rules! one_row {
     ($features:literal, $one:ident, $rows:ident) => {
@@ -358,38 +428,79 @@ macro_rules! one_row {
     };
 }
 
+/// A kernel for the legacy block formats (one scale, maybe an offset, per
+/// 32 weights) against `A` activation rows at once: each weight block is
+/// decoded once and dotted with every activation row, while each (weight
+/// row, activation row) pair goes through exactly the steps of the one-row
+/// kernel, so results do not depend on `A`. `$weights` decodes block `$x`
+/// into 32 quants, `$dot` multiplies them with an activation block,
+/// `$prep` turns the rows' scale fields into vectors and `$finish` applies
+/// them.
+macro_rules! legacy_kernel {
+    ($features:literal, $name:ident, $wblock:ty, $ablock:ty, |$x:ident| $weights:expr, $dot:ident, $prep:ident, $finish:ident) => {
+        #[target_feature(enable = $features)]
+        fn $name<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+            let (w, a) = rows::<$wblock, $ablock, R, A>(w, a);
+            let mut acc = [_mm_setzero_ps(); A];
+            for b in 0..a[0].len() {
+                let mut av = [_mm256_setzero_si256(); A];
+                for i in 0..A {
+                    av[i] = load_i8x32(&a[i][b].qs);
+                }
+                let mut isums = [[_mm256_setzero_si256(); 4]; A];
+                let mut scales = [[0u8; 4]; 4];
+                for r in 0..R {
+                    let $x = &w[r][b];
+                    let q = $weights;
+                    for i in 0..A {
+                        isums[i][r] = $dot(q, av[i]);
+                    }
+                    scales[r] = $x.scale_bytes();
+                }
+                let prepared = $prep(&scales);
+                for i in 0..A {
+                    acc[i] = $finish(acc[i], prepared, &a[i][b], hsum4(isums[i]));
+                }
+            }
+            acc.map(|acc| lanes(acc))
+        }
+    };
+}
+
 macro_rules! dot_kernels {
     ($level:ident, $ops:ident, $features:literal) => {
         pub(super) mod $level {
             use super::$ops as ops;
             use super::*;
 
-            /// The single-row kernel of `dtype`, and its four-row kernel
-            /// where there is one (float weights run row by row).
-            pub(in super::super) fn kernels(dtype: DType) -> (DotFn, Option<Dot4Fn>) {
+            /// The single-row kernel of `dtype`, its four-row kernel where
+            /// there is one (float weights run row by row), and its kernel
+            /// for four weight rows against two activation rows where there
+            /// is one (the legacy block formats).
+            pub(in super::super) fn kernels(dtype: DType) -> (DotFn, Option<Dot4Fn>, Option<Dot4x2Fn>) {
                 match dtype {
-                    DType::F32 => (dot_f32, None),
-                    DType::F16 => (dot_f16, None),
-                    DType::BF16 => (dot_bf16, None),
-                    DType::Q4_0 => (one_q4_0, Some(dot_q4_0::<4>)),
-                    DType::Q4_1 => (one_q4_1, Some(dot_q4_1::<4>)),
-                    DType::Q5_0 => (one_q5_0, Some(dot_q5_0::<4>)),
-                    DType::Q5_1 => (one_q5_1, Some(dot_q5_1::<4>)),
-                    DType::Q8_0 => (one_q8_0, Some(dot_q8_0::<4>)),
-                    DType::Q4_K => (one_q4_k, Some(dot_q4_k::<4>)),
-                    DType::Q5_K => (one_q5_k, Some(dot_q5_k::<4>)),
-                    DType::Q6_K => (one_q6_k, Some(dot_q6_k::<4>)),
+                    DType::F32 => (dot_f32, None, None),
+                    DType::F16 => (dot_f16, None, None),
+                    DType::BF16 => (dot_bf16, None, None),
+                    DType::Q4_0 => (one_q4_0, Some(four_q4_0), Some(dot_q4_0::<4, 2>)),
+                    DType::Q4_1 => (one_q4_1, Some(four_q4_1), Some(dot_q4_1::<4, 2>)),
+                    DType::Q5_0 => (one_q5_0, Some(four_q5_0), Some(dot_q5_0::<4, 2>)),
+                    DType::Q5_1 => (one_q5_1, Some(four_q5_1), Some(dot_q5_1::<4, 2>)),
+                    DType::Q8_0 => (one_q8_0, Some(four_q8_0), Some(dot_q8_0::<4, 2>)),
+                    DType::Q4_K => (one_q4_k, Some(dot_q4_k::<4>), None),
+                    DType::Q5_K => (one_q5_k, Some(dot_q5_k::<4>), None),
+                    DType::Q6_K => (one_q6_k, Some(dot_q6_k::<4>), None),
                 }
             }
 
             float_dot!($features, dot_f32, 4, ops::load16_f32, scalar::f32_value);
             float_dot!($features, dot_f16, 2, ops::load16_f16, scalar::half_to_f32);
             float_dot!($features, dot_bf16, 2, ops::load16_bf16, scalar::bf16_value);
-            one_row!($features, one_q4_0, dot_q4_0);
-            one_row!($features, one_q4_1, dot_q4_1);
-            one_row!($features, one_q5_0, dot_q5_0);
-            one_row!($features, one_q5_1, dot_q5_1);
-            one_row!($features, one_q8_0, dot_q8_0);
+            legacy_entries!($features, one_q4_0, four_q4_0, dot_q4_0);
+            legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1);
+            legacy_entries!($features, one_q5_0, four_q5_0, dot_q5_0);
+            legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
+            legacy_entries!($features, one_q8_0, four_q8_0, dot_q8_0);
             one_row!($features, one_q4_k, dot_q4_k);
             one_row!($features, one_q5_k, dot_q5_k);
             one_row!($features, one_q6_k, dot_q6_k);
@@ -403,93 +514,61 @@ macro_rules! dot_kernels {
                 ops::dot_u8i8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(a, w))
             }
 
-            #[target_feature(enable = $features)]
-            fn dot_q4_0<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ4_0, BlockQ8_0, R>(w, a);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let av = load_i8x32(&y.qs);
-                    let (mut isums, mut d) = ([_mm256_setzero_si256(); 4], [0u16; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        isums[r] = signed_dot(_mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8)), av);
-                        d[r] = u16::from_le_bytes(x.d);
-                    }
-                    acc = finish_scaled4(acc, halves4(d), broadcast_half(y.d), hsum4(isums));
-                }
-                lanes(acc)
-            }
+            legacy_kernel!(
+                $features,
+                dot_q4_0,
+                BlockQ4_0,
+                BlockQ8_0,
+                |x| _mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8)),
+                signed_dot,
+                prep_d,
+                finish_d
+            );
+            legacy_kernel!(
+                $features,
+                dot_q4_1,
+                BlockQ4_1,
+                BlockQ8_1,
+                |x| nibbles(&x.qs),
+                unsigned_dot,
+                prep_dm,
+                finish_dm
+            );
+            legacy_kernel!(
+                $features,
+                dot_q5_0,
+                BlockQ5_0,
+                BlockQ8_0,
+                |x| _mm256_sub_epi8(_mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)), _mm256_set1_epi8(16)),
+                signed_dot,
+                prep_d,
+                finish_d
+            );
+            legacy_kernel!(
+                $features,
+                dot_q5_1,
+                BlockQ5_1,
+                BlockQ8_1,
+                |x| _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)),
+                unsigned_dot,
+                prep_dm,
+                finish_dm
+            );
+            legacy_kernel!(
+                $features,
+                dot_q8_0,
+                BlockQ8_0,
+                BlockQ8_0,
+                |x| load_i8x32(&x.qs),
+                signed_dot,
+                prep_d,
+                finish_d
+            );
 
             #[target_feature(enable = $features)]
-            fn dot_q4_1<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ4_1, BlockQ8_1, R>(w, a);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let av = load_i8x32(&y.qs);
-                    let (mut isums, mut dm) = ([_mm256_setzero_si256(); 4], [0u32; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        isums[r] = ops::dot_u8i8(_mm256_setzero_si256(), nibbles(&x.qs), av);
-                        dm[r] = half_pair(x.d, x.m);
-                    }
-                    let (d_w, m_w) = half_pairs4(dm);
-                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), hsum4(isums));
-                }
-                lanes(acc)
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q5_0<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ5_0, BlockQ8_0, R>(w, a);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let av = load_i8x32(&y.qs);
-                    let (mut isums, mut d) = ([_mm256_setzero_si256(); 4], [0u16; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        let q = _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh));
-                        isums[r] = signed_dot(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), av);
-                        d[r] = u16::from_le_bytes(x.d);
-                    }
-                    acc = finish_scaled4(acc, halves4(d), broadcast_half(y.d), hsum4(isums));
-                }
-                lanes(acc)
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q5_1<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ5_1, BlockQ8_1, R>(w, a);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let av = load_i8x32(&y.qs);
-                    let (mut isums, mut dm) = ([_mm256_setzero_si256(); 4], [0u32; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        let q = _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh));
-                        isums[r] = ops::dot_u8i8(_mm256_setzero_si256(), q, av);
-                        dm[r] = half_pair(x.d, x.m);
-                    }
-                    let (d_w, m_w) = half_pairs4(dm);
-                    acc = finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), hsum4(isums));
-                }
-                lanes(acc)
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q8_0<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ8_0, BlockQ8_0, R>(w, a);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let av = load_i8x32(&y.qs);
-                    let (mut isums, mut d) = ([_mm256_setzero_si256(); 4], [0u16; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        isums[r] = signed_dot(load_i8x32(&x.qs), av);
-                        d[r] = u16::from_le_bytes(x.d);
-                    }
-                    acc = finish_scaled4(acc, halves4(d), broadcast_half(y.d), hsum4(isums));
-                }
-                lanes(acc)
+            #[inline]
+            fn unsigned_dot(w: __m256i, a: __m256i) -> __m256i {
+                ops::dot_u8i8(_mm256_setzero_si256(), w, a)
             }
 
             /// Unreduced Σ_j sc_j·(q·a)_j and Σ_j m_j·(Σa)_j of a Q4_K/Q5_K
@@ -511,7 +590,7 @@ macro_rules! dot_kernels {
 
             #[target_feature(enable = $features)]
             fn dot_q4_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ4K, BlockQ8K, R>(w, a);
+                let (w, [a]) = rows::<BlockQ4K, BlockQ8K, R, 1>(w, [a]);
                 let low = _mm256_set1_epi8(0xF);
                 let mut acc = _mm_setzero_ps();
                 for (b, y) in a.iter().enumerate() {
@@ -536,7 +615,7 @@ macro_rules! dot_kernels {
 
             #[target_feature(enable = $features)]
             fn dot_q5_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ5K, BlockQ8K, R>(w, a);
+                let (w, [a]) = rows::<BlockQ5K, BlockQ8K, R, 1>(w, [a]);
                 let (low, bit4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
                 let mut acc = _mm_setzero_ps();
                 for (b, y) in a.iter().enumerate() {
@@ -569,7 +648,7 @@ macro_rules! dot_kernels {
 
             #[target_feature(enable = $features)]
             fn dot_q6_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, a) = rows::<BlockQ6K, BlockQ8K, R>(w, a);
+                let (w, [a]) = rows::<BlockQ6K, BlockQ8K, R, 1>(w, [a]);
                 let (low, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
                 let mut acc = _mm_setzero_ps();
                 for (b, y) in a.iter().enumerate() {

@@ -136,7 +136,7 @@ impl BlockManager {
             blocks.hashes.push(key);
         }
         let mut copy = None;
-        if cached_tokens % self.block_tokens != 0 {
+        if !cached_tokens.is_multiple_of(self.block_tokens) {
             // The cached prefix ends inside a shared block that this
             // sequence will write: give it a private copy.
             let (shared, _) = matching[full];

@@ -160,9 +160,6 @@ impl sse::Render for NativeStream {
     }
 }
 
-/// Timings so far, measured here since the engine reports its own only at
-/// the end: the prompt from the slot's start to the first token.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,8 +120,9 @@ fn solve(mut a: [[f64; 5]; 4]) -> Option<[f64; 4]> {
         for row in 0..4 {
             if row != column {
                 let factor = a[row][column] / a[column][column];
-                for k in column..5 {
-                    a[row][k] -= factor * a[column][k];
+                let pivot_row = a[column];
+                for (value, pivot) in a[row][column..].iter_mut().zip(&pivot_row[column..]) {
+                    *value -= factor * pivot;
                 }
             }
         }

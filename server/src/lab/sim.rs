@@ -425,7 +425,7 @@ mod tests {
     fn continuous() -> WasmPolicy {
         let host = PluginHost::new().expect("host");
         let (_, bytes) = builtin_policy("continuous").expect("built in");
-        WasmPolicy::load(&host, PluginSource::Builtin("continuous".into()), bytes, Vec::new(), PluginLimits::default())
+        WasmPolicy::load(&host, PluginSource::Builtin("continuous"), bytes, Vec::new(), PluginLimits::default())
             .expect("loads")
     }
 

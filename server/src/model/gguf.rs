@@ -435,7 +435,7 @@ fn tensor_info(
     })?;
     let len =
         (row_bytes as u64).checked_mul(rows).ok_or_else(|| tensor_error(&name, format!("dims {dims:?} overflow")))?;
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         return Err(tensor_error(&name, format!("offset {offset} is not aligned to {alignment}")));
     }
     if offset.checked_add(len).is_none_or(|end| end > data_len) {

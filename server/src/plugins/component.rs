@@ -94,7 +94,7 @@ pub(super) fn load(
 
     let expected = format!("sluice:plugin/{interface}@{PACKAGE_VERSION}");
     let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_owned()).collect();
-    if exports.iter().any(|name| *name == expected) {
+    if exports.contains(&expected) {
         return Ok(component);
     }
     let expected_world = world_of(interface);
