@@ -27,6 +27,10 @@ fn a_valid_file_round_trips() {
     assert_eq!(a.dims, vec![4, 2]);
     assert_eq!(file.data(a), &[1.0f32; 8].map(f32::to_le_bytes).concat()[..]);
     assert_eq!(file.tensors().len(), 2);
+    // Pre-reading the weights reports every byte, ending at the total.
+    let mut reports = Vec::new();
+    file.prefault(|done, total| reports.push((done, total)));
+    assert_eq!(reports, vec![(32, 64), (64, 64)]);
 }
 
 #[test]

@@ -165,6 +165,7 @@ fn build(
     let path = config.model.path();
     let failed = |error: String| StartError::Model { path: path.clone(), error };
     let model = Transformer::load(&path).map_err(|error| failed(error.to_string()))?;
+    read_weights(&model);
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(model.file()).map_err(|error| failed(format!("tokenizer: {error}")))?);
     let template = chat_template(config.model.chat_template.as_deref(), &model, &tokenizer)?;
@@ -192,6 +193,31 @@ fn build(
     let engine = EngineHandle::start(Arc::new(model), Arc::clone(&tokenizer), policy, fallback, engine_config)
         .map_err(StartError::Engine)?;
     Ok(Ready { engine, tokenizer, template, model: info })
+}
+
+/// Pages the weights in before serving, with a progress bar on a terminal
+/// (log lines at each quarter otherwise).
+fn read_weights(model: &Transformer) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(0).with_style(
+            indicatif::ProgressStyle::with_template("loading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        model.file().prefault(|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        bar.finish_and_clear();
+        return;
+    }
+    let mut next_quarter = 1;
+    model.file().prefault(|done, total| {
+        while next_quarter <= 4 && done * 4 >= total * next_quarter {
+            tracing::info!(percent = next_quarter * 25, bytes = done, "loading weights");
+            next_quarter += 1;
+        }
+    });
 }
 
 /// The configured template (Jinja source or `chatml`), else the model's,

@@ -400,6 +400,28 @@ impl GgufFile {
     pub fn data(&self, tensor: &TensorInfo) -> &[u8] {
         &self.bytes()[tensor.start..tensor.start + tensor.len]
     }
+
+    /// Reads every page of tensor data once, so the first requests do not
+    /// stall on page faults of a cold map; `progress(done, total)` is
+    /// called with byte counts as it goes (every 16 MiB and at the end).
+    pub fn prefault(&self, mut progress: impl FnMut(u64, u64)) {
+        const PAGE: usize = 4096;
+        const REPORT: usize = 16 << 20;
+        let total: u64 = self.tensors.iter().map(|tensor| tensor.len as u64).sum();
+        let mut done = 0u64;
+        let mut touched = 0u8;
+        for tensor in &self.tensors {
+            for chunk in self.data(tensor).chunks(REPORT) {
+                for page in chunk.chunks(PAGE) {
+                    touched ^= page[0];
+                }
+                done += chunk.len() as u64;
+                progress(done, total);
+            }
+        }
+        // Keeps the reads from being optimized away.
+        std::hint::black_box(touched);
+    }
 }
 
 fn tensor_error(name: &str, problem: String) -> GgufError {
