@@ -108,6 +108,82 @@ pub struct Decision {
 /// The wire's "no slot hint".
 pub const NO_SLOT_HINT: u32 = u32::MAX;
 
+/// Building blocks most policies share, so each policy spells out only what
+/// it does differently.
+impl Decision {
+    /// Decode grants for every `ready` or `decoding` slot of `view`, in slot
+    /// order, one token each while `budget` lasts.
+    pub fn decode_ready(&mut self, view: &StepView, budget: &mut u32) {
+        for slot in view.occupied.iter().filter(|slot| matches!(slot.phase, Phase::Ready | Phase::Decoding)) {
+            if *budget == 0 {
+                break;
+            }
+            self.decode.push(slot.slot);
+            *budget -= 1;
+        }
+    }
+
+    /// Admits `requests` in the order given into `free_slots` (in their
+    /// order) while both last; returns `(slot, prompt tokens remaining)` of
+    /// each admission, ready for [`Decision::prefill_in_order`].
+    pub fn admit_into<'a>(
+        &mut self,
+        requests: impl IntoIterator<Item = &'a RequestInfo>,
+        free_slots: &[u32],
+    ) -> Vec<(u32, u32)> {
+        requests
+            .into_iter()
+            .zip(free_slots)
+            .map(|(request, &slot)| {
+                self.admit.push(Admit { request_id: request.id, slot });
+                (slot, request.prompt_remaining())
+            })
+            .collect()
+    }
+
+    /// Admits waiting requests first-come first-served into free slots,
+    /// then grants prefill to every prefilling or just-admitted slot in slot
+    /// order while `budget` lasts (the admission and prefill of
+    /// `continuous`).
+    pub fn admit_fifo_and_prefill(&mut self, view: &StepView, budget: &mut u32) {
+        let mut chunks = view.prefilling();
+        chunks.extend(self.admit_into(view.waiting.iter().map(|waiting| &waiting.request), &view.free_slots));
+        chunks.sort_unstable_by_key(|&(slot, _)| slot);
+        self.prefill_in_order(chunks, budget);
+    }
+
+    /// Prefill grants for `(slot, prompt tokens remaining)` in the order
+    /// given, each as large as `budget` allows; returns the slots whose
+    /// prompt these grants complete.
+    pub fn prefill_in_order(&mut self, chunks: impl IntoIterator<Item = (u32, u32)>, budget: &mut u32) -> Vec<u32> {
+        let mut completed = Vec::new();
+        for (slot, remaining) in chunks {
+            let tokens = remaining.min(*budget);
+            if tokens == 0 {
+                continue;
+            }
+            self.prefill.push(Prefill { slot, tokens });
+            *budget -= tokens;
+            if tokens == remaining {
+                completed.push(slot);
+            }
+        }
+        completed
+    }
+}
+
+impl StepView {
+    /// `(slot, prompt tokens remaining)` of every occupied slot that may
+    /// prefill, in slot order.
+    pub fn prefilling(&self) -> Vec<(u32, u32)> {
+        self.occupied
+            .iter()
+            .filter(|slot| slot.phase == Phase::Prefilling)
+            .map(|slot| (slot.slot, slot.request.prompt_remaining()))
+            .collect()
+    }
+}
+
 impl StepView {
     /// Rebuild the records from the wire's columns. Columns shorter than
     /// their table's `id` column read as zero (the host never sends them).

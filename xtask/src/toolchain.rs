@@ -47,7 +47,6 @@ impl Toolchain {
         Ok(Toolchain::Pinned { root })
     }
 
-
     pub fn describe(&self) -> String {
         match self {
             Toolchain::Rustup => "rustup's wasm32-unknown-unknown target".into(),

@@ -20,16 +20,8 @@
 
 use sluice_plugin_api::{Admit, Decision, Phase, Policy, Prefill, Settings, StepView, export_policy};
 
-const FAULTS: [&str; 8] = [
-    "trap",
-    "loop",
-    "memory",
-    "stall",
-    "admit-missing",
-    "decode-not-ready",
-    "prefill-not-prefilling",
-    "over-budget",
-];
+const FAULTS: [&str; 8] =
+    ["trap", "loop", "memory", "stall", "admit-missing", "decode-not-ready", "prefill-not-prefilling", "over-budget"];
 
 pub struct Chaos {
     fault: &'static str,
@@ -83,24 +75,8 @@ impl Policy for Chaos {
 fn plain(view: &StepView) -> Decision {
     let mut budget = view.token_budget;
     let mut decision = Decision::default();
-    for slot in view.occupied.iter().filter(|slot| matches!(slot.phase, Phase::Ready | Phase::Decoding)) {
-        if budget > 0 {
-            decision.decode.push(slot.slot);
-            budget -= 1;
-        }
-    }
-    let admitted = view.waiting.iter().zip(&view.free_slots).map(|(waiting, &slot)| (slot, &waiting.request));
-    for (waiting, &slot) in view.waiting.iter().zip(&view.free_slots) {
-        decision.admit.push(Admit { request_id: waiting.request.id, slot });
-    }
-    let prefilling = view.occupied.iter().filter(|slot| slot.phase == Phase::Prefilling).map(|s| (s.slot, &s.request));
-    for (slot, request) in prefilling.chain(admitted) {
-        let tokens = request.prompt_remaining().min(budget);
-        if tokens > 0 {
-            decision.prefill.push(Prefill { slot, tokens });
-            budget -= tokens;
-        }
-    }
+    decision.decode_ready(view, &mut budget);
+    decision.admit_fifo_and_prefill(view, &mut budget);
     decision
 }
 

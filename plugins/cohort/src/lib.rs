@@ -67,7 +67,7 @@
 //!   sealed this long, it is released as if the stragglers had finished;
 //!   they keep prefilling and decode as soon as they are ready.
 
-use sluice_plugin_api::{Admit, Decision, OccupiedSlot, Phase, Policy, Prefill, Settings, StepView, export_policy};
+use sluice_plugin_api::{Admit, Decision, OccupiedSlot, Phase, Policy, Settings, StepView, export_policy};
 
 const MAX_MEMBERS: &str = "max_members";
 const MAX_WAIT_MS: &str = "max_wait_ms";
@@ -107,12 +107,7 @@ impl Policy for Cohort {
         let mut budget = view.token_budget;
 
         // (slot, prompt tokens remaining) of every member that may prefill.
-        let mut prefilling: Vec<(u32, u32)> = view
-            .occupied
-            .iter()
-            .filter(|slot| slot.phase == Phase::Prefilling)
-            .map(|slot| (slot.slot, slot.request.prompt_remaining()))
-            .collect();
+        let mut prefilling = view.prefilling();
 
         if self.sealed_at_ms.is_none() {
             self.admit(view, &mut decision, &mut prefilling);
@@ -127,28 +122,15 @@ impl Policy for Cohort {
         }
 
         if self.released {
-            for slot in view.occupied.iter().filter(|slot| decodable(slot)) {
-                if budget == 0 {
-                    break;
-                }
-                decision.decode.push(slot.slot);
-                budget -= 1;
-            }
+            decision.decode_ready(view, &mut budget);
         }
 
         prefilling.sort_unstable_by_key(|&(slot, _)| slot);
-        for (slot, remaining) in prefilling {
-            let tokens = remaining.min(budget);
-            if tokens == 0 {
-                continue;
-            }
-            decision.prefill.push(Prefill { slot, tokens });
-            budget -= tokens;
-            if tokens == remaining && self.sealed_at_ms.is_none() {
-                // This chunk completes a prompt: the cohort is sealed from
-                // this step on, even if that member ends before the next view.
-                self.sealed_at_ms = Some(view.now_ms);
-            }
+        let completed = decision.prefill_in_order(prefilling, &mut budget);
+        if !completed.is_empty() && self.sealed_at_ms.is_none() {
+            // A chunk completes a prompt: the cohort is sealed from this step
+            // on, even if that member ends before the next view.
+            self.sealed_at_ms = Some(view.now_ms);
         }
         decision
     }

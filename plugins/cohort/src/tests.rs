@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
-use sluice_plugin_api::{EndReason, RequestInfo, SettingValue};
+use sluice_plugin_api::{EndReason, Prefill, RequestInfo, SettingValue};
 
 use super::*;
 

@@ -5,7 +5,7 @@
 //! slots, then spend what is left of the budget on prefill chunks in slot
 //! order.
 
-use sluice_plugin_api::{Admit, Decision, Phase, Policy, Prefill, Settings, StepView, export_policy};
+use sluice_plugin_api::{Decision, Policy, Settings, StepView, export_policy};
 
 /// The policy has no settings and no state between steps.
 pub struct Continuous;
@@ -19,35 +19,8 @@ impl Policy for Continuous {
     fn step(&mut self, view: &StepView) -> Decision {
         let mut budget = view.token_budget;
         let mut decision = Decision::default();
-
-        for slot in &view.occupied {
-            if matches!(slot.phase, Phase::Ready | Phase::Decoding) && budget > 0 {
-                decision.decode.push(slot.slot);
-                budget -= 1;
-            }
-        }
-
-        // (slot, prompt tokens remaining) of every slot that may prefill.
-        let mut prefilling: Vec<(u32, u32)> = view
-            .occupied
-            .iter()
-            .filter(|slot| slot.phase == Phase::Prefilling)
-            .map(|slot| (slot.slot, slot.request.prompt_remaining()))
-            .collect();
-        for (waiting, &slot) in view.waiting.iter().zip(&view.free_slots) {
-            decision.admit.push(Admit { request_id: waiting.request.id, slot });
-            prefilling.push((slot, waiting.request.prompt_remaining()));
-        }
-        prefilling.sort_unstable_by_key(|&(slot, _)| slot);
-
-        for (slot, remaining) in prefilling {
-            let tokens = remaining.min(budget);
-            if tokens == 0 {
-                continue;
-            }
-            decision.prefill.push(Prefill { slot, tokens });
-            budget -= tokens;
-        }
+        decision.decode_ready(view, &mut budget);
+        decision.admit_fifo_and_prefill(view, &mut budget);
         decision
     }
 }
@@ -59,6 +32,7 @@ mod tests {
     use super::*;
     use sluice_plugin_api::SettingValue;
     use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
+    use sluice_plugin_api::{Admit, Phase, Prefill};
 
     fn policy() -> Continuous {
         Continuous::configure(&Settings::default()).expect("no settings is valid")

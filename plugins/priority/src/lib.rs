@@ -30,7 +30,7 @@
 
 use std::cmp::Reverse;
 
-use sluice_plugin_api::{Admit, Decision, Phase, Policy, Prefill, RequestInfo, Settings, StepView, export_policy};
+use sluice_plugin_api::{Admit, Decision, Phase, Policy, RequestInfo, Settings, StepView, export_policy};
 
 const AGING_MS: &str = "aging_ms";
 const DEFAULT_AGING_MS: i64 = 5000;
@@ -53,15 +53,7 @@ impl Policy for PriorityPolicy {
         let mut budget = view.token_budget;
         let mut decision = Decision::default();
 
-        for slot in &view.occupied {
-            if budget == 0 {
-                break;
-            }
-            if matches!(slot.phase, Phase::Ready | Phase::Decoding) {
-                decision.decode.push(slot.slot);
-                budget -= 1;
-            }
-        }
+        decision.decode_ready(view, &mut budget);
 
         let mut waiting: Vec<(Rank, &RequestInfo)> = view
             .waiting
@@ -85,14 +77,7 @@ impl Policy for PriorityPolicy {
         // Among equal ranks, slot order (the tie-break of `continuous`).
         prefilling.sort_unstable_by_key(|&(rank, slot, _)| (rank.priority, rank.arrival_ms, slot));
 
-        for (_, slot, remaining) in prefilling {
-            let tokens = remaining.min(budget);
-            if tokens == 0 {
-                continue;
-            }
-            decision.prefill.push(Prefill { slot, tokens });
-            budget -= tokens;
-        }
+        decision.prefill_in_order(prefilling.into_iter().map(|(_, slot, remaining)| (slot, remaining)), &mut budget);
         decision
     }
 }
@@ -122,6 +107,7 @@ export_policy!(PriorityPolicy);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_plugin_api::Prefill;
     use sluice_plugin_api::SettingValue;
     use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
 

@@ -105,6 +105,13 @@ struct SimSlot {
     phase_since: f64,
 }
 
+impl SimSlot {
+    /// The stretch of the current phase, ending at `at`.
+    fn span(&self, slot: usize, at: f64) -> PhaseSpan {
+        PhaseSpan { slot, request: self.request, phase: phase_name(self.phase), start_ms: self.phase_since, end_ms: at }
+    }
+}
+
 struct Simulator<'a> {
     trace: &'a [TraceRequest],
     adapter_groups: Vec<u32>,
@@ -305,13 +312,7 @@ impl Simulator<'_> {
             if state.phase == phase {
                 return;
             }
-            self.timeline.push(PhaseSpan {
-                slot,
-                request: state.request,
-                phase: phase_name(state.phase),
-                start_ms: state.phase_since,
-                end_ms: at,
-            });
+            self.timeline.push(state.span(slot, at));
             state.phase = phase;
             state.phase_since = at;
         }
@@ -319,13 +320,7 @@ impl Simulator<'_> {
 
     fn end(&mut self, slot: usize, reason: EndReason, at: f64) {
         if let Some(state) = self.slots[slot].take() {
-            self.timeline.push(PhaseSpan {
-                slot,
-                request: state.request,
-                phase: phase_name(state.phase),
-                start_ms: state.phase_since,
-                end_ms: at,
-            });
+            self.timeline.push(state.span(slot, at));
             self.records[state.request].end_ms = at;
             self.ended.push(EndedRequest { request_id: state.request as u64, slot: Some(slot as u32), reason });
         }

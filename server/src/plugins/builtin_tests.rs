@@ -9,15 +9,11 @@ use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy};
 
 fn request(id: u64, prompt_tokens: u32, max_tokens: u32, adapter_group: u32) -> RequestInfo {
     RequestInfo {
-        id,
-        prompt_tokens,
-        prompt_done: 0,
-        prompt_cached: 0,
-        generated: 0,
         max_tokens,
         adapter_group,
         priority: (id % 3) as i32,
         arrival_ms: id * 5,
+        ..sluice_plugin_api::testing::request(id, prompt_tokens)
     }
 }
 
