@@ -124,21 +124,19 @@ impl Decision {
     }
 
     /// Admits `requests` in the order given into `free_slots` (in their
-    /// order) while both last; returns `(slot, prompt tokens remaining)` of
-    /// each admission, ready for [`Decision::prefill_in_order`].
+    /// order) while both last, appending `(slot, prompt tokens remaining)`
+    /// of each admission to `chunks`, ready for
+    /// [`Decision::prefill_in_order`].
     pub fn admit_into<'a>(
         &mut self,
         requests: impl IntoIterator<Item = &'a RequestInfo>,
         free_slots: &[u32],
-    ) -> Vec<(u32, u32)> {
-        requests
-            .into_iter()
-            .zip(free_slots)
-            .map(|(request, &slot)| {
-                self.admit.push(Admit { request_id: request.id, slot });
-                (slot, request.prompt_remaining())
-            })
-            .collect()
+        chunks: &mut Vec<(u32, u32)>,
+    ) {
+        for (request, &slot) in requests.into_iter().zip(free_slots) {
+            self.admit.push(Admit { request_id: request.id, slot });
+            chunks.push((slot, request.prompt_remaining()));
+        }
     }
 
     /// Admits waiting requests first-come first-served into free slots,
@@ -147,7 +145,7 @@ impl Decision {
     /// `continuous`).
     pub fn admit_fifo_and_prefill(&mut self, view: &StepView, budget: &mut u32) {
         let mut chunks = view.prefilling();
-        chunks.extend(self.admit_into(view.waiting.iter().map(|waiting| &waiting.request), &view.free_slots));
+        self.admit_into(view.waiting.iter().map(|waiting| &waiting.request), &view.free_slots, &mut chunks);
         chunks.sort_unstable_by_key(|&(slot, _)| slot);
         self.prefill_in_order(chunks, budget);
     }
