@@ -123,25 +123,22 @@ impl Server {
 
     /// POST and read the whole SSE stream.
     pub fn stream(&self, path: &str, body: &Value) -> Stream {
-        let response = self
-            .client
-            .post(self.url(path))
-            .json(body)
-            .send()
-            .unwrap_or_else(|error| panic!("request failed: {error}\n{}", self.log()));
-        Stream::read(response)
+        Stream::read(self.post_raw(path, body))
     }
 
     /// POST and return the open response, to read a stream part way.
     pub fn open_stream(&self, path: &str, body: &Value) -> SseReader {
-        let response = self
-            .client
+        let response = self.post_raw(path, body);
+        assert_eq!(response.status(), StatusCode::OK, "stream refused:\n{}", self.log());
+        SseReader::new(response)
+    }
+
+    fn post_raw(&self, path: &str, body: &Value) -> Response {
+        self.client
             .post(self.url(path))
             .json(body)
             .send()
-            .unwrap_or_else(|error| panic!("request failed: {error}\n{}", self.log()));
-        assert_eq!(response.status(), StatusCode::OK, "stream refused:\n{}", self.log());
-        SseReader::new(response)
+            .unwrap_or_else(|error| panic!("request failed: {error}\n{}", self.log()))
     }
 
     /// A Prometheus sample's value (`name` with its labels, if any).

@@ -24,7 +24,9 @@ pub struct Config {
     #[serde(default)]
     pub model: ModelConfig,
     #[serde(default)]
-    pub engine: EngineSettings,
+    /// `[engine]`: slots, context and batching (the engine's own settings;
+    /// the policy's fault rules and the thread count come from other sections).
+    pub engine: EngineConfig,
     #[serde(default)]
     pub defaults: RequestDefaults,
     #[serde(default)]
@@ -118,40 +120,6 @@ impl ModelConfig {
         }
         let path = self.path();
         path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())
-    }
-}
-
-/// `[engine]`: slots, context and batching.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EngineSettings {
-    /// Sequences decoded together (llama-server `-np`).
-    pub slots: usize,
-    /// Context of each slot in tokens (llama-server `-c`, as with its
-    /// unified KV cache: every slot may use all of it); 0 = the model's
-    /// training context.
-    pub ctx: usize,
-    /// Most tokens one step may process (llama-server `-b`).
-    pub batch_tokens: usize,
-    /// Tokens per KV-cache block.
-    pub kv_block_tokens: usize,
-    /// Share prompt prefixes between requests.
-    pub prefix_cache: bool,
-    /// Most requests waiting for a slot; more are refused with 503.
-    pub queue_limit: usize,
-}
-
-impl Default for EngineSettings {
-    fn default() -> Self {
-        let engine = EngineConfig::default();
-        EngineSettings {
-            slots: engine.slots,
-            ctx: engine.ctx,
-            batch_tokens: engine.batch_tokens,
-            kv_block_tokens: engine.kv_block_tokens,
-            prefix_cache: engine.prefix_cache,
-            queue_limit: engine.queue_limit,
-        }
     }
 }
 
@@ -500,17 +468,12 @@ impl Config {
 
     /// The engine's settings, given the model's training context.
     pub fn engine_config(&self, n_ctx_train: usize) -> EngineConfig {
-        let engine = &self.engine;
         EngineConfig {
-            slots: engine.slots,
-            ctx: if engine.ctx == 0 { n_ctx_train } else { engine.ctx },
-            batch_tokens: engine.batch_tokens,
-            kv_block_tokens: engine.kv_block_tokens,
-            prefix_cache: engine.prefix_cache,
-            queue_limit: engine.queue_limit,
+            ctx: if self.engine.ctx == 0 { n_ctx_train } else { self.engine.ctx },
             threads: threads_or_cores(self.model.threads),
             stall_steps: self.policy.stall_steps,
             on_fault: self.policy.on_fault,
+            ..self.engine.clone()
         }
     }
 
@@ -850,7 +813,7 @@ mod tests {
         assert_eq!(config.server, ServerConfig::default());
         assert_eq!((config.server.host.as_str(), config.server.port), ("127.0.0.1", 8080));
         assert_eq!(config.model.path(), PathBuf::from(DEFAULT_MODEL));
-        assert_eq!(config.engine, EngineSettings::default());
+        assert_eq!(config.engine, EngineConfig::default());
         assert_eq!(config.defaults, RequestDefaults::default());
         assert_eq!(config.speculative, SpeculativeConfig::default());
         assert!(config.lora.is_empty());
@@ -866,7 +829,7 @@ mod tests {
         let config = Config::load(&file).expect("config/sluice.toml is valid");
         let model = config.model.path();
         assert!(model.ends_with("../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"), "{}", model.display());
-        assert_eq!(config.engine, EngineSettings::default());
+        assert_eq!(config.engine, EngineConfig::default());
         assert_eq!(config.server, ServerConfig::default());
         assert_eq!(config.defaults, RequestDefaults::default());
         assert_eq!(config.check_supported(), Ok(()));

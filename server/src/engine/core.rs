@@ -39,6 +39,8 @@ struct Waiting {
     request: Box<GenerationRequest>,
     events: events::UnboundedSender<Event>,
     arrival_ms: u64,
+    /// Numbered once at submission (see `Engine::adapter_group`).
+    adapter_group: u32,
 }
 
 /// A request in a slot.
@@ -47,6 +49,7 @@ struct Active {
     request: Box<GenerationRequest>,
     events: events::UnboundedSender<Event>,
     arrival_ms: u64,
+    adapter_group: u32,
     blocks: SeqBlocks,
     phase: Phase,
     /// Prompt then generated tokens whose KV is written, plus at most one
@@ -66,7 +69,7 @@ struct Active {
 }
 
 impl Active {
-    fn info(&self, adapter_group: u32) -> RequestInfo {
+    fn info(&self) -> RequestInfo {
         RequestInfo {
             id: self.id,
             prompt_tokens: self.request.prompt.len() as u32,
@@ -74,7 +77,7 @@ impl Active {
             prompt_cached: self.cached as u32,
             generated: self.generated as u32,
             max_tokens: max_tokens(&self.request),
-            adapter_group,
+            adapter_group: self.adapter_group,
             priority: self.request.priority,
             arrival_ms: self.arrival_ms,
         }
@@ -205,7 +208,8 @@ impl Engine {
                     return;
                 }
                 let arrival_ms = self.now_ms();
-                self.waiting.push_back(Waiting { id, request, events, arrival_ms });
+                let adapter_group = self.adapter_group(&request.lora);
+                self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group });
             }
             Command::Cancel(id) => self.cancel(id),
             Command::ReplacePolicy(policy) => {
@@ -272,32 +276,18 @@ impl Engine {
     fn view(&mut self) -> StepView {
         let mut occupied = Vec::new();
         let mut free_slots = Vec::new();
-        let groups: Vec<u32> = self
-            .slots
-            .iter()
-            .map(|active| active.as_ref().map(|active| active.request.lora.clone()).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .iter()
-            .map(|lora| self.adapter_group(lora))
-            .collect();
         for (slot, active) in self.slots.iter().enumerate() {
             match active {
-                Some(active) => occupied.push(OccupiedSlot {
-                    slot: slot as u32,
-                    phase: active.phase,
-                    request: active.info(groups[slot]),
-                }),
+                Some(active) => {
+                    occupied.push(OccupiedSlot { slot: slot as u32, phase: active.phase, request: active.info() })
+                }
                 None => free_slots.push(slot as u32),
             }
         }
-        let waiting_lora: Vec<Vec<(u32, f32)>> =
-            self.waiting.iter().map(|waiting| waiting.request.lora.clone()).collect();
-        let waiting_groups: Vec<u32> = waiting_lora.iter().map(|lora| self.adapter_group(lora)).collect();
         let waiting = self
             .waiting
             .iter()
-            .zip(waiting_groups)
-            .map(|(waiting, adapter_group)| {
+            .map(|waiting| {
                 let cached = if waiting.request.cache_prompt && self.config.prefix_cache {
                     self.blocks.cached_prefix(&waiting.request.prompt)
                 } else {
@@ -312,7 +302,7 @@ impl Engine {
                         prompt_cached: cached as u32,
                         generated: 0,
                         max_tokens: max_tokens(&waiting.request),
-                        adapter_group,
+                        adapter_group: waiting.adapter_group,
                         priority: waiting.request.priority,
                         arrival_ms: waiting.arrival_ms,
                     },
@@ -502,6 +492,7 @@ impl Engine {
             request: waiting.request,
             events: waiting.events,
             arrival_ms: waiting.arrival_ms,
+            adapter_group: waiting.adapter_group,
             blocks: admission.blocks,
             phase: Phase::Prefilling,
             prompt_done: cached,
@@ -760,12 +751,6 @@ impl Engine {
         Metrics::set(&metrics.kv_blocks_cached, stats.cached as u64);
         Metrics::set(&metrics.kv_blocks_free, stats.free as u64);
         Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
-        let lora: Vec<Vec<(u32, f32)>> = self
-            .slots
-            .iter()
-            .map(|active| active.as_ref().map(|a| a.request.lora.clone()).unwrap_or_default())
-            .collect();
-        let groups: Vec<u32> = lora.iter().map(|lora| self.adapter_group(lora)).collect();
         let infos = self
             .slots
             .iter()
@@ -781,7 +766,7 @@ impl Engine {
                 generated: active.as_ref().map_or(0, |active| active.generated),
                 max_tokens: active.as_ref().and_then(|active| active.request.n_predict),
                 priority: active.as_ref().map_or(0, |active| active.request.priority),
-                adapter_group: groups[slot],
+                adapter_group: active.as_ref().map_or(0, |active| active.adapter_group),
             })
             .collect();
         if let Ok(mut slots) = self.shared.slots.lock() {

@@ -19,24 +19,34 @@ use crate::model::transformer::Transformer;
 /// "fallback"`); `None` when it cannot be built (then the engine fails closed).
 pub type FallbackPolicy = Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>;
 
-/// Engine settings (`[engine]` and the policy's fault rules).
-#[derive(Debug, Clone, PartialEq)]
+/// Engine settings: the config file's `[engine]` section (read straight
+/// into this type), plus the thread count and the policy's fault rules,
+/// which come from other sections (`Config::engine_config`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
-    /// Slots (sequences decoded together).
+    /// Sequences decoded together (llama-server `-np`).
     pub slots: usize,
-    /// Context size of each slot, in tokens.
+    /// Context of each slot in tokens (llama-server `-c`, as with its
+    /// unified KV cache: every slot may use all of it); 0 in the file = the
+    /// model's training context.
     pub ctx: usize,
-    /// Most tokens one step may process.
+    /// Most tokens one step may process (llama-server `-b`).
     pub batch_tokens: usize,
-    /// Tokens per KV block.
+    /// Tokens per KV-cache block.
     pub kv_block_tokens: usize,
     /// Share prompt prefixes between requests.
     pub prefix_cache: bool,
-    /// Most requests waiting for a slot; beyond it new requests are refused.
+    /// Most requests waiting for a slot; more are refused with 503.
     pub queue_limit: usize,
-    /// Kernel threads.
+    /// Kernel threads (`[model] threads`).
+    #[serde(skip)]
     pub threads: usize,
+    /// `[policy] stall_steps`.
+    #[serde(skip)]
     pub stall_steps: u32,
+    /// `[policy] on_fault`.
+    #[serde(skip)]
     pub on_fault: OnFault,
 }
 
