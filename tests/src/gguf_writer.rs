@@ -49,12 +49,28 @@ impl GgufBuilder {
         GgufBuilder { metadata: Vec::new(), tensors: Vec::new(), alignment: 32 }
     }
 
+    /// Add a metadata entry, replacing one with the same key.
     pub fn meta(mut self, key: &str, value: Value) -> Self {
+        self.metadata.retain(|(existing, _)| existing != key);
         self.metadata.push((key.into(), value));
         self
     }
 
+    /// Drop a metadata entry.
+    pub fn without_meta(mut self, key: &str) -> Self {
+        self.metadata.retain(|(existing, _)| existing != key);
+        self
+    }
+
+    /// Drop a tensor.
+    pub fn without_tensor(mut self, name: &str) -> Self {
+        self.tensors.retain(|tensor| tensor.name != name);
+        self
+    }
+
+    /// Add a tensor, replacing one with the same name.
     pub fn tensor(mut self, tensor: Tensor) -> Self {
+        self.tensors.retain(|existing| existing.name != tensor.name);
         self.tensors.push(tensor);
         self
     }
@@ -183,6 +199,8 @@ pub struct TinyModel {
     pub n_head_kv: usize,
     pub n_ff: usize,
     pub sections: Option<[i32; 4]>,
+    /// Token texts (default `t0`, `t1`, …).
+    pub tokens: Option<Vec<String>>,
     pub seed: u64,
 }
 
@@ -198,8 +216,15 @@ impl TinyModel {
             n_head_kv: 2,
             n_ff: 64,
             sections: None,
+            tokens: None,
             seed,
         }
+    }
+
+    /// The shape of specs' synthetic pairs (reference §6): 64 wide, heads
+    /// of 16, a vocabulary of 32.
+    pub fn recipe(arch: &'static str, seed: u64) -> Self {
+        TinyModel { arch, n_vocab: 32, n_embd: 64, n_layer: 2, n_head: 4, n_head_kv: 2, n_ff: 128, ..Self::llama(seed) }
     }
 
     /// The model as a GGUF file with seeded random f32 weights.
@@ -209,7 +234,8 @@ impl TinyModel {
         let head_dim = self.n_embd / self.n_head;
         let kv_dim = head_dim * self.n_head_kv;
         let (e, v, f) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
-        let tokens: Vec<String> = (0..self.n_vocab).map(|id| format!("t{id}")).collect();
+        let tokens: Vec<String> =
+            self.tokens.clone().unwrap_or_else(|| (0..self.n_vocab).map(|id| format!("t{id}")).collect());
         let mut builder = GgufBuilder::new()
             .meta("general.architecture", Value::Str(arch.into()))
             .meta(&format!("{arch}.context_length"), Value::U32(512))
@@ -221,7 +247,8 @@ impl TinyModel {
             .meta(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
             .meta(&format!("{arch}.rope.freq_base"), Value::F32(10000.0))
             .meta("tokenizer.ggml.model", Value::Str("gpt2".into()))
-            .meta("tokenizer.ggml.tokens", Value::Strs(tokens));
+            .meta("tokenizer.ggml.tokens", Value::Strs(tokens))
+            .meta("tokenizer.ggml.merges", Value::Strs(Vec::new()));
         if let Some(sections) = self.sections {
             builder = builder.meta(&format!("{arch}.rope.dimension_sections"), Value::I32s(sections.to_vec()));
         }
@@ -229,10 +256,13 @@ impl TinyModel {
             let scale = 1.0 / (n_in as f32).sqrt();
             Tensor::f32(&name, &[n_in, n_out], &rng.vec((n_in * n_out) as usize, scale))
         };
-        builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
+        let dflash = arch == "dflash";
+        if !dflash {
+            builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
+        }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
         let qwen2 = matches!(arch, "qwen2" | "qwen2vl");
-        let qwen3 = matches!(arch, "qwen3" | "qwen3vl");
+        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash");
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             let norm = |rng: &mut Rng, len: usize| rng.vec(len, 0.2).iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
@@ -259,5 +289,26 @@ impl TinyModel {
             }
         }
         builder
+    }
+
+    /// A DFlash draft of this shape for a target of width `target_embd`
+    /// tapped at `target_layers`: Qwen3-style layers, `fc` and
+    /// `enc.output_norm`, no embeddings or LM head of its own (borrowed),
+    /// mask token = the last id, block of `block_size`, legacy rope (no
+    /// sections).
+    pub fn dflash(&self, target_layers: &[i32], target_embd: usize, block_size: u32) -> GgufBuilder {
+        let draft = TinyModel { arch: "dflash", ..self.clone() };
+        let mut rng = Rng::new(self.seed ^ 0xdf1a5);
+        let fc_in = (target_layers.len() * target_embd) as u64;
+        let fc = rng.vec(fc_in as usize * self.n_embd, 1.0 / (fc_in as f32).sqrt());
+        draft
+            .build()
+            .meta("dflash.target_layers", Value::I32s(target_layers.to_vec()))
+            .meta("dflash.block_size", Value::U32(block_size))
+            .meta("tokenizer.ggml.mask_token_id", Value::U32(self.n_vocab as u32 - 1))
+            .meta("dflash.attention.key_length", Value::U32((self.n_embd / self.n_head) as u32))
+            .meta("dflash.attention.value_length", Value::U32((self.n_embd / self.n_head) as u32))
+            .tensor(Tensor::f32("fc.weight", &[fc_in, self.n_embd as u64], &fc))
+            .tensor(Tensor::f32("enc.output_norm.weight", &[self.n_embd as u64], &vec![1.0; self.n_embd]))
     }
 }

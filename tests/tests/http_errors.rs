@@ -187,7 +187,6 @@ fn unsupported_features_refuse_the_start() {
         assert_eq!(output.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(mentions) && stderr.contains("not supported yet"), "{stderr}");
     };
-    refused(&["-md", "draft.gguf", "--spec-type", "draft-simple"], "speculative decoding");
     refused(&["--lora", "adapter.gguf"], "adapter.gguf");
     refused(&["--lora-scaled", "scaled.gguf:0.5"], "scaled.gguf");
     let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
@@ -197,4 +196,14 @@ fn unsupported_features_refuse_the_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("/no/such/model.gguf: cannot load the model"), "{stderr}");
+    let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
+        .args(["serve", "--port", "0", "-m"])
+        .arg(sluice_tests::models::default_model())
+        .args(["-md", "/no/such/draft.gguf"])
+        .output()
+        .expect("sluice runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/no/such/draft.gguf: cannot use the draft model"), "{stderr}");
+    assert!(!stderr.contains("draft context created"), "{stderr}");
 }

@@ -9,7 +9,7 @@ use clap::builder::TypedValueParser;
 use serde::Deserialize;
 
 use crate::engine::EngineConfig;
-use crate::plugins::{BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_policy};
+use crate::plugins::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
 
 /// The model `sluice serve` loads when neither the file nor `-m` names one
 /// (relative to the working directory; `cargo xtask` fetches it there).
@@ -197,8 +197,7 @@ impl OnFault {
     }
 }
 
-/// `[speculative]`: draft decoding. Parsed and validated now; serving with
-/// a draft is refused until the feature lands.
+/// `[speculative]`: draft decoding.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
@@ -212,8 +211,10 @@ pub struct SpeculativeConfig {
     pub n_min: u32,
     /// Drafting stops below this draft probability.
     pub p_min: f32,
-    /// `draft-fixup` plugins run on the draft's metadata, in order.
-    pub fixups: Vec<PathBuf>,
+    /// `draft-fixup` plugins run on the draft's metadata, in order: built-in
+    /// names or `.wasm` paths (relative to the config file). Unset means
+    /// `["mrope-temporal"]`; `[]` runs none.
+    pub fixups: Option<Vec<String>>,
 }
 
 impl Default for SpeculativeConfig {
@@ -221,19 +222,40 @@ impl Default for SpeculativeConfig {
         SpeculativeConfig {
             kind: SpecType::None,
             draft_model: None,
-            n_max: 3,
+            // llama-server's defaults.
+            n_max: 16,
             n_min: 0,
-            p_min: 0.0,
-            fixups: Vec::new(),
+            p_min: 0.75,
+            fixups: None,
         }
     }
 }
 
 impl SpeculativeConfig {
-    pub fn is_enabled(&self) -> bool {
-        self.kind != SpecType::None || self.draft_model.is_some() || !self.fixups.is_empty()
+    /// The fixups to run on the draft, in order.
+    pub fn fixup_sources(&self) -> Result<Vec<PluginSource>, String> {
+        let default = [DEFAULT_FIXUP.to_owned()];
+        let names = self.fixups.as_deref().unwrap_or(&default);
+        names
+            .iter()
+            .map(|name| {
+                if looks_like_path(name) {
+                    return Ok(PluginSource::Path(PathBuf::from(name)));
+                }
+                builtin_fixup(name).map(|(name, _)| PluginSource::Builtin(name)).ok_or_else(|| {
+                    let names: Vec<&str> = BUILTIN_FIXUPS.iter().map(|(name, _)| *name).collect();
+                    format!(
+                        "`speculative.fixups` entry \"{name}\" is neither a built-in fixup ({}) nor a path to a .wasm file",
+                        names.join(", ")
+                    )
+                })
+            })
+            .collect()
     }
 }
+
+/// The fixup run on every draft unless `speculative.fixups` says otherwise.
+pub const DEFAULT_FIXUP: &str = "mrope-temporal";
 
 /// `speculative.type` (llama-server's `--spec-type` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -241,6 +263,8 @@ impl SpeculativeConfig {
 pub enum SpecType {
     None,
     DraftSimple,
+    /// `dflash` (or llama-server's `draft-dflash`).
+    #[serde(alias = "dflash")]
     DraftDflash,
 }
 
@@ -249,7 +273,7 @@ impl SpecType {
         match name {
             "none" => Some(SpecType::None),
             "draft-simple" => Some(SpecType::DraftSimple),
-            "draft-dflash" => Some(SpecType::DraftDflash),
+            "dflash" | "draft-dflash" => Some(SpecType::DraftDflash),
             _ => None,
         }
     }
@@ -360,7 +384,11 @@ impl Config {
         if let Some(draft) = config.speculative.draft_model.as_mut() {
             resolve(draft);
         }
-        config.speculative.fixups.iter_mut().for_each(resolve);
+        for fixup in config.speculative.fixups.iter_mut().flatten() {
+            if looks_like_path(fixup) && Path::new(fixup.as_str()).is_relative() {
+                *fixup = base.join(&*fixup).display().to_string();
+            }
+        }
         config.lora.iter_mut().for_each(|lora| resolve(&mut lora.path));
         Ok(config)
     }
@@ -434,6 +462,7 @@ impl Config {
         if spec.kind != SpecType::None && spec.draft_model.is_none() {
             return Err(Invalid::new("speculative.type", "`speculative.type` needs `speculative.draft_model`"));
         }
+        spec.fixup_sources().map_err(|error| Invalid::new("speculative.fixups", error))?;
         if let Some(lora) = self.lora.iter().find(|lora| !lora.scale.is_finite()) {
             return Err(Invalid::new(
                 "lora.scale",
@@ -452,11 +481,6 @@ impl Config {
     /// Features the file may configure that sluice cannot serve yet: a
     /// configured one refuses the start rather than being ignored.
     pub fn check_supported(&self) -> Result<(), String> {
-        if self.speculative.is_enabled() {
-            return Err("speculative decoding ([speculative] type, draft_model, fixups; -md, --spec-type) is not \
-                        supported yet; remove it to serve without a draft"
-                .into());
-        }
         if let Some(lora) = self.lora.first() {
             return Err(format!(
                 "LoRA adapters ([[lora]], --lora, --lora-scaled) are not supported yet: {}",
@@ -540,13 +564,16 @@ impl Config {
         }
         if let Some(kind) = &flags.spec_type {
             self.speculative.kind = SpecType::parse(kind)
-                .ok_or_else(|| format!("--spec-type {kind}: expected none, draft-simple or draft-dflash"))?;
+                .ok_or_else(|| format!("--spec-type {kind}: expected none, draft-simple or dflash"))?;
         }
         if let Some(n_max) = flags.spec_draft_n_max {
             self.speculative.n_max = n_max;
         }
         if let Some(n_min) = flags.spec_draft_n_min {
             self.speculative.n_min = n_min;
+        }
+        if let Some(p_min) = flags.spec_draft_p_min {
+            self.speculative.p_min = p_min;
         }
         for path in &flags.lora {
             self.lora.push(LoraConfig { path: path.clone(), scale: 1.0 });
@@ -688,10 +715,11 @@ pub struct Overrides {
     #[arg(long, overrides_with = "cache_prompt")]
     pub no_cache_prompt: bool,
     /// Draft model for speculative decoding (`speculative.draft_model`;
-    /// also `-md`). Not supported yet.
+    /// also `-md`).
     #[arg(long, value_name = "FILE")]
     pub model_draft: Option<PathBuf>,
-    /// Speculative decoding type (`speculative.type`). Not supported yet.
+    /// Speculative decoding type: draft-simple or dflash (`speculative.type`;
+    /// by default the draft's architecture decides).
     #[arg(long, value_name = "TYPE")]
     pub spec_type: Option<String>,
     /// Most drafted tokens per step (`speculative.n_max`).
@@ -700,6 +728,9 @@ pub struct Overrides {
     /// Fewest drafted tokens per step (`speculative.n_min`).
     #[arg(long, value_name = "N")]
     pub spec_draft_n_min: Option<u32>,
+    /// Drafting stops below this draft probability (`speculative.p_min`).
+    #[arg(long, value_name = "P")]
+    pub spec_draft_p_min: Option<f32>,
     /// LoRA adapter, scale 1 (`[[lora]]`; repeatable). Not supported yet.
     #[arg(long, value_name = "FILE")]
     pub lora: Vec<PathBuf>,
@@ -871,6 +902,7 @@ draft_model = "draft.gguf"
 n_max = 8
 n_min = 2
 p_min = 0.5
+fixups = ["mrope-temporal", "plugins/extra.wasm"]
 [[lora]]
 path = "a.gguf"
 [[lora]]
@@ -889,11 +921,12 @@ format = "json"
         assert_eq!(config.speculative.kind, SpecType::DraftSimple);
         assert_eq!(config.lora[1], LoraConfig { path: "b.gguf".into(), scale: 0.5 });
         assert_eq!(config.log.format, LogFormat::Json);
-        let refused = config.check_supported().unwrap_err();
-        assert!(refused.contains("speculative decoding") && refused.contains("not supported yet"), "{refused}");
-        let mut lora_only = config.clone();
-        lora_only.speculative = SpeculativeConfig::default();
-        assert!(lora_only.check_supported().unwrap_err().contains("a.gguf"));
+        assert_eq!(
+            config.speculative.fixup_sources(),
+            Ok(vec![PluginSource::Builtin("mrope-temporal"), PluginSource::Path("plugins/extra.wasm".into())])
+        );
+        assert_eq!(SpeculativeConfig::default().fixup_sources(), Ok(vec![PluginSource::Builtin("mrope-temporal")]));
+        assert!(config.check_supported().unwrap_err().contains("a.gguf"));
     }
 
     #[test]
@@ -917,6 +950,7 @@ format = "json"
             ("[defaults]\nn_predict = -2\n", "`defaults.n_predict` must be -1"),
             ("[defaults]\nseed = 4294967296\n", "`defaults.seed` must be -1"),
             ("[speculative]\ntype = \"draft-simple\"\n", "needs `speculative.draft_model`"),
+            ("[speculative]\nfixups = [\"mrope\"]\n", "`speculative.fixups` entry \"mrope\" is neither"),
             ("[log]\nlevel = \"sluice=loud\"\n", "`log.level`"),
         ] {
             let error = Config::parse(text).unwrap_err();

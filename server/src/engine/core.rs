@@ -20,6 +20,7 @@ use super::request::{
     Completion, EngineError, Event, GenerationRequest, RequestId, StopType, Timings, TokenEvent, TokenProbs,
 };
 use super::sampling::{Sampler, TokenProb, token_prob, top_probs};
+use super::speculative::{CommittedRows, DraftRequest, DraftState, Speculation};
 use super::text::{Appended, TextStream};
 use super::validate::{has_runnable_work, validate};
 use crate::config::OnFault;
@@ -29,9 +30,14 @@ use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::{Scratch, Transformer};
 
 pub(super) enum Command {
-    Submit { id: RequestId, request: Box<GenerationRequest>, events: events::UnboundedSender<Event> },
+    Submit {
+        id: RequestId,
+        request: Box<GenerationRequest>,
+        events: events::UnboundedSender<Event>,
+    },
     Cancel(RequestId),
-    ReplacePolicy(Box<dyn SchedulingPolicy>),
+    /// Swap the policy; the sender hears once the swap is done.
+    ReplacePolicy(Box<dyn SchedulingPolicy>, mpsc::Sender<()>),
 }
 
 struct Waiting {
@@ -66,6 +72,11 @@ struct Active {
     prompt_started: Option<Instant>,
     prompt_ms: f64,
     decode_started: Option<Instant>,
+    draft: DraftState,
+    /// Tokens drafted for this request and sent to verification.
+    draft_n: usize,
+    /// Drafted tokens the target's sampler picked.
+    draft_accepted: usize,
 }
 
 impl Active {
@@ -101,8 +112,44 @@ fn max_tokens(request: &GenerationRequest) -> u32 {
 
 /// What a slot does in the batch being built.
 enum Work {
-    Prefill { slot: usize, start: usize, tokens: usize },
-    Decode { slot: usize },
+    Prefill {
+        slot: usize,
+        start: usize,
+        tokens: usize,
+    },
+    /// Run the slot's sampled token, then its drafts (if any) for
+    /// verification.
+    Decode {
+        slot: usize,
+        drafts: Vec<u32>,
+    },
+}
+
+impl Work {
+    fn slot(&self) -> usize {
+        match *self {
+            Work::Prefill { slot, .. } | Work::Decode { slot, .. } => slot,
+        }
+    }
+
+    /// Batch rows this work takes.
+    fn rows(&self) -> usize {
+        match self {
+            Work::Prefill { tokens, .. } => *tokens,
+            Work::Decode { drafts, .. } => 1 + drafts.len(),
+        }
+    }
+}
+
+/// What emitting a sampled token did.
+enum Emitted {
+    /// The token was emitted and the request goes on.
+    Continue,
+    /// The sampler picked another token than the draft offered; nothing was
+    /// emitted and the sampler is as it was.
+    Rejected,
+    /// The request ended (stop condition, disconnect or failure).
+    Ended,
 }
 
 pub(super) struct Engine {
@@ -117,6 +164,7 @@ pub(super) struct Engine {
     blocks: BlockManager,
     pool: ThreadPool,
     scratch: Scratch,
+    speculation: Option<Speculation>,
     slots: Vec<Option<Active>>,
     waiting: VecDeque<Waiting>,
     ended: Vec<EndedRequest>,
@@ -135,13 +183,14 @@ impl Engine {
         policy: Box<dyn SchedulingPolicy>,
         fallback: FallbackPolicy,
         config: EngineConfig,
+        speculation: Option<Speculation>,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
     ) -> Self {
-        let block_tokens = config.kv_block_tokens.max(1);
-        let n_blocks = (config.slots * config.ctx).div_ceil(block_tokens) + config.slots;
+        let (n_blocks, block_tokens) = config.kv_blocks();
         let kv = model.kv_store(n_blocks, block_tokens);
         Engine {
+            speculation,
             kv,
             blocks: BlockManager::new(n_blocks, block_tokens),
             pool: ThreadPool::new(config.threads.max(1)),
@@ -212,7 +261,7 @@ impl Engine {
                 self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group });
             }
             Command::Cancel(id) => self.cancel(id),
-            Command::ReplacePolicy(policy) => {
+            Command::ReplacePolicy(policy, applied) => {
                 tracing::info!(policy = policy.name(), "scheduling policy replaced");
                 if let Ok(mut name) = self.shared.policy_name.lock() {
                     *name = policy.name().to_owned();
@@ -224,6 +273,7 @@ impl Engine {
                 if let Ok(mut health) = self.shared.health.lock() {
                     *health = Health::Ok;
                 }
+                let _ = applied.send(());
             }
         }
     }
@@ -450,10 +500,18 @@ impl Engine {
             active.prompt_started.get_or_insert_with(Instant::now);
             work.push(Work::Prefill { slot, start, tokens });
         }
+        let mut decoding = Vec::new();
         for &slot in &decision.decode {
             if self.sample_and_emit(slot as usize) {
-                work.push(Work::Decode { slot: slot as usize });
+                decoding.push(slot as usize);
             }
+        }
+        // Drafts count against the step's token budget: they get what the
+        // policy's grants left of it.
+        let granted = work.iter().map(Work::rows).sum::<usize>() + decoding.len();
+        let mut drafts = self.draft(&decoding, self.config.batch_tokens.saturating_sub(granted));
+        for slot in decoding {
+            work.push(Work::Decode { slot, drafts: drafts.remove(&slot).unwrap_or_default() });
         }
         if work.is_empty() {
             return;
@@ -476,6 +534,9 @@ impl Engine {
         };
         if let Some((from, to)) = admission.copy {
             self.kv.copy_block(from, to);
+            if let Some(speculation) = self.speculation.as_mut() {
+                speculation.drafter.copy_block(from, to);
+            }
         }
         Metrics::add(&self.shared.metrics.prefix_cache_hit_tokens_total, admission.cached_tokens as u64);
         let mut sampler = Sampler::new(waiting.request.sampling.clone());
@@ -505,6 +566,9 @@ impl Engine {
             prompt_started: None,
             prompt_ms: 0.0,
             decode_started: None,
+            draft: DraftState::new(cached),
+            draft_n: 0,
+            draft_accepted: 0,
         });
         Metrics::add(&self.shared.metrics.requests_processing, 1);
     }
@@ -513,21 +577,37 @@ impl Engine {
     /// Returns whether the token must run through the model (the request
     /// goes on).
     fn sample_and_emit(&mut self, slot: usize) -> bool {
+        matches!(self.emit(slot, None), Emitted::Continue)
+    }
+
+    /// Sample from the held logits and emit the token; with `draft`, only
+    /// if the sampler picks that token (otherwise the sampler is restored,
+    /// so the next step samples the same logits with the same random state,
+    /// exactly as plain decoding would).
+    fn emit(&mut self, slot: usize, draft: Option<u32>) -> Emitted {
         let ctx = self.config.ctx;
         let tokenizer = Arc::clone(&self.tokenizer);
-        let Some(active) = self.slots[slot].as_mut() else { return false };
+        let Some(active) = self.slots[slot].as_mut() else { return Emitted::Ended };
         if active.request.n_predict == Some(0) {
             // n_predict 0 evaluates the prompt only.
             self.finish(slot, StopType::Limit, String::new(), false);
-            return false;
+            return Emitted::Ended;
         }
         active.decode_started.get_or_insert_with(Instant::now);
         let n_probs = active.request.n_probs;
         let mut post = Vec::new();
         let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
         let post_request = (n_probs > 0 && active.request.post_sampling_probs).then_some((n_probs, &mut post));
+        let before = draft.map(|_| active.sampler.clone());
         let sampled = active.sampler.sample(&active.held_logits, post_request);
         let token = sampled.token;
+        if let Some(before) = before {
+            if draft != Some(token) {
+                active.sampler = before;
+                return Emitted::Rejected;
+            }
+            active.draft_accepted += 1;
+        }
         active.sampler.accept(token);
         active.generated += 1;
         if active.phase != Phase::Decoding {
@@ -550,7 +630,7 @@ impl Engine {
         let end_of_generation = !active.request.ignore_eos && tokenizer.is_end_of_generation(token);
         if end_of_generation {
             self.finish(slot, StopType::Eos, String::new(), false);
-            return false;
+            return Emitted::Ended;
         }
         let (text, stop_word) = match active.text.push(tokenizer.render_bytes(token, false)) {
             Appended::Text(text) => (text, None),
@@ -558,19 +638,19 @@ impl Engine {
         };
         if !active.send(Event::Token(TokenEvent { token, text, probs })) {
             self.end_slot(slot, EndReason::Cancelled, None);
-            return false;
+            return Emitted::Ended;
         }
         if let Some(word) = stop_word {
             self.finish(slot, StopType::Word, word, false);
-            return false;
+            return Emitted::Ended;
         }
         if active.request.n_predict.is_some_and(|limit| active.generated >= limit) {
             self.finish(slot, StopType::Limit, String::new(), false);
-            return false;
+            return Emitted::Ended;
         }
         if active.cells + 1 > ctx {
             self.finish(slot, StopType::Limit, String::new(), true);
-            return false;
+            return Emitted::Ended;
         }
         active.tokens.push(token);
         if let Err(error) = self.blocks.reserve(&mut active.blocks, active.cells + 1) {
@@ -579,32 +659,83 @@ impl Engine {
                 EndReason::Failed,
                 Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))),
             );
-            return false;
+            return Emitted::Ended;
         }
-        true
+        Emitted::Continue
+    }
+
+    /// Drafts for the decoding `slots`, at most `budget` tokens in all.
+    fn draft(&mut self, slots: &[usize], mut budget: usize) -> std::collections::HashMap<usize, Vec<u32>> {
+        let mut drafts = std::collections::HashMap::new();
+        let Some(speculation) = self.speculation.as_mut() else { return drafts };
+        let settings = speculation.settings;
+        let ctx = self.config.ctx;
+        let mut requests = Vec::new();
+        let mut requested = Vec::new();
+        for (slot, active) in self.slots.iter_mut().enumerate() {
+            let Some(active) = active.as_mut().filter(|_| slots.contains(&slot)) else { continue };
+            // Room for the drafts: the context, what is left to generate
+            // (the sampled token is already counted) and the budget.
+            let to_generate =
+                active.request.n_predict.map_or(usize::MAX, |limit| limit.saturating_sub(active.generated));
+            let mut n_max = settings.n_max.min(budget).min(to_generate).min(ctx.saturating_sub(active.cells + 1));
+            if n_max < settings.n_min.max(1)
+                || self.blocks.reserve(&mut active.blocks, active.cells + 1 + n_max).is_err()
+            {
+                n_max = 0;
+            }
+            budget -= n_max;
+            requested.push(slot);
+            let Active { draft, blocks, tokens, cells, .. } = active;
+            requests.push(DraftRequest {
+                state: draft,
+                table: &blocks.table,
+                tokens,
+                cells: *cells,
+                n_max,
+                drafts: Vec::new(),
+            });
+        }
+        if let Err(error) = speculation.drafter.draft(&mut requests, &settings, &self.pool) {
+            tracing::warn!(%error, drafter = speculation.drafter.kind(), "drafting failed; decoding without drafts");
+            return drafts;
+        }
+        for (slot, request) in requested.into_iter().zip(requests) {
+            if request.drafts.len() >= settings.n_min.max(1) {
+                drafts.insert(slot, request.drafts);
+            }
+        }
+        drafts
     }
 
     fn forward(&mut self, work: Vec<Work>) {
         let mut batch = Batch::default();
+        if let Some(speculation) = &self.speculation {
+            batch.taps = speculation.drafter.taps().to_vec();
+        }
         let mut prefill_tokens = 0;
         let mut decode_tokens = 0;
         for item in &work {
-            let (slot, start, inputs, wants_logits): (usize, usize, Vec<u32>, bool) = match *item {
-                Work::Prefill { slot, start, tokens } => {
-                    let Some(active) = self.slots[slot].as_ref() else { continue };
+            let Some(active) = self.slots[item.slot()].as_ref() else { continue };
+            let (start, inputs, logits_from): (usize, Vec<u32>, usize) = match item {
+                Work::Prefill { start, tokens, .. } => {
                     prefill_tokens += tokens;
                     let done = start + tokens == active.request.prompt.len();
-                    (slot, start, active.request.prompt[start..start + tokens].to_vec(), done)
+                    (
+                        *start,
+                        active.request.prompt[*start..start + tokens].to_vec(),
+                        if done { tokens - 1 } else { *tokens },
+                    )
                 }
-                Work::Decode { slot } => {
-                    let Some(active) = self.slots[slot].as_ref() else { continue };
-                    decode_tokens += 1;
-                    (slot, active.cells, vec![active.tokens[active.cells]], true)
+                Work::Decode { drafts, .. } => {
+                    decode_tokens += 1 + drafts.len();
+                    let mut inputs = vec![active.tokens[active.cells]];
+                    inputs.extend_from_slice(drafts);
+                    // Verification needs the logits after every row.
+                    (active.cells, inputs, 0)
                 }
             };
-            let Some(active) = self.slots[slot].as_ref() else { continue };
             batch.block_tables.push(active.blocks.table.clone());
-            let count = inputs.len();
             for (offset, token) in inputs.into_iter().enumerate() {
                 let cell = start + offset;
                 batch.rows.push(BatchRow {
@@ -612,7 +743,7 @@ impl Engine {
                     seq: batch.block_tables.len() - 1,
                     cell: cell as u32,
                     pos: text_position(cell as u32),
-                    logits: wants_logits && offset + 1 == count,
+                    logits: offset >= logits_from,
                 });
             }
         }
@@ -622,11 +753,8 @@ impl Engine {
             Err(error) => {
                 tracing::error!(%error, "forward pass refused");
                 for item in &work {
-                    let slot = match *item {
-                        Work::Prefill { slot, .. } | Work::Decode { slot } => slot,
-                    };
                     self.end_slot(
-                        slot,
+                        item.slot(),
                         EndReason::Failed,
                         Some(Event::Failed(EngineError::Internal(error.to_string()))),
                     );
@@ -648,27 +776,26 @@ impl Engine {
         Metrics::add(&metrics.predicted_micros_total, (micros * decode_tokens as f64 / total) as u64);
 
         let n_vocab = self.model.hparams().n_vocab;
-        let mut logits_of_row = std::collections::HashMap::new();
-        for (index, &row) in output.logit_rows.iter().enumerate() {
-            logits_of_row.insert(row, index);
-        }
-        let mut row = 0;
+        // Logits rows come in batch-row order, so each work item's are
+        // consecutive: count them off as the items go by.
+        let mut next_logits = 0;
+        let mut first_row = 0;
+        let mut committed = Vec::new();
         for item in work {
-            let (slot, count) = match item {
-                Work::Prefill { slot, tokens, .. } => (slot, tokens),
-                Work::Decode { slot } => (slot, 1),
-            };
-            let last_row = row + count - 1;
-            row += count;
+            let slot = item.slot();
+            let rows = first_row..first_row + item.rows();
+            first_row = rows.end;
+            let n_logits = output.logit_rows[next_logits..].iter().take_while(|row| rows.contains(row)).count();
+            let logits = &output.logits[next_logits * n_vocab..(next_logits + n_logits) * n_vocab];
+            next_logits += n_logits;
             let Some(active) = self.slots[slot].as_mut() else { continue };
-            let logits =
-                logits_of_row.get(&last_row).map(|&index| &output.logits[index * n_vocab..(index + 1) * n_vocab]);
+            let first_cell = active.cells;
             match item {
                 Work::Prefill { tokens, start, .. } => {
                     active.tokens.extend_from_slice(&active.request.prompt[start..start + tokens]);
                     active.prompt_done += tokens;
                     active.cells += tokens;
-                    if let Some(logits) = logits {
+                    if n_logits > 0 {
                         active.held_logits = logits.to_vec();
                         active.phase = Phase::Ready;
                         trace_phase(self.step, slot, active.id, "ready");
@@ -676,19 +803,81 @@ impl Engine {
                             active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
                     }
                 }
-                Work::Decode { .. } => {
+                Work::Decode { drafts, .. } => {
                     active.cells += 1;
-                    if let Some(logits) = logits {
-                        active.held_logits = logits.to_vec();
+                    active.held_logits = logits[..n_vocab].to_vec();
+                    if !self.verify(slot, &drafts, logits) {
+                        continue;
                     }
                 }
             }
+            let Some(active) = self.slots[slot].as_mut() else { continue };
             let written = active.cells;
+            active.draft.trim(written);
             self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
+            committed.push((slot, first_cell, rows.start..rows.start + (written - first_cell)));
             Metrics::set(
                 &self.shared.metrics.n_tokens_max,
                 Metrics::get(&self.shared.metrics.n_tokens_max).max(written as u64),
             );
+        }
+        self.commit_to_drafter(&committed, &output.taps);
+    }
+
+    /// Emit the drafts the target's sampler agrees with, from `logits`
+    /// (after the sampled token, then after each draft). Leaves the held
+    /// logits after the last accepted token. Returns whether the request
+    /// goes on.
+    fn verify(&mut self, slot: usize, drafts: &[u32], logits: &[f32]) -> bool {
+        if drafts.is_empty() {
+            return true;
+        }
+        let n_vocab = self.model.hparams().n_vocab;
+        let metrics = &self.shared.metrics;
+        Metrics::add(&metrics.drafts_total, 1);
+        Metrics::add(&metrics.draft_tokens_total, drafts.len() as u64);
+        if let Some(active) = self.slots[slot].as_mut() {
+            active.draft_n += drafts.len();
+        }
+        for (index, &draft) in drafts.iter().enumerate() {
+            match self.emit(slot, Some(draft)) {
+                Emitted::Continue => {
+                    Metrics::add(&self.shared.metrics.draft_accepted_total, 1);
+                    let Some(active) = self.slots[slot].as_mut() else { return false };
+                    active.cells += 1;
+                    active.held_logits.copy_from_slice(&logits[(index + 1) * n_vocab..(index + 2) * n_vocab]);
+                }
+                Emitted::Rejected => break,
+                Emitted::Ended => {
+                    Metrics::add(&self.shared.metrics.draft_accepted_total, 1);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Tell the drafter which target rows each sequence kept.
+    fn commit_to_drafter(&mut self, committed: &[(usize, usize, std::ops::Range<usize>)], taps: &[Vec<f32>]) {
+        let Some(speculation) = self.speculation.as_mut() else { return };
+        if speculation.drafter.taps().is_empty() {
+            return;
+        }
+        let mut rows = Vec::new();
+        for (slot, active) in self.slots.iter_mut().enumerate() {
+            let Some(active) = active.as_mut() else { continue };
+            let Some((_, first_cell, batch_rows)) = committed.iter().find(|(committed, ..)| *committed == slot) else {
+                continue;
+            };
+            rows.push(CommittedRows {
+                state: &mut active.draft,
+                table: &active.blocks.table,
+                first_cell: *first_cell,
+                batch_rows: batch_rows.clone(),
+            });
+        }
+        if let Err(error) = speculation.drafter.commit(&mut rows, taps, &self.pool) {
+            tracing::warn!(%error, drafter = speculation.drafter.kind(), "draft context update failed");
         }
     }
 
@@ -711,8 +900,8 @@ impl Engine {
                 prompt_ms: active.prompt_ms,
                 predicted_n: active.generated,
                 predicted_ms,
-                draft_n: 0,
-                draft_n_accepted: 0,
+                draft_n: active.draft_n,
+                draft_n_accepted: active.draft_accepted,
             },
         };
         self.end_slot(slot, EndReason::Completed, Some(Event::Done(completion)));

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use tokio::sync::mpsc as events;
 
@@ -11,6 +12,7 @@ use super::core::{Command, Engine};
 use super::metrics::Metrics;
 use super::policy::{Phase, SchedulingPolicy};
 use super::request::{Event, GenerationRequest, RequestId};
+use super::speculative::Speculation;
 use crate::config::OnFault;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::Transformer;
@@ -48,6 +50,15 @@ pub struct EngineConfig {
     /// `[policy] on_fault`.
     #[serde(skip)]
     pub on_fault: OnFault,
+}
+
+impl EngineConfig {
+    /// KV blocks and cells per block: room for every slot's whole context,
+    /// plus one block per slot for a partial tail shared copy-on-write.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        let block_tokens = self.kv_block_tokens.max(1);
+        ((self.slots * self.ctx).div_ceil(block_tokens) + self.slots, block_tokens)
+    }
 }
 
 impl Default for EngineConfig {
@@ -138,6 +149,7 @@ impl EngineHandle {
         policy: Box<dyn SchedulingPolicy>,
         fallback: FallbackPolicy,
         config: EngineConfig,
+        speculation: Option<Speculation>,
     ) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
         let shared = Arc::new(Shared {
@@ -147,7 +159,8 @@ impl EngineHandle {
             policy_name: Mutex::new(policy.name().to_owned()),
             waiting: AtomicU64::new(0),
         });
-        let engine = Engine::new(model, tokenizer, policy, fallback, config.clone(), Arc::clone(&shared), receiver);
+        let engine =
+            Engine::new(model, tokenizer, policy, fallback, config.clone(), speculation, Arc::clone(&shared), receiver);
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
         Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config })
     }
@@ -198,11 +211,18 @@ impl EngineHandle {
     }
 
     /// Replace the scheduling policy (an operator reload); clears a
-    /// failed-closed or degraded state.
-    pub fn replace_policy(&self, policy: Box<dyn SchedulingPolicy>) -> Result<(), SubmitError> {
+    /// failed-closed or degraded state. The engine swaps between steps;
+    /// this waits up to `wait` for the swap, so that `/props` and `/health`
+    /// read after it see the new policy.
+    pub fn replace_policy(&self, policy: Box<dyn SchedulingPolicy>, wait: Duration) -> Result<(), SubmitError> {
+        let (applied, done) = mpsc::channel();
         self.commands
-            .send(Command::ReplacePolicy(policy))
-            .map_err(|_| SubmitError::Unavailable("the engine has stopped".into()))
+            .send(Command::ReplacePolicy(policy, applied))
+            .map_err(|_| SubmitError::Unavailable("the engine has stopped".into()))?;
+        if let Err(mpsc::RecvTimeoutError::Disconnected) = done.recv_timeout(wait) {
+            return Err(SubmitError::Unavailable("the engine has stopped".into()));
+        }
+        Ok(())
     }
 
     pub fn health(&self) -> Health {

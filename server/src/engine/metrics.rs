@@ -29,6 +29,10 @@ pub struct Metrics {
     pub kv_blocks_free: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub policy_fallbacks_total: AtomicU64,
+    /// Verification passes that carried drafts.
+    pub drafts_total: AtomicU64,
+    pub draft_tokens_total: AtomicU64,
+    pub draft_accepted_total: AtomicU64,
     /// Policy call latency: counts per bucket (last = +Inf), sum in ns.
     pub policy_call_buckets: [AtomicU64; POLICY_CALL_BUCKETS.len() + 1],
     pub policy_call_nanos_total: AtomicU64,

@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod policy;
 pub mod request;
 pub mod sampling;
+pub mod speculative;
 pub mod text;
 pub mod validate;
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -14,7 +14,6 @@ use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
 use super::params::{Fields, JsonBody, object, wrong};
 use crate::config::{Config, Overrides, PolicyConfig};
-use crate::engine::Health;
 use crate::engine::policy::SchedulingPolicy;
 use crate::plugins::{LoadError, PluginHost, PluginSource, WasmPolicy, builtin_policy, settings_from_toml};
 
@@ -116,17 +115,7 @@ pub fn reload_from_file(state: &AppState) -> Result<String, PolicyError> {
 fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PolicyError> {
     let name = policy.name().to_owned();
     let ready = state.ready().map_err(|error| PolicyError::Config(error.message))?;
-    let was_ok = ready.engine.health() == Health::Ok;
-    ready.engine.replace_policy(Box::new(policy)).map_err(|error| PolicyError::Config(error.to_string()))?;
-    // The engine applies the swap between steps. Requests submitted from
-    // now on queue behind it anyway; wait for it only so that `/health`
-    // says "ok" once this returns after a fail-closed or degraded state.
-    if !was_ok {
-        let deadline = Instant::now() + SWAP_WAIT;
-        while ready.engine.health() != Health::Ok && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
+    ready.engine.replace_policy(Box::new(policy), SWAP_WAIT).map_err(|error| PolicyError::Config(error.to_string()))?;
     tracing::info!(policy = name, "scheduling policy reloaded");
     Ok(name)
 }

@@ -293,9 +293,19 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
     );
     out.one("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", decodes as f64);
     out.one("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", get(&metrics.n_tokens_max));
-    out.one("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Number of drafted tokens.", 0.0);
-    out.one("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted drafted tokens.", 0.0);
-    out.one("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", 0.0);
+    out.one(
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "counter",
+        "Number of drafted tokens.",
+        get(&metrics.draft_tokens_total),
+    );
+    out.one(
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Number of accepted drafted tokens.",
+        get(&metrics.draft_accepted_total),
+    );
+    out.one("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", get(&metrics.drafts_total));
     out.one("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate);
     out.one("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", predicted_rate);
     out.one(

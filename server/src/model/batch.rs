@@ -52,6 +52,10 @@ pub struct Batch {
     /// Layers whose input hidden states the caller wants (DFlash taps);
     /// `n_layer` means the output of the last layer before the final norm.
     pub taps: Vec<usize>,
+    /// Rows of one sequence see each other whatever their order (a DFlash
+    /// draft block): each attends to every cell of its sequence up to the
+    /// last one in this batch.
+    pub bidirectional: bool,
 }
 
 #[cfg(test)]

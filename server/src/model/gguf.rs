@@ -289,6 +289,30 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// Set a metadata value in memory (draft fixups); the file is never
+    /// written.
+    pub fn set_metadata(&mut self, key: &str, value: MetaValue) {
+        match self.index.get(key) {
+            Some(&at) => self.metadata[at].1 = value,
+            None => {
+                self.index.insert(key.to_owned(), self.metadata.len());
+                self.metadata.push((key.to_owned(), value));
+            }
+        }
+    }
+
+    /// Remove a metadata key in memory (absent keys are not an error).
+    pub fn remove_metadata(&mut self, key: &str) {
+        if let Some(at) = self.index.remove(key) {
+            self.metadata.remove(at);
+            for position in self.index.values_mut() {
+                if *position > at {
+                    *position -= 1;
+                }
+            }
+        }
+    }
+
     /// A metadata value.
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.index.get(key).map(|&at| &self.metadata[at].1)

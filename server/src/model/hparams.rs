@@ -11,6 +11,8 @@ pub enum Architecture {
     Qwen3,
     Qwen2Vl,
     Qwen3Vl,
+    /// A DFlash draft: Qwen3-style layers fed by the target's hidden states.
+    Dflash,
 }
 
 impl Architecture {
@@ -21,6 +23,7 @@ impl Architecture {
             "qwen3" => Architecture::Qwen3,
             "qwen2vl" => Architecture::Qwen2Vl,
             "qwen3vl" => Architecture::Qwen3Vl,
+            "dflash" => Architecture::Dflash,
             _ => return None,
         })
     }
@@ -33,6 +36,7 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen2Vl => "qwen2vl",
             Architecture::Qwen3Vl => "qwen3vl",
+            Architecture::Dflash => "dflash",
         }
     }
 }
@@ -82,7 +86,7 @@ pub struct HParams {
 pub enum HParamsError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("general.architecture = {0:?} is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl)")]
+    #[error("general.architecture = {0:?} is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash)")]
     Architecture(String),
     #[error("{key} = {value}: {problem}")]
     Invalid { key: String, value: String, problem: String },
@@ -157,12 +161,16 @@ impl HParams {
             Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
             Architecture::Qwen2Vl => RopeStyle::MRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
             Architecture::Qwen3Vl => RopeStyle::IMRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
+            Architecture::Dflash => dflash_rope(file, n_rot)?,
         };
         let n_vocab = match file.opt_u32(&key("vocab_size"))? {
             Some(n) => n as usize,
+            // A DFlash draft may borrow the target's embeddings and head and
+            // carry no vocabulary of its own.
+            None if arch == Architecture::Dflash && file.get("tokenizer.ggml.tokens").is_none() => 0,
             None => file.strs("tokenizer.ggml.tokens")?.len(),
         };
-        if n_vocab == 0 {
+        if n_vocab == 0 && arch != Architecture::Dflash {
             return Err(invalid("tokenizer.ggml.tokens", 0, "the vocabulary is empty".into()));
         }
         Ok(HParams {
@@ -196,6 +204,28 @@ impl HParams {
 
 fn invalid(key: &str, value: impl std::fmt::Display, problem: String) -> HParamsError {
     HParamsError::Invalid { key: key.into(), value: value.to_string(), problem }
+}
+
+/// A DFlash draft's rotary style, from the draft file alone (after any
+/// fixup edits): explicit non-zero sections mean M-RoPE (contiguous, never
+/// interleaved); otherwise NEOX with one position.
+fn dflash_rope(file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
+    const SECTIONS: &str = "dflash.rope.dimension_sections";
+    if let Some(count) = file.opt_u32("dflash.hyper_connection.count")?
+        && count > 0
+    {
+        return Err(invalid(
+            "dflash.hyper_connection.count",
+            count,
+            "DSV4 DFlash backbones (hyper-connections, MLA, MoE) are not supported".into(),
+        ));
+    }
+    match file.get(SECTIONS) {
+        Some(_) if file.ints(SECTIONS)?.iter().any(|&section| section != 0) => {
+            Ok(RopeStyle::MRope(sections(file, SECTIONS, n_rot)?))
+        }
+        _ => Ok(RopeStyle::Neox),
+    }
 }
 
 /// `rope.dimension_sections`: four (or three, padded) pair counts that fit

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod chat_template;
+pub mod dflash;
 pub mod gguf;
 pub mod hparams;
 pub mod kv;

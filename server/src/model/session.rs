@@ -113,7 +113,7 @@ impl<'m> Session<'m> {
             rows: batch_rows,
             block_tables: vec![self.table.clone()],
             embeddings: embeddings.to_vec(),
-            taps: Vec::new(),
+            ..Batch::default()
         };
         let output = self.model.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
         self.cells += rows.len() as u32;

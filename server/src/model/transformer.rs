@@ -14,7 +14,8 @@ use sluice_kernels::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles}
 use sluice_kernels::pool::ThreadPool;
 use sluice_kernels::quant::{DType, dequantize_row};
 
-use super::batch::{Batch, RowInput};
+use super::batch::{Batch, BatchRow, RowInput};
+use super::dflash::DflashParams;
 use super::gguf::{GgufError, GgufFile, TensorInfo};
 use super::hparams::{Architecture, HParams, HParamsError, RopeStyle};
 use super::kv::KvStore;
@@ -43,13 +44,15 @@ pub enum ForwardError {
     Cell { row: usize, cell: u32 },
     #[error("tap at layer {0} is past the last layer")]
     Tap(usize),
+    #[error("row {0}: this model has no token embeddings of its own; pass embedding rows")]
+    NoEmbeddings(usize),
     #[error("kernel: {0}")]
     Kernel(String),
 }
 
 /// A weight matrix: where its bytes are and its shape.
 #[derive(Debug, Clone)]
-struct Weight {
+pub(crate) struct Weight {
     tensor: TensorInfo,
     n_in: usize,
     n_out: usize,
@@ -77,10 +80,16 @@ struct Layer {
 pub struct Transformer {
     file: GgufFile,
     hparams: HParams,
-    token_embd: Weight,
+    /// Absent in a DFlash draft that borrows its target's.
+    token_embd: Option<Weight>,
     output_norm: Vec<f32>,
-    output: Weight,
+    /// Absent in a DFlash draft that borrows its target's LM head; the
+    /// forward pass then returns normalized hidden states instead of logits.
+    output: Option<Weight>,
     layers: Vec<Layer>,
+    /// A DFlash draft's feature fusion: `fc` (the target taps, concatenated,
+    /// to n_embd), then RMSNorm with `enc.output_norm`.
+    fusion: Option<(Weight, Vec<f32>)>,
     rope: Rope,
     heads: HeadShape,
 }
@@ -94,6 +103,9 @@ pub struct ForwardOutput {
     pub logit_rows: Vec<usize>,
     /// Per requested tap (in `Batch::taps` order): n_rows × n_embd.
     pub taps: Vec<Vec<f32>>,
+    /// For a model without an LM head: the final-normed hidden states of
+    /// the rows that asked for logits (n_embd each) instead of logits.
+    pub hidden: Vec<f32>,
 }
 
 /// Reusable buffers of a forward pass.
@@ -122,15 +134,20 @@ impl Transformer {
     pub fn from_file(file: GgufFile) -> Result<Self, LoadError> {
         let hparams = HParams::from_gguf(&file)?;
         let hp = &hparams;
-        let token_embd = weight(&file, "token_embd.weight", hp.n_embd, hp.n_vocab)?;
-        let output = match file.tensor("output.weight") {
-            Some(_) => weight(&file, "output.weight", hp.n_embd, hp.n_vocab)?,
+        let borrows = hp.arch == Architecture::Dflash;
+        let token_embd = match file.tensor("token_embd.weight") {
+            None if borrows => None,
+            _ => Some(weight(&file, "token_embd.weight", hp.n_embd, hp.n_vocab)?),
+        };
+        let output = match (file.tensor("output.weight"), &token_embd) {
+            (Some(_), _) => Some(weight(&file, "output.weight", hp.n_embd, hp.n_vocab)?),
             // Tied embeddings: the LM head is the embedding table.
-            None => token_embd.clone(),
+            (None, Some(token_embd)) if !borrows => Some(token_embd.clone()),
+            (None, _) => None,
         };
         let output_norm = vector(&file, "output_norm.weight", hp.n_embd)?;
         let qwen2_biases = matches!(hp.arch, Architecture::Qwen2 | Architecture::Qwen2Vl);
-        let qk_norms = matches!(hp.arch, Architecture::Qwen3 | Architecture::Qwen3Vl);
+        let qk_norms = matches!(hp.arch, Architecture::Qwen3 | Architecture::Qwen3Vl | Architecture::Dflash);
         let layers = (0..hp.n_layer)
             .map(|layer| {
                 let name = |suffix: &str| format!("blk.{layer}.{suffix}");
@@ -160,6 +177,16 @@ impl Transformer {
                 })
             })
             .collect::<Result<_, LoadError>>()?;
+        let fusion = match hp.arch {
+            Architecture::Dflash => {
+                let n_taps = DflashParams::from_gguf(&file)?.target_layers.len();
+                Some((
+                    weight(&file, "fc.weight", n_taps * hp.n_embd, hp.n_embd)?,
+                    vector(&file, "enc.output_norm.weight", hp.n_embd)?,
+                ))
+            }
+            _ => None,
+        };
         if file.tensor("rope_freqs.weight").is_some() {
             return Err(tensor_problem("rope_freqs.weight", "per-frequency rope factors are not supported yet"));
         }
@@ -167,7 +194,7 @@ impl Transformer {
             .map_err(|error| tensor_problem("rope", &error.to_string()))?;
         let heads = HeadShape::new(hp.n_head, hp.n_head_kv, hp.head_dim)
             .map_err(|error| tensor_problem("attention", &error.to_string()))?;
-        Ok(Transformer { file, hparams, token_embd, output_norm, output, layers, rope, heads })
+        Ok(Transformer { file, hparams, token_embd, output_norm, output, layers, fusion, rope, heads })
     }
 
     pub fn hparams(&self) -> &HParams {
@@ -184,6 +211,44 @@ impl Transformer {
         KvStore::new(self.hparams.n_layer, self.hparams.kv_dim(), n_blocks, block_tokens)
     }
 
+    /// Write token `token`'s embedding row into `dst` (n_embd); `false` if
+    /// the model has no embeddings or the token is out of range.
+    pub fn embed(&self, token: u32, dst: &mut [f32]) -> bool {
+        match &self.token_embd {
+            Some(embd) if (token as usize) < self.hparams.n_vocab && dst.len() == self.hparams.n_embd => {
+                self.matrix(embd).dequantize_row(token as usize, dst);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A DFlash draft's fused context features for `n` rows of
+    /// concatenated target taps; `None` for other models.
+    pub fn fuse(&self, taps: &[f32], n: usize, pool: &ThreadPool) -> Option<Vec<f32>> {
+        let (fc, norm) = self.fusion.as_ref()?;
+        let n_embd = self.hparams.n_embd;
+        let mut fused = vec![0.0; n * n_embd];
+        matmul(&self.matrix(fc), &taps[..n * fc.n_in], n, &mut fused, pool);
+        let mut normed = Vec::new();
+        norm_rows(&fused, norm, self.hparams.rms_eps, n_embd, &mut normed);
+        Some(normed)
+    }
+
+    /// Whether the model has its own LM head.
+    pub fn has_lm_head(&self) -> bool {
+        self.output.is_some()
+    }
+
+    /// Logits of `m` final-normed hidden rows (n_embd each) through this
+    /// model's LM head; empty if it has none.
+    pub fn lm_head(&self, hidden: &[f32], m: usize, pool: &ThreadPool) -> Vec<f32> {
+        let Some(output) = &self.output else { return Vec::new() };
+        let mut logits = vec![0.0; m * self.hparams.n_vocab];
+        matmul(&self.matrix(output), &hidden[..m * self.hparams.n_embd], m, &mut logits, pool);
+        logits
+    }
+
     fn matrix(&self, weight: &Weight) -> QuantMatrix<'_> {
         QuantMatrix::new(weight.tensor.dtype, self.file.data(&weight.tensor), weight.n_out, weight.n_in)
             .expect("weight shapes were validated at load")
@@ -196,6 +261,7 @@ impl Transformer {
         let n_embd = self.hparams.n_embd;
         for (row, entry) in batch.rows.iter().enumerate() {
             match entry.input {
+                RowInput::Token(_) if self.token_embd.is_none() => return Err(ForwardError::NoEmbeddings(row)),
                 RowInput::Token(token) if token as usize >= n_vocab => {
                     return Err(ForwardError::Token { row, token, n_vocab });
                 }
@@ -233,12 +299,14 @@ impl Transformer {
         let (n_embd, q_dim, kv_dim) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let s = scratch;
         resize(&mut s.x, n * n_embd);
-        let embd = self.matrix(&self.token_embd);
+        let embd = self.token_embd.as_ref().map(|embd| self.matrix(embd));
         for (row, entry) in batch.rows.iter().enumerate() {
             let dst = &mut s.x[row * n_embd..(row + 1) * n_embd];
-            match entry.input {
-                RowInput::Token(token) => embd.dequantize_row(token as usize, dst),
-                RowInput::Embedding(index) => {
+            match (entry.input, &embd) {
+                (RowInput::Token(token), Some(embd)) => embd.dequantize_row(token as usize, dst),
+                // Refused by `check`.
+                (RowInput::Token(_), None) => {}
+                (RowInput::Embedding(index), _) => {
                     dst.copy_from_slice(&batch.embeddings[index * n_embd..(index + 1) * n_embd])
                 }
             }
@@ -249,6 +317,7 @@ impl Transformer {
         for (entry, angles) in batch.rows.iter().zip(&mut s.angles) {
             self.rope.angles(entry.pos, angles);
         }
+        let spans = attention_spans(batch);
         let scale = 1.0 / (hp.head_dim as f32).sqrt();
         for (index, layer) in self.layers.iter().enumerate() {
             tap(batch, index, &s.x, &mut output.taps);
@@ -265,12 +334,7 @@ impl Transformer {
                 }
             }
             for (values, norm) in [(&mut s.q, &layer.q_norm), (&mut s.k, &layer.k_norm)] {
-                if let Some(norm) = norm {
-                    values.chunks_exact_mut(hp.head_dim).for_each(|head| {
-                        let input = head.to_vec();
-                        ops::rms_norm(&input, norm, hp.rms_eps, head);
-                    });
-                }
+                head_norm(values, norm.as_deref(), hp.head_dim, hp.rms_eps);
             }
             for (row, angles) in s.angles.iter().enumerate() {
                 self.rope.apply(angles, &mut s.q[row * q_dim..(row + 1) * q_dim]);
@@ -291,7 +355,8 @@ impl Transformer {
             // thread computes it.
             let outputs: Vec<Mutex<&mut [f32]>> = s.attn.chunks_exact_mut(q_dim).map(Mutex::new).collect();
             s.attn_scratch.resize_with(pool.n_threads(), Mutex::default);
-            let (q, scratch, heads, block_tokens) = (&s.q, &s.attn_scratch, self.heads, kv.block_tokens());
+            let (q, scratch, heads, block_tokens, spans) =
+                (&s.q, &s.attn_scratch, self.heads, kv.block_tokens(), &spans);
             let failure: Mutex<Option<String>> = Mutex::new(None);
             pool.run(|thread, n_threads| {
                 let Ok(mut scratch) = scratch[thread].lock() else { return };
@@ -301,7 +366,7 @@ impl Transformer {
                     let attended = ops::attend(
                         &q[row * q_dim..(row + 1) * q_dim],
                         KvPages { k: keys, v: values, pages },
-                        entry.cell as usize + 1,
+                        spans[row],
                         heads,
                         scale,
                         &mut out,
@@ -346,10 +411,89 @@ impl Transformer {
                     &mut s.h[out_row * n_embd..(out_row + 1) * n_embd],
                 );
             }
-            output.logits = vec![0.0; m * hp.n_vocab];
-            matmul(&self.matrix(&self.output), &s.h[..m * n_embd], m, &mut output.logits, pool);
+            match &self.output {
+                Some(head) => {
+                    output.logits = vec![0.0; m * hp.n_vocab];
+                    matmul(&self.matrix(head), &s.h[..m * n_embd], m, &mut output.logits, pool);
+                }
+                None => output.hidden = s.h[..m * n_embd].to_vec(),
+            }
         }
         Ok(output)
+    }
+
+    /// DFlash context injection: for each row of `features` (n_embd each,
+    /// already fused), write every layer's K (k-normed and rotated at the
+    /// row's position) and V into the row's KV cell. No attention or
+    /// feed-forward runs for context rows.
+    pub fn inject(
+        &self,
+        features: &[f32],
+        rows: &[BatchRow],
+        block_tables: &[Vec<u32>],
+        kv: &mut KvStore,
+        pool: &ThreadPool,
+        scratch: &mut Scratch,
+    ) -> Result<(), ForwardError> {
+        let hp = &self.hparams;
+        let (n, n_embd, kv_dim) = (rows.len(), hp.n_embd, hp.kv_dim());
+        let batch = Batch {
+            rows: rows.to_vec(),
+            block_tables: block_tables.to_vec(),
+            embeddings: features.to_vec(),
+            ..Batch::default()
+        };
+        let offsets = self.check(&batch, kv)?;
+        if features.len() != n * n_embd {
+            return Err(ForwardError::Kernel(format!("{} feature values for {n} rows of {n_embd}", features.len())));
+        }
+        let s = scratch;
+        s.angles.resize_with(n, RopeAngles::default);
+        for (entry, angles) in rows.iter().zip(&mut s.angles) {
+            self.rope.angles(entry.pos, angles);
+        }
+        for (index, layer) in self.layers.iter().enumerate() {
+            resize(&mut s.k, n * kv_dim);
+            resize(&mut s.v, n * kv_dim);
+            matmul(&self.matrix(&layer.k), features, n, &mut s.k, pool);
+            matmul(&self.matrix(&layer.v), features, n, &mut s.v, pool);
+            head_norm(&mut s.k, layer.k_norm.as_deref(), hp.head_dim, hp.rms_eps);
+            for (row, angles) in s.angles.iter().enumerate() {
+                self.rope.apply(angles, &mut s.k[row * kv_dim..(row + 1) * kv_dim]);
+            }
+            let (keys, values) = kv.layer_mut(index);
+            for (row, &offset) in offsets.iter().enumerate() {
+                ops::f32_to_f16_row(&s.k[row * kv_dim..(row + 1) * kv_dim], &mut keys[offset..offset + kv_dim]);
+                ops::f32_to_f16_row(&s.v[row * kv_dim..(row + 1) * kv_dim], &mut values[offset..offset + kv_dim]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many cells of its sequence each row attends to: causally up to its
+/// own cell, or, in a bidirectional batch (a DFlash block), up to the last
+/// cell its sequence has in the batch.
+fn attention_spans(batch: &Batch) -> Vec<usize> {
+    if !batch.bidirectional {
+        return batch.rows.iter().map(|row| row.cell as usize + 1).collect();
+    }
+    let mut last = vec![0usize; batch.block_tables.len()];
+    for row in &batch.rows {
+        if let Some(last) = last.get_mut(row.seq) {
+            *last = (*last).max(row.cell as usize + 1);
+        }
+    }
+    batch.rows.iter().map(|row| last.get(row.seq).copied().unwrap_or(row.cell as usize + 1)).collect()
+}
+
+/// Per-head RMS norm (qwen3's q/k norms), when the layer has one.
+fn head_norm(values: &mut [f32], norm: Option<&[f32]>, head_dim: usize, eps: f32) {
+    if let Some(norm) = norm {
+        values.chunks_exact_mut(head_dim).for_each(|head| {
+            let input = head.to_vec();
+            ops::rms_norm(&input, norm, eps, head);
+        });
     }
 }
 
@@ -380,11 +524,11 @@ fn rope_kind(style: RopeStyle) -> ops::RopeKind {
     }
 }
 
-fn tensor_problem(name: &str, problem: &str) -> LoadError {
+pub(crate) fn tensor_problem(name: &str, problem: &str) -> LoadError {
     LoadError::Tensor { name: name.into(), problem: problem.into() }
 }
 
-fn weight(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Weight, LoadError> {
+pub(crate) fn weight(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Weight, LoadError> {
     let tensor = file.tensor(name).ok_or_else(|| tensor_problem(name, "missing"))?;
     if tensor.dims.len() != 2 || tensor.dims[0] != n_in as u64 || tensor.dims[1] != n_out as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{n_in}, {n_out}]", tensor.dims)));
@@ -393,7 +537,7 @@ fn weight(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Weig
 }
 
 /// A small f32 (or f16/bf16) vector, dequantized into memory.
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+pub(crate) fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
     let tensor = file.tensor(name).ok_or_else(|| tensor_problem(name, "missing"))?;
     if tensor.elements() != len as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{len}]", tensor.dims)));

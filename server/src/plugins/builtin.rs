@@ -13,6 +13,15 @@ macro_rules! builtin {
 pub const BUILTIN_POLICIES: &[(&str, &[u8])] =
     &[builtin!("continuous"), builtin!("cohort"), builtin!("prefill-first"), builtin!("priority")];
 
+/// Built-in draft fixups by name; `mrope-temporal` runs on every draft
+/// unless `speculative.fixups` says otherwise (specs/dflash-mrope.md).
+pub const BUILTIN_FIXUPS: &[(&str, &[u8])] = &[builtin!("mrope-temporal")];
+
+/// The component of a built-in fixup.
+pub fn builtin_fixup(name: &str) -> Option<(&'static str, &'static [u8])> {
+    BUILTIN_FIXUPS.iter().find(|(builtin, _)| *builtin == name).copied()
+}
+
 /// The component of a built-in policy.
 pub fn builtin_policy(name: &str) -> Option<(&'static str, &'static [u8])> {
     BUILTIN_POLICIES.iter().find(|(builtin, _)| *builtin == name).copied()

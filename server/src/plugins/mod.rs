@@ -20,7 +20,7 @@ mod host;
 mod scheduler;
 mod settings;
 
-pub use builtin::{BUILTIN_POLICIES, builtin_policy};
+pub use builtin::{BUILTIN_FIXUPS, BUILTIN_POLICIES, builtin_fixup, builtin_policy};
 pub use component::{LoadError, PluginSource};
 pub use fault::PluginFault;
 pub use fixup::{FixupError, WasmFixup};

@@ -1,0 +1,176 @@
+//! DFlash: the target's hidden states at a few layers are fused and
+//! injected as the draft's KV context; one bidirectional pass over the block
+//! `[sampled token, MASK × (B-1)]` drafts B-1 tokens at once. Embeddings and
+//! the LM head are the target's unless the draft has its own.
+
+use std::sync::Arc;
+
+use sluice_kernels::pool::ThreadPool;
+
+use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
+use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::dflash::DflashParams;
+use crate::model::kv::KvStore;
+use crate::model::transformer::{ForwardError, Scratch, Transformer};
+
+pub struct DflashDrafter {
+    target: Arc<Transformer>,
+    draft: Transformer,
+    params: DflashParams,
+    /// Token that fills the block after the sampled one.
+    mask_token: u32,
+    kv: KvStore,
+    scratch: Scratch,
+}
+
+impl DflashDrafter {
+    /// A drafter for a paired draft (see `pairing`), whose KV store mirrors
+    /// the target's (`n_blocks` blocks of `block_tokens` cells).
+    pub(super) fn new(
+        target: Arc<Transformer>,
+        draft: Transformer,
+        params: DflashParams,
+        mask_token: u32,
+        n_blocks: usize,
+        block_tokens: usize,
+    ) -> Self {
+        let kv = draft.kv_store(n_blocks, block_tokens);
+        DflashDrafter { target, draft, params, mask_token, kv, scratch: Scratch::default() }
+    }
+
+    /// Row `token`'s input embedding: the draft's own table, else the target's.
+    fn embed(&self, token: u32, dst: &mut [f32]) -> bool {
+        self.draft.embed(token, dst) || self.target.embed(token, dst)
+    }
+}
+
+impl Drafter for DflashDrafter {
+    fn kind(&self) -> &'static str {
+        "dflash"
+    }
+
+    fn taps(&self) -> &[usize] {
+        &self.params.target_layers
+    }
+
+    fn commit(
+        &mut self,
+        rows: &mut [CommittedRows<'_>],
+        taps: &[Vec<f32>],
+        pool: &ThreadPool,
+    ) -> Result<(), DraftError> {
+        let n_embd = self.target.hparams().n_embd;
+        if taps.len() != self.params.target_layers.len() {
+            return Err(ForwardError::Kernel(format!(
+                "{} taps for {} target layers",
+                taps.len(),
+                self.params.target_layers.len()
+            ))
+            .into());
+        }
+        // Features of every committed row, taps concatenated per row.
+        let mut features = Vec::new();
+        let mut batch = Batch::default();
+        for committed in rows.iter() {
+            // Context must stay contiguous: rows after a gap (a sequence the
+            // drafter missed) are not injected and the sequence gets no drafts.
+            if committed.state.cells < committed.first_cell {
+                continue;
+            }
+            batch.block_tables.push(committed.table.to_vec());
+            for (offset, row) in committed.batch_rows.clone().enumerate() {
+                for tap in taps {
+                    features.extend_from_slice(&tap[row * n_embd..(row + 1) * n_embd]);
+                }
+                let cell = committed.first_cell + offset;
+                batch.rows.push(BatchRow {
+                    input: RowInput::Embedding(batch.rows.len()),
+                    seq: batch.block_tables.len() - 1,
+                    cell: cell as u32,
+                    pos: text_position(cell as u32),
+                    logits: false,
+                });
+            }
+        }
+        if batch.rows.is_empty() {
+            return Ok(());
+        }
+        let fused = self
+            .draft
+            .fuse(&features, batch.rows.len(), pool)
+            .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
+        self.draft.inject(&fused, &batch.rows, &batch.block_tables, &mut self.kv, pool, &mut self.scratch)?;
+        for committed in rows.iter_mut().filter(|committed| committed.state.cells >= committed.first_cell) {
+            committed.state.cells = committed.first_cell + committed.batch_rows.len();
+        }
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        requests: &mut [DraftRequest<'_>],
+        settings: &DraftSettings,
+        pool: &ThreadPool,
+    ) -> Result<(), DraftError> {
+        let n_embd = self.target.hparams().n_embd;
+        let mut batch = Batch { bidirectional: !self.params.causal, ..Batch::default() };
+        let mut drafting = Vec::new();
+        for (index, request) in requests.iter().enumerate() {
+            // The block needs the whole context injected.
+            let block = (request.n_max + 1).min(self.params.block_size);
+            if block < 2 || request.state.cells != request.cells {
+                continue;
+            }
+            batch.block_tables.push(request.table.to_vec());
+            for offset in 0..block {
+                let token = if offset == 0 { request.tokens[request.cells] } else { self.mask_token };
+                let start = batch.embeddings.len();
+                batch.embeddings.resize(start + n_embd, 0.0);
+                if !self.embed(token, &mut batch.embeddings[start..]) {
+                    return Err(ForwardError::Token {
+                        row: batch.rows.len(),
+                        token,
+                        n_vocab: self.target.hparams().n_vocab,
+                    }
+                    .into());
+                }
+                let cell = request.cells + offset;
+                batch.rows.push(BatchRow {
+                    input: RowInput::Embedding(batch.rows.len()),
+                    seq: batch.block_tables.len() - 1,
+                    cell: cell as u32,
+                    pos: text_position(cell as u32),
+                    logits: offset > 0,
+                });
+            }
+            drafting.push((index, block - 1));
+        }
+        if drafting.is_empty() {
+            return Ok(());
+        }
+        let output = self.draft.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
+        let m = output.logit_rows.len();
+        let logits =
+            if self.draft.has_lm_head() { output.logits } else { self.target.lm_head(&output.hidden, m, pool) };
+        let n_vocab = logits.len() / m.max(1);
+        let mut row = 0;
+        for (index, n_rows) in drafting {
+            let request = &mut requests[index];
+            for offset in 0..n_rows {
+                let (token, prob) = most_likely(&logits[(row + offset) * n_vocab..(row + offset + 1) * n_vocab]);
+                if prob < settings.p_min {
+                    break;
+                }
+                request.drafts.push(token);
+            }
+            row += n_rows;
+            // The block's KV is dropped: only injected context is valid.
+            request.state.cells = request.cells;
+        }
+        Ok(())
+    }
+
+    fn copy_block(&mut self, from: u32, to: u32) {
+        self.kv.copy_block(from, to);
+    }
+}

@@ -1,0 +1,83 @@
+//! `draft-simple`: a small model of the target's family and vocabulary
+//! drafts greedily, one batched pass per draft depth.
+
+use sluice_kernels::pool::ThreadPool;
+
+use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
+use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::kv::KvStore;
+use crate::model::transformer::{Scratch, Transformer};
+
+pub struct SimpleDrafter {
+    model: Transformer,
+    kv: KvStore,
+    scratch: Scratch,
+}
+
+impl SimpleDrafter {
+    /// A drafter whose KV store mirrors the target's (`n_blocks` blocks of
+    /// `block_tokens` cells).
+    pub fn new(model: Transformer, n_blocks: usize, block_tokens: usize) -> Self {
+        let kv = model.kv_store(n_blocks, block_tokens);
+        SimpleDrafter { model, kv, scratch: Scratch::default() }
+    }
+}
+
+impl Drafter for SimpleDrafter {
+    fn kind(&self) -> &'static str {
+        "draft-simple"
+    }
+
+    fn draft(
+        &mut self,
+        requests: &mut [DraftRequest<'_>],
+        settings: &DraftSettings,
+        pool: &ThreadPool,
+    ) -> Result<(), DraftError> {
+        // Requests still drafting; the first pass also catches the draft
+        // up on everything the target has (the prompt, accepted drafts).
+        let mut drafting: Vec<usize> = (0..requests.len()).filter(|&index| requests[index].n_max > 0).collect();
+        let mut depth = 0;
+        while !drafting.is_empty() {
+            let mut batch = Batch::default();
+            for (seq, &index) in drafting.iter().enumerate() {
+                let request = &requests[index];
+                batch.block_tables.push(request.table.to_vec());
+                let next_cell = request.cells + depth;
+                let first_cell = if depth == 0 { request.state.cells.min(request.cells) } else { next_cell };
+                for cell in first_cell..=next_cell {
+                    let token = if cell <= request.cells { request.tokens[cell] } else { request.drafts[depth - 1] };
+                    batch.rows.push(BatchRow {
+                        input: RowInput::Token(token),
+                        seq,
+                        cell: cell as u32,
+                        pos: text_position(cell as u32),
+                        logits: cell == next_cell,
+                    });
+                }
+            }
+            let output = self.model.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
+            let n_vocab = self.model.hparams().n_vocab;
+            let mut still = Vec::with_capacity(drafting.len());
+            for (out, &index) in drafting.iter().enumerate() {
+                let request = &mut requests[index];
+                request.state.cells = request.cells + depth + 1;
+                let (token, prob) = most_likely(&output.logits[out * n_vocab..(out + 1) * n_vocab]);
+                if prob < settings.p_min {
+                    continue;
+                }
+                request.drafts.push(token);
+                if request.drafts.len() < request.n_max {
+                    still.push(index);
+                }
+            }
+            drafting = still;
+            depth += 1;
+        }
+        Ok(())
+    }
+
+    fn copy_block(&mut self, from: u32, to: u32) {
+        self.kv.copy_block(from, to);
+    }
+}

@@ -1,0 +1,280 @@
+//! Draft decoding on synthetic models: pairing (the `mrope-temporal` fixup's
+//! decision table, then the native checks) and output parity with and
+//! without a draft through the real engine.
+
+use std::sync::Arc;
+
+use sluice::config::PolicyConfig;
+use sluice::engine::request::{Event, GenerationRequest};
+use sluice::engine::sampling::SamplingParams;
+use sluice::engine::speculative::pairing::{DraftKind, PairedDraft, PairingError, model_info, pair};
+use sluice::engine::speculative::{DraftSettings, Speculation};
+use sluice::engine::{EngineConfig, EngineHandle};
+use sluice::http::admin::load_policy;
+use sluice::model::gguf::GgufFile;
+use sluice::model::hparams::RopeStyle;
+use sluice::model::tokenizer::Tokenizer;
+use sluice::model::transformer::Transformer;
+use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
+use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
+
+fn model(builder: &GgufBuilder) -> Transformer {
+    Transformer::from_file(GgufFile::from_bytes(builder.build()).expect("parses")).expect("loads")
+}
+
+fn mrope_target() -> GgufBuilder {
+    TinyModel { sections: Some([2, 3, 3, 0]), ..TinyModel::recipe("qwen2vl", 1) }.build()
+}
+
+fn imrope_target() -> GgufBuilder {
+    TinyModel { sections: Some([4, 2, 2, 0]), ..TinyModel::recipe("qwen3vl", 2) }.build()
+}
+
+fn text_target() -> GgufBuilder {
+    TinyModel::recipe("qwen3", 3).build()
+}
+
+/// The reference recipe's legacy draft: one layer, taps of target layers 1
+/// and 2, blocks of 4, no rope sections.
+fn legacy_draft() -> GgufBuilder {
+    TinyModel { n_layer: 1, ..TinyModel::recipe("qwen3", 9) }.dflash(&[1, 2], 64, 4)
+}
+
+fn mrope_temporal() -> WasmFixup {
+    let host = PluginHost::new().expect("host");
+    let (name, bytes) = builtin_fixup("mrope-temporal").expect("built in");
+    WasmFixup::load(&host, PluginSource::Builtin(name), bytes, PluginLimits::default()).expect("loads")
+}
+
+fn paired(target: &GgufBuilder, draft: &GgufBuilder) -> Result<PairedDraft, PairingError> {
+    pair(&model(target), GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
+}
+
+fn refusal(target: &GgufBuilder, draft: &GgufBuilder) -> String {
+    match paired(target, draft) {
+        Ok(_) => panic!("the pair was accepted"),
+        Err(error) => error.to_string(),
+    }
+}
+
+fn sections(values: &[i32]) -> Value {
+    Value::I32s(values.to_vec())
+}
+
+#[test]
+fn legacy_drafts_of_mrope_and_imrope_targets_get_temporal_only_mrope() {
+    for target in [mrope_target(), imrope_target()] {
+        let paired = paired(&target, &legacy_draft()).expect("paired");
+        assert_eq!(paired.kind(), DraftKind::Dflash);
+        // Contiguous M-RoPE even for an interleaved target, and n_rot/2 pairs
+        // on the temporal component, never the target's sections.
+        assert_eq!(paired.hparams().rope, RopeStyle::MRope([8, 0, 0, 0]));
+        assert_eq!(paired.edits.len(), 1, "{:?}", paired.edits);
+        assert_eq!(paired.edits[0].key, "dflash.rope.dimension_sections");
+        assert_eq!(paired.edits[0].plugin, "built-in plugin `mrope-temporal`");
+    }
+}
+
+#[test]
+fn explicit_sections_text_targets_and_dsv4_drafts_are_left_unchanged() {
+    for explicit in [[8, 0, 0, 0], [5, 0, 0, 0]] {
+        let draft = legacy_draft().meta("dflash.rope.dimension_sections", sections(&explicit));
+        let paired = paired(&mrope_target(), &draft).expect("paired");
+        assert_eq!(paired.hparams().rope, RopeStyle::MRope(explicit.map(|section| section as u32)));
+        assert!(paired.edits.is_empty(), "{:?}", paired.edits);
+    }
+    let paired = paired(&text_target(), &legacy_draft()).expect("paired");
+    assert_eq!(paired.hparams().rope, RopeStyle::Neox);
+    assert!(paired.edits.is_empty());
+
+    // A DSV4 backbone is not the fixup's business; sluice cannot run one.
+    let dsv4 = legacy_draft().meta("dflash.hyper_connection.count", Value::U32(4));
+    let dsv4_file = GgufFile::from_bytes(dsv4.build()).expect("parses");
+    let target = model(&mrope_target());
+    let edits = mrope_temporal().run(&model_info(target.file()), &model_info(&dsv4_file)).expect("runs");
+    assert!(edits.is_empty(), "{edits:?}");
+    assert!(refusal(&mrope_target(), &dsv4).contains("DSV4"));
+}
+
+#[test]
+fn invalid_rotary_dimensions_are_refused_before_any_draft_context() {
+    let freqs = legacy_draft().tensor(Tensor::f32("rope_freqs.weight", &[8], &[1.0; 8]));
+    let cases = [
+        (legacy_draft().meta("dflash.rope.dimension_count", Value::U32(15)), "must be even"),
+        (legacy_draft().meta("dflash.rope.dimension_count", Value::U32(0)), "must be even"),
+        (legacy_draft().meta("dflash.rope.dimension_count", Value::U32(32)), "in 1..=16"),
+        (legacy_draft().meta("dflash.attention.value_length", Value::U32(8)), "differs from"),
+        (freqs.clone(), "rope_freqs.weight"),
+    ];
+    for (draft, expected) in &cases {
+        let refused = refusal(&mrope_target(), draft);
+        assert!(
+            refused.starts_with("built-in plugin `mrope-temporal`: refused the draft") && refused.contains(expected),
+            "{refused}"
+        );
+    }
+    // With a text-only target the fixup has nothing to infer, and the
+    // native checks refuse the same files (every DFlash draft's rotary
+    // dimensions are validated).
+    for (draft, expected) in [
+        (&cases[0].0, "must be even"),
+        (&cases[2].0, "must be even and 1..=16"),
+        (&cases[3].0, "must equal key_length"),
+    ] {
+        let refused = refusal(&text_target(), draft);
+        assert!(refused.contains(expected), "{refused}");
+    }
+    assert!(refusal(&text_target(), &freqs).contains("rope_freqs.weight"));
+}
+
+#[test]
+fn pairing_checks_fail_closed_with_the_reason() {
+    let narrow = TinyModel { n_embd: 32, n_layer: 1, ..TinyModel::recipe("qwen3", 9) }.dflash(&[1, 2], 64, 4);
+    assert!(
+        refusal(&text_target(), &narrow)
+            .contains("dflash.embedding_length = 32 differs from the target's hidden size 64")
+    );
+    let fc = legacy_draft().tensor(Tensor::f32("fc.weight", &[96, 64], &vec![0.0; 96 * 64]));
+    assert!(
+        refusal(&text_target(), &fc)
+            .contains("fc.weight takes 96 inputs; 2 target layers × target hidden size 64 = 128")
+    );
+    let layers = TinyModel { n_layer: 1, ..TinyModel::recipe("qwen3", 9) }.dflash(&[1, 3], 64, 4);
+    assert!(refusal(&text_target(), &layers).contains("dflash.target_layers names layer 3; the target has 2 layers"));
+    let no_mask = legacy_draft().without_meta("tokenizer.ggml.mask_token_id");
+    assert!(refusal(&text_target(), &no_mask).contains("no tokenizer.ggml.mask_token_id"));
+    let vocabulary = legacy_draft()
+        .tensor(Tensor::f32("output.weight", &[64, 31], &vec![0.0; 64 * 31]))
+        .meta("dflash.vocab_size", Value::U32(31));
+    assert!(refusal(&text_target(), &vocabulary).contains("the draft's vocabulary has 31 tokens, the target's 32"));
+
+    // Without the fixup, a legacy draft of an M-RoPE target is refused at
+    // start rather than failing at the first image.
+    let unfixed =
+        pair(&model(&mrope_target()), GgufFile::from_bytes(legacy_draft().build()).expect("parses"), None, &[]);
+    let refused = unfixed.err().expect("refused").to_string();
+    assert!(refused.contains("uses M-RoPE but the draft has 1-D positions"), "{refused}");
+
+    let wrong_kind = pair(
+        &model(&text_target()),
+        GgufFile::from_bytes(legacy_draft().build()).expect("parses"),
+        Some(DraftKind::Simple),
+        &[],
+    );
+    assert!(
+        wrong_kind
+            .err()
+            .expect("refused")
+            .to_string()
+            .contains("is draft-simple but the draft's architecture is \"dflash\"")
+    );
+
+    let mut other_tokens = TinyModel::recipe("qwen3", 4);
+    other_tokens.tokens = Some((0..32).map(|id| if id == 7 { "seven".into() } else { format!("t{id}") }).collect());
+    let simple =
+        pair(&model(&text_target()), GgufFile::from_bytes(other_tokens.build().build()).expect("parses"), None, &[]);
+    assert!(
+        simple
+            .err()
+            .expect("refused")
+            .to_string()
+            .contains("token 7 is \"t7\" in the target and \"seven\" in the draft")
+    );
+}
+
+/// Generate with the continuous policy on `target`, with `draft` as its
+/// draft when given: every request's tokens, and (drafted, accepted).
+fn generate(
+    target: &GgufBuilder,
+    draft: Option<&GgufBuilder>,
+    requests: &[GenerationRequest],
+    slots: usize,
+) -> (Vec<Vec<u32>>, (usize, usize)) {
+    let target = Arc::new(model(target));
+    let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
+    let config = EngineConfig { slots, ctx: 256, threads: 2, ..EngineConfig::default() };
+    let speculation = draft.map(|draft| {
+        let paired = pair(&target, GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
+            .expect("paired");
+        let (n_blocks, block_tokens) = config.kv_blocks();
+        let drafter = paired.into_drafter(Arc::clone(&target), n_blocks, block_tokens).expect("drafter");
+        Speculation { drafter, settings: DraftSettings { n_max: 6, n_min: 0, p_min: 0.0 } }
+    });
+    let host = PluginHost::new().expect("host");
+    let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
+    let engine = EngineHandle::start(target, tokenizer, Box::new(policy), Box::new(|| None), config, speculation)
+        .expect("engine");
+    let mut receivers: Vec<_> =
+        requests.iter().map(|request| engine.submit(request.clone()).expect("submitted").1).collect();
+    let mut outputs = Vec::new();
+    let mut counts = (0, 0);
+    for receiver in &mut receivers {
+        let mut tokens = Vec::new();
+        loop {
+            match receiver.blocking_recv().expect("the engine answers") {
+                Event::Started { .. } => {}
+                Event::Token(event) => tokens.push(event.token),
+                Event::Done(completion) => {
+                    counts.0 += completion.timings.draft_n;
+                    counts.1 += completion.timings.draft_n_accepted;
+                    break;
+                }
+                Event::Failed(error) => panic!("request failed: {error}"),
+            }
+        }
+        outputs.push(tokens);
+    }
+    (outputs, counts)
+}
+
+fn requests(temperature: f32) -> Vec<GenerationRequest> {
+    (0..4)
+        .map(|index| {
+            let prompt = (0..5 + 3 * index).map(|token| ((token * 7 + index * 3) % 30) as u32).collect();
+            let mut request = GenerationRequest::new(prompt);
+            request.n_predict = Some(40);
+            request.sampling =
+                SamplingParams { temperature, seed: Some(100 + index as u32), ..SamplingParams::default() };
+            request
+        })
+        .collect()
+}
+
+/// Output with the draft equals output without it, greedy and sampled, one
+/// slot and four; returns the (drafted, accepted) counts of each run.
+fn assert_parity(target: &GgufBuilder, draft: &GgufBuilder) -> Vec<(usize, usize)> {
+    let mut counts = Vec::new();
+    for temperature in [0.0, 0.8] {
+        let requests = requests(temperature);
+        let (alone, _) = generate(target, None, &requests, 1);
+        for slots in [1, 4] {
+            let (drafted, count) = generate(target, Some(draft), &requests, slots);
+            assert_eq!(drafted, alone, "temperature {temperature}, {slots} slots");
+            counts.push(count);
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_target_drafting_for_itself_accepts_every_greedy_draft() {
+    let target = text_target();
+    let counts = assert_parity(&target, &target);
+    let (drafted, accepted) = counts[0];
+    assert!(drafted > 0 && accepted == drafted, "greedy self-drafting: {counts:?}");
+    assert!(counts.iter().all(|&(drafted, _)| drafted > 0), "{counts:?}");
+}
+
+#[test]
+fn a_random_draft_accepts_little_and_changes_nothing() {
+    let counts = assert_parity(&text_target(), &TinyModel::recipe("qwen3", 77).build());
+    assert!(counts.iter().all(|&(drafted, accepted)| drafted > 0 && accepted * 2 < drafted), "{counts:?}");
+}
+
+#[test]
+fn dflash_drafts_change_nothing_for_text_and_mrope_targets() {
+    for (target, draft) in [(text_target(), legacy_draft()), (mrope_target(), legacy_draft())] {
+        let counts = assert_parity(&target, &draft);
+        assert!(counts.iter().all(|&(drafted, _)| drafted > 0), "{counts:?}");
+    }
+}
