@@ -45,6 +45,8 @@ enum BenchCommand {
     Serve(cli::bench::BenchServeArgs),
     /// Fit the policy lab's step-cost model to real forward passes.
     Calibrate(cli::bench::BenchCalibrateArgs),
+    /// Decode speed without and with a draft, and how much of it is kept.
+    Spec(cli::bench_spec::BenchSpecArgs),
 }
 
 #[derive(Subcommand)]
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Serve(args)) => cli::bench::bench_serve(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Calibrate(args)) => cli::bench::bench_calibrate(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Spec(args)) => cli::bench_spec::bench_spec(args).map(|()| ExitCode::SUCCESS),
         Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),
         Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
         Command::Plugin(PluginCommand::Check { plugin, world, config }) => {

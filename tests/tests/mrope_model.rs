@@ -36,7 +36,7 @@ fn run_rows(model: &Transformer, rows: &[(RowInput, Position)], embeddings: &[f3
             .collect(),
         block_tables: vec![vec![0, 1, 2, 3]],
         embeddings: embeddings.to_vec(),
-        taps: Vec::new(),
+        ..Batch::default()
     };
     model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward").logits
 }
@@ -106,7 +106,7 @@ fn hidden_state_taps_expose_layer_inputs() {
             logits: cell == 2,
         })
         .collect();
-    let batch = Batch { rows, block_tables: vec![vec![0, 1]], embeddings: Vec::new(), taps: vec![0, 1, hp.n_layer] };
+    let batch = Batch { rows, block_tables: vec![vec![0, 1]], taps: vec![0, 1, hp.n_layer], ..Batch::default() };
     let output = model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward");
     assert_eq!(output.taps.len(), 3);
     assert!(output.taps.iter().all(|tap| tap.len() == 3 * hp.n_embd));

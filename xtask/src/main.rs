@@ -35,10 +35,11 @@ enum Task {
     FetchModel,
     /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
     /// prefill tokens/s of the default model; `--json` ends with a JSON line)
-    /// or `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
-    /// `--llama-server BIN` measures llama-server the same way).
+    /// `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
+    /// `--llama-server BIN` measures llama-server the same way) or `spec`
+    /// (decode tokens/s without and with a draft, and the accepted length).
     Bench {
-        #[arg(value_parser = ["plugins", "model", "serve"])]
+        #[arg(value_parser = ["plugins", "model", "serve", "spec"])]
         suite: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -107,6 +108,31 @@ fn serve(args: &[String]) -> anyhow::Result<()> {
         .args(args))
 }
 
+/// Draft decoding: the default model drafting for itself, then a synthetic
+/// DFlash pair (written by the tests crate's `write-dflash-pair`).
+fn bench_spec(args: &[String]) -> anyhow::Result<()> {
+    let model = models::fetch_model()?;
+    let spec = |target: &std::path::Path, draft: &std::path::Path, extra: &[&str]| {
+        run(cargo()
+            .args(["run", "--quiet", "--release", "--package", "sluice", "--", "bench", "spec", "--model"])
+            .arg(target)
+            .arg("--model-draft")
+            .arg(draft)
+            .args(extra)
+            .args(args))
+    };
+    eprintln!("xtask: the default model drafting for itself");
+    spec(&model, &model, &[])?;
+    let dir = repo_root().join("target/bench");
+    run(cargo()
+        .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-dflash-pair", "--"])
+        .arg(&dir))?;
+    eprintln!("xtask: a synthetic DFlash pair (random weights: acceptance is near zero, the cost of drafting shows)");
+    // Random drafts are never confident: without a floor every block is verified.
+    let floor: &[&str] = if args.iter().any(|arg| arg.starts_with("--p-min")) { &[] } else { &["--p-min", "0"] };
+    spec(&dir.join("dflash-target.gguf"), &dir.join("dflash-draft.gguf"), floor)
+}
+
 fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
     match suite {
         "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
@@ -118,6 +144,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
                 .args(args))
         }
         "serve" => bench_serve::bench_serve(args),
+        "spec" => bench_spec(args),
         other => bail!("unknown benchmark suite `{other}`"),
     }
 }

@@ -14,17 +14,13 @@ use tokio::sync::watch;
 
 use super::admin::{self, Policies};
 use super::{AppState, ModelInfo, Ready, router};
-use crate::config::SpecType;
 use crate::config::{Config, Overrides};
 use crate::engine::policy::SchedulingPolicy;
-use crate::engine::speculative::pairing::{DraftKind, pair};
-use crate::engine::speculative::{DraftSettings, Speculation};
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{EngineHandle, speculative};
 use crate::model::chat_template::{ChatTemplate, TemplateError};
-use crate::model::gguf::GgufFile;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::Transformer;
-use crate::plugins::{PluginHost, PluginSource, WasmFixup, WasmPolicy, builtin_fixup};
+use crate::plugins::{PluginHost, WasmPolicy};
 
 /// How long open requests may run on after a stop signal.
 const GRACE: Duration = Duration::from_secs(10);
@@ -197,51 +193,11 @@ fn build(
         ftype: file.opt_u32("general.file_type").ok().flatten(),
     };
     let model = Arc::new(model);
-    let speculation = speculation(config, &model, &engine_config)?;
+    let speculation = speculative::load(&config.speculative, config.policy.limits(), &model, &engine_config)
+        .map_err(|(path, error)| StartError::Draft { path, error })?;
     let engine = EngineHandle::start(model, Arc::clone(&tokenizer), policy, fallback, engine_config, speculation)
         .map_err(StartError::Engine)?;
     Ok(Ready { engine, tokenizer, template, model: info })
-}
-
-/// The configured draft, paired with the target (fixups run, checks passed)
-/// before any of its context exists; `None` without a draft.
-fn speculation(
-    config: &Config,
-    target: &Arc<Transformer>,
-    engine: &EngineConfig,
-) -> Result<Option<Speculation>, StartError> {
-    let spec = &config.speculative;
-    let Some(path) = spec.draft_model.clone() else { return Ok(None) };
-    let failed = |error: String| StartError::Draft { path: path.clone(), error };
-    let requested = match spec.kind {
-        SpecType::None => None,
-        SpecType::DraftSimple => Some(DraftKind::Simple),
-        SpecType::DraftDflash => Some(DraftKind::Dflash),
-    };
-    let host = PluginHost::new().map_err(|error| failed(format!("plugin host: {error:#}")))?;
-    let fixups = spec
-        .fixup_sources()
-        .map_err(&failed)?
-        .into_iter()
-        .map(|source| {
-            let bytes = match &source {
-                PluginSource::Builtin(name) => builtin_fixup(name).map(|(_, bytes)| bytes.to_vec()).unwrap_or_default(),
-                PluginSource::Path(file) => {
-                    std::fs::read(file).map_err(|error| failed(format!("fixup {}: {error}", file.display())))?
-                }
-            };
-            WasmFixup::load(&host, source, &bytes, config.policy.limits()).map_err(|error| failed(error.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let file = GgufFile::open(&path).map_err(|error| failed(error.to_string()))?;
-    let paired = pair(target, file, requested, &fixups).map_err(|error| failed(error.to_string()))?;
-    let kind = paired.kind();
-    let (n_blocks, block_tokens) = engine.kv_blocks();
-    let drafter =
-        paired.into_drafter(Arc::clone(target), n_blocks, block_tokens).map_err(|error| failed(error.to_string()))?;
-    let settings = DraftSettings { n_max: spec.n_max as usize, n_min: spec.n_min as usize, p_min: spec.p_min };
-    tracing::info!(kind = kind.name(), draft = %path.display(), n_max = settings.n_max, "speculative decoding on");
-    Ok(Some(Speculation { drafter, settings }))
 }
 
 /// Pages the weights in before serving, with a progress bar on a terminal

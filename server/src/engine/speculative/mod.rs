@@ -12,12 +12,62 @@ mod dflash;
 pub mod pairing;
 mod simple;
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use sluice_kernels::pool::ThreadPool;
 
 pub use dflash::DflashDrafter;
 pub use simple::SimpleDrafter;
 
-use crate::model::transformer::ForwardError;
+use self::pairing::{DraftKind, pair};
+use super::EngineConfig;
+use crate::config::{SpecType, SpeculativeConfig};
+use crate::model::gguf::GgufFile;
+use crate::model::transformer::{ForwardError, Transformer};
+use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
+
+/// The configured draft, paired with `target` (fixups run under `limits`,
+/// checks passed) before any of its context exists; `None` without a
+/// draft. An error names the draft file.
+pub fn load(
+    config: &SpeculativeConfig,
+    limits: PluginLimits,
+    target: &Arc<Transformer>,
+    engine: &EngineConfig,
+) -> Result<Option<Speculation>, (PathBuf, String)> {
+    let Some(path) = config.draft_model.clone() else { return Ok(None) };
+    let failed = |error: String| (path.clone(), error);
+    let requested = match config.kind {
+        SpecType::None => None,
+        SpecType::DraftSimple => Some(DraftKind::Simple),
+        SpecType::DraftDflash => Some(DraftKind::Dflash),
+    };
+    let host = PluginHost::new().map_err(|error| failed(format!("plugin host: {error:#}")))?;
+    let fixups = config
+        .fixup_sources()
+        .map_err(&failed)?
+        .into_iter()
+        .map(|source| {
+            let bytes = match &source {
+                PluginSource::Builtin(name) => builtin_fixup(name).map(|(_, bytes)| bytes.to_vec()).unwrap_or_default(),
+                PluginSource::Path(file) => {
+                    std::fs::read(file).map_err(|error| failed(format!("fixup {}: {error}", file.display())))?
+                }
+            };
+            WasmFixup::load(&host, source, &bytes, limits).map_err(|error| failed(error.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let file = GgufFile::open(&path).map_err(|error| failed(error.to_string()))?;
+    let paired = pair(target, file, requested, &fixups).map_err(|error| failed(error.to_string()))?;
+    let kind = paired.kind();
+    let (n_blocks, block_tokens) = engine.kv_blocks();
+    let drafter =
+        paired.into_drafter(Arc::clone(target), n_blocks, block_tokens).map_err(|error| failed(error.to_string()))?;
+    let settings = DraftSettings { n_max: config.n_max as usize, n_min: config.n_min as usize, p_min: config.p_min };
+    tracing::info!(kind = kind.name(), draft = %path.display(), n_max = settings.n_max, "speculative decoding on");
+    Ok(Some(Speculation { drafter, settings }))
+}
 
 /// Drafting limits (`[speculative]`, `--spec-draft-*`).
 #[derive(Debug, Clone, Copy, PartialEq)]
