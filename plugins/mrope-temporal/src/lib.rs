@@ -32,10 +32,7 @@ impl Fixup for MropeTemporal {
             return Ok(Vec::new());
         }
         let n_rot = checked_n_rot(draft)?;
-        Ok(vec![Edit::Set(MetaEntry {
-            key: SECTIONS.into(),
-            value: MetaValue::IntArray(vec![n_rot / 2, 0, 0, 0]),
-        })])
+        Ok(vec![Edit::Set(MetaEntry { key: SECTIONS.into(), value: MetaValue::IntArray(vec![n_rot / 2, 0, 0, 0]) })])
     }
 }
 
@@ -103,7 +100,7 @@ fn int(model: &ModelInfo, key: &str) -> Result<Option<i64>, String> {
     }
 }
 
-fn ints<'a>(model: &'a ModelInfo, key: &str) -> Option<Vec<i64>> {
+fn ints(model: &ModelInfo, key: &str) -> Option<Vec<i64>> {
     match value(model, key)? {
         MetaValue::IntArray(values) => Some(values.clone()),
         // A scalar is broadcast to all four sections (as GGUF loaders do).

@@ -176,14 +176,19 @@ pub(super) struct Engine {
     failed_closed: bool,
 }
 
+/// What the engine runs: the target, its tokenizer and an optional draft.
+pub(super) struct Models {
+    pub model: Arc<Transformer>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub speculation: Option<Speculation>,
+}
+
 impl Engine {
     pub(super) fn new(
-        model: Arc<Transformer>,
-        tokenizer: Arc<Tokenizer>,
+        Models { model, tokenizer, speculation }: Models,
         policy: Box<dyn SchedulingPolicy>,
         fallback: FallbackPolicy,
         config: EngineConfig,
-        speculation: Option<Speculation>,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
     ) -> Self {
@@ -598,12 +603,12 @@ impl Engine {
         let mut post = Vec::new();
         let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
         let post_request = (n_probs > 0 && active.request.post_sampling_probs).then_some((n_probs, &mut post));
-        let before = draft.map(|_| active.sampler.clone());
+        let before = draft.map(|_| active.sampler.checkpoint());
         let sampled = active.sampler.sample(&active.held_logits, post_request);
         let token = sampled.token;
         if let Some(before) = before {
             if draft != Some(token) {
-                active.sampler = before;
+                active.sampler.restore(before);
                 return Emitted::Rejected;
             }
             active.draft_accepted += 1;

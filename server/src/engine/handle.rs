@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc as events;
 
-use super::core::{Command, Engine};
+use super::core::{Command, Engine, Models};
 use super::metrics::Metrics;
 use super::policy::{Phase, SchedulingPolicy};
 use super::request::{Event, GenerationRequest, RequestId};
@@ -159,8 +159,8 @@ impl EngineHandle {
             policy_name: Mutex::new(policy.name().to_owned()),
             waiting: AtomicU64::new(0),
         });
-        let engine =
-            Engine::new(model, tokenizer, policy, fallback, config.clone(), speculation, Arc::clone(&shared), receiver);
+        let models = Models { model, tokenizer, speculation };
+        let engine = Engine::new(models, policy, fallback, config.clone(), Arc::clone(&shared), receiver);
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
         Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config })
     }

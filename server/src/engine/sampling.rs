@@ -112,6 +112,17 @@ impl Sampler {
         &self.params
     }
 
+    /// What `sample` changes (only the random stream: the history moves on
+    /// `accept`), to undo a draw that was only a trial.
+    pub fn checkpoint(&self) -> SamplerCheckpoint {
+        SamplerCheckpoint(self.rng.clone())
+    }
+
+    /// Undo every draw since `checkpoint`.
+    pub fn restore(&mut self, checkpoint: SamplerCheckpoint) {
+        self.rng = checkpoint.0;
+    }
+
     /// Record a token of the sequence (prompt or generated) for penalties.
     pub fn accept(&mut self, token: u32) {
         if self.params.repeat_last_n == 0 {
@@ -363,6 +374,10 @@ fn temperature(candidates: &mut [Candidate], temperature: f32) {
     }
 }
 
+/// A sampler's random state at some point (see [`Sampler::checkpoint`]).
+#[derive(Debug, Clone)]
+pub struct SamplerCheckpoint(Mt19937);
+
 /// The 32-bit Mersenne Twister (std::mt19937).
 #[derive(Debug, Clone)]
 struct Mt19937 {
@@ -445,6 +460,18 @@ mod tests {
             rng.next_u32();
         }
         assert_eq!(rng.next_u32(), 4_123_659_995);
+    }
+
+    #[test]
+    fn a_restored_checkpoint_draws_the_same_tokens_again() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let mut sampler = Sampler::new(SamplingParams { temperature: 1.5, seed: Some(9), ..SamplingParams::default() });
+        let checkpoint = sampler.checkpoint();
+        let first: Vec<u32> = (0..20).map(|_| sampler.sample(&logits, None).token).collect();
+        assert!(first.iter().any(|&token| token != first[0]), "hot sampling should vary: {first:?}");
+        sampler.restore(checkpoint);
+        let again: Vec<u32> = (0..20).map(|_| sampler.sample(&logits, None).token).collect();
+        assert_eq!(again, first);
     }
 
     fn greedy() -> SamplingParams {
