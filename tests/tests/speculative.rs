@@ -13,6 +13,7 @@ use sluice::engine::{EngineConfig, EngineHandle};
 use sluice::http::admin::load_policy;
 use sluice::model::gguf::GgufFile;
 use sluice::model::hparams::RopeStyle;
+use sluice::model::session::Session;
 use sluice::model::tokenizer::Tokenizer;
 use sluice::model::transformer::Transformer;
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
@@ -182,14 +183,27 @@ fn pairing_checks_fail_closed_with_the_reason() {
     );
 }
 
+/// What a batch of requests gave.
+#[derive(Debug, Default)]
+struct Outputs {
+    tokens: Vec<Vec<u32>>,
+    /// Summed over the requests.
+    drafted: usize,
+    accepted: usize,
+    cached: Vec<usize>,
+}
+
 /// Generate with the continuous policy on `target`, with `draft` as its
-/// draft when given: every request's tokens, and (drafted, accepted).
-fn generate(
+/// draft when given. With `together`, every request is submitted at once;
+/// otherwise each after the previous one finished (so later ones can reuse
+/// earlier prompts from the prefix cache).
+fn run_engine(
     target: &GgufBuilder,
     draft: Option<&GgufBuilder>,
     requests: &[GenerationRequest],
     slots: usize,
-) -> (Vec<Vec<u32>>, (usize, usize)) {
+    together: bool,
+) -> Outputs {
     let target = Arc::new(model(target));
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
     let config = EngineConfig { slots, ctx: 256, threads: 2, ..EngineConfig::default() };
@@ -204,27 +218,30 @@ fn generate(
     let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
     let engine = EngineHandle::start(target, tokenizer, Box::new(policy), Box::new(|| None), config, speculation)
         .expect("engine");
-    let mut receivers: Vec<_> =
-        requests.iter().map(|request| engine.submit(request.clone()).expect("submitted").1).collect();
-    let mut outputs = Vec::new();
-    let mut counts = (0, 0);
-    for receiver in &mut receivers {
+    let submit = |request: &GenerationRequest| engine.submit(request.clone()).expect("submitted").1;
+    let mut receivers: Vec<_> = if together { requests.iter().map(submit).collect() } else { Vec::new() };
+    let mut outputs = Outputs::default();
+    for index in 0..requests.len() {
+        if !together {
+            receivers.push(submit(&requests[index]));
+        }
         let mut tokens = Vec::new();
         loop {
-            match receiver.blocking_recv().expect("the engine answers") {
+            match receivers[index].blocking_recv().expect("the engine answers") {
                 Event::Started { .. } => {}
                 Event::Token(event) => tokens.push(event.token),
                 Event::Done(completion) => {
-                    counts.0 += completion.timings.draft_n;
-                    counts.1 += completion.timings.draft_n_accepted;
+                    outputs.drafted += completion.timings.draft_n;
+                    outputs.accepted += completion.timings.draft_n_accepted;
+                    outputs.cached.push(completion.tokens_cached);
                     break;
                 }
                 Event::Failed(error) => panic!("request failed: {error}"),
             }
         }
-        outputs.push(tokens);
+        outputs.tokens.push(tokens);
     }
-    (outputs, counts)
+    outputs
 }
 
 fn requests(temperature: f32) -> Vec<GenerationRequest> {
@@ -246,11 +263,11 @@ fn assert_parity(target: &GgufBuilder, draft: &GgufBuilder) -> Vec<(usize, usize
     let mut counts = Vec::new();
     for temperature in [0.0, 0.8] {
         let requests = requests(temperature);
-        let (alone, _) = generate(target, None, &requests, 1);
+        let alone = run_engine(target, None, &requests, 1, true);
         for slots in [1, 4] {
-            let (drafted, count) = generate(target, Some(draft), &requests, slots);
-            assert_eq!(drafted, alone, "temperature {temperature}, {slots} slots");
-            counts.push(count);
+            let drafted = run_engine(target, Some(draft), &requests, slots, true);
+            assert_eq!(drafted.tokens, alone.tokens, "temperature {temperature}, {slots} slots");
+            counts.push((drafted.drafted, drafted.accepted));
         }
     }
     counts
@@ -277,4 +294,89 @@ fn dflash_drafts_change_nothing_for_text_and_mrope_targets() {
         let counts = assert_parity(&target, &draft);
         assert!(counts.iter().all(|&(drafted, _)| drafted > 0), "{counts:?}");
     }
+}
+
+/// A prompt of text, a `4 × 3` image, then text (the reference recipe's
+/// case (a)): the first text token after the image sits at position
+/// 5 + max(4, 3) = 9 while its cell is 17.
+fn image_request(temperature: f32, seed: u32) -> GenerationRequest {
+    let mut rng = sluice_tests::gguf_writer::Rng::new(u64::from(seed));
+    let mut request = GenerationRequest::new(vec![3, 14, 15, 9, 2]);
+    request.push_image(4, 3, rng.vec(12 * 64, 1.0));
+    request.prompt.extend([6, 5, 3, 5]);
+    request.n_predict = Some(32);
+    request.sampling = SamplingParams { temperature, seed: Some(seed), ..SamplingParams::default() };
+    request
+}
+
+#[test]
+fn a_legacy_dflash_draft_follows_an_mrope_target_past_an_image() {
+    let target = mrope_target();
+    for temperature in [0.0, 0.8] {
+        // Cold: two different images at once.
+        let cold = [image_request(temperature, 1), image_request(temperature, 2)];
+        let alone = run_engine(&target, None, &cold, 2, true);
+        let drafted = run_engine(&target, Some(&legacy_draft()), &cold, 2, true);
+        assert_eq!(drafted.tokens, alone.tokens, "temperature {temperature}");
+        // The draft drafted after the position jump (with 1-D positions the
+        // pair is refused at start instead, see pairing_checks_fail_closed).
+        assert!(drafted.drafted > 0, "{drafted:?}");
+
+        // The same image again, continued: its prefix (image included) comes
+        // from the cache, the draft's context with it.
+        let mut continued = image_request(temperature, 1);
+        continued.prompt.extend([7, 7, 1, 2, 8, 9, 11, 13, 4, 6, 5, 3, 5, 8, 9, 7, 2]);
+        let turns = [image_request(temperature, 1), continued.clone()];
+        let alone = run_engine(&target, None, &turns, 1, false);
+        let drafted = run_engine(&target, Some(&legacy_draft()), &turns, 1, false);
+        assert_eq!(drafted.tokens, alone.tokens, "temperature {temperature}, cached continuation");
+        assert!(drafted.cached[1] >= 16, "the continuation should reuse the cached image: {:?}", drafted.cached);
+        // And cold, with nothing cached, it gives the same.
+        let fresh = run_engine(&target, None, std::slice::from_ref(&continued), 1, true);
+        assert_eq!(fresh.tokens[0], drafted.tokens[1]);
+    }
+
+    // The engine places the image as a plain session does.
+    let model = model(&target);
+    let pool = sluice_kernels::pool::ThreadPool::new(1);
+    let request = image_request(0.0, 1);
+    let mut session = Session::new(&model, 64);
+    session.prefill(&request.prompt[..5], 8, &pool).expect("text");
+    session.embed_image(&request.images[0].embeddings, 4, 3, &pool).expect("image");
+    let mut logits = session.prefill(&request.prompt[17..], 8, &pool).expect("text after");
+    let mut greedy = Vec::new();
+    for _ in 0..32 {
+        let token = sluice::engine::speculative::most_likely(&logits).0;
+        greedy.push(token);
+        logits = session.decode(token, &pool).expect("decode");
+    }
+    assert_eq!(run_engine(&target, None, &[request], 1, true).tokens[0], greedy);
+}
+
+#[test]
+fn images_are_refused_by_models_without_mrope_and_must_match_their_placeholders() {
+    let text = Arc::new(model(&text_target()));
+    let tokenizer = Arc::new(Tokenizer::from_gguf(text.file()).expect("tokenizer"));
+    let host = PluginHost::new().expect("host");
+    let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
+    let config = EngineConfig { slots: 1, ctx: 128, threads: 1, ..EngineConfig::default() };
+    let engine =
+        EngineHandle::start(text, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
+    let refused = engine.submit(image_request(0.0, 1)).err().expect("refused").to_string();
+    assert!(refused.contains("no M-RoPE positions"), "{refused}");
+
+    let target = Arc::new(model(&mrope_target()));
+    let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
+    let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
+    let config = EngineConfig { slots: 1, ctx: 128, threads: 1, ..EngineConfig::default() };
+    let engine =
+        EngineHandle::start(target, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
+    let mut moved = image_request(0.0, 1);
+    moved.images[0].start = 4;
+    let refused = engine.submit(moved).err().expect("refused").to_string();
+    assert!(refused.contains("does not match the prompt's placeholders"), "{refused}");
+    let mut short = image_request(0.0, 1);
+    short.images[0].embeddings = vec![0.0; 10].into();
+    let refused = engine.submit(short).err().expect("refused").to_string();
+    assert!(refused.contains("a 4 × 3 image needs 768 values of width 64, got 10"), "{refused}");
 }

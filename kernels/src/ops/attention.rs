@@ -6,9 +6,12 @@
 //! blocks holding its positions, so writers and readers agree on where
 //! position `p` lives through [`PageTable::row_offset`].
 
+use std::ops::Range;
+
+use half::f16;
+
 use super::OpsError;
 use super::simd::{LANES, Simd, dispatch, padded};
-use half::f16;
 
 /// Where a sequence's positions live in a layer's K and V arenas.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +40,9 @@ pub struct KvPages<'a> {
     pub k: &'a [f16],
     pub v: &'a [f16],
     pub pages: PageTable<'a>,
+    /// Positions the query does not see (sorted, disjoint ranges): cells a
+    /// draft model holds nothing for, such as an image its target saw.
+    pub hidden: &'a [Range<usize>],
 }
 
 impl KvPages<'_> {
@@ -47,11 +53,17 @@ impl KvPages<'_> {
     #[inline(always)]
     fn for_each_row(&self, n: usize, row_len: usize, mut f: impl FnMut(usize, usize)) {
         let block_tokens = self.pages.block_tokens;
+        let mut hidden = self.hidden.iter().peekable();
         for (b, &block) in self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate() {
             let first = b * block_tokens;
             let start = block as usize * block_tokens * row_len;
             for r in 0..block_tokens.min(n - first) {
-                f(first + r, start + r * row_len);
+                let position = first + r;
+                while hidden.next_if(|range| range.end <= position).is_some() {}
+                if hidden.peek().is_some_and(|range| range.start <= position) {
+                    continue;
+                }
+                f(position, start + r * row_len);
             }
         }
     }
@@ -235,6 +247,14 @@ fn check(q: &[f32], kv: &KvPages<'_>, n_visible: usize, shape: HeadShape, out: &
     if n_visible == 0 {
         return Err("no visible positions".into());
     }
+    let sorted = kv.hidden.windows(2).all(|pair| pair[0].end <= pair[1].start);
+    if !sorted || kv.hidden.iter().any(|range| range.start >= range.end) {
+        return Err(format!("hidden positions {:?} are not sorted, disjoint, non-empty ranges", kv.hidden));
+    }
+    let hidden: usize = kv.hidden.iter().map(|range| range.end.min(n_visible).saturating_sub(range.start)).sum();
+    if hidden >= n_visible {
+        return Err(format!("all {n_visible} positions are hidden"));
+    }
     let PageTable { blocks, block_tokens } = kv.pages;
     let n_blocks = n_visible.div_ceil(block_tokens.max(1));
     if block_tokens == 0 || blocks.len() < n_blocks {
@@ -286,7 +306,7 @@ mod tests {
         }
 
         fn kv(&self) -> KvPages<'_> {
-            KvPages { k: &self.k, v: &self.v, pages: self.pages() }
+            KvPages { k: &self.k, v: &self.v, pages: self.pages(), hidden: &[] }
         }
 
         fn attend(&self, q: &[f32], n_visible: usize, shape: HeadShape) -> Vec<f32> {
@@ -425,6 +445,36 @@ mod tests {
         assert!(run(&q, kv, 1, &mut out).is_err());
         let kv = KvPages { v: &cache.v[..10], ..cache.kv() };
         assert!(run(&q, kv, 1, &mut out).is_err());
+    }
+
+    #[test]
+    fn hidden_positions_are_as_if_they_were_not_there() {
+        let shape = HeadShape::new(4, 2, 32).unwrap();
+        let n = 23;
+        let q = noise(shape.q_len(), 11, 1.0);
+        let k = noise(n * shape.kv_len(), 12, 1.0);
+        let v = noise(n * shape.kv_len(), 13, 1.0);
+        let hidden = [3..9, 12..13, 20..22];
+        let kept: Vec<usize> = (0..n).filter(|p| !hidden.iter().any(|range| range.contains(p))).collect();
+        let rows = |values: &[f32]| -> Vec<f32> {
+            kept.iter().flat_map(|&p| values[p * shape.kv_len()..(p + 1) * shape.kv_len()].to_vec()).collect()
+        };
+        same_on_every_level(|| {
+            let full = Cache::new(&k, &v, shape.kv_len(), 4);
+            let mut with_holes = vec![f32::NAN; shape.q_len()];
+            let scale = 1.0 / (shape.head_dim() as f32).sqrt();
+            let kv = KvPages { hidden: &hidden, ..full.kv() };
+            attend(&q, kv, n, shape, scale, &mut with_holes, &mut Vec::new()).unwrap();
+            let compact = Cache::new(&rows(&k), &rows(&v), shape.kv_len(), 4).attend(&q, kept.len(), shape);
+            assert_eq!(with_holes, compact);
+            with_holes
+        });
+        let cache = Cache::new(&k, &v, shape.kv_len(), 4);
+        let mut out = vec![0.0; shape.q_len()];
+        for bad in [&[5..9, 3..4][..], &[4..4], &[0..23]] {
+            let kv = KvPages { hidden: bad, ..cache.kv() };
+            assert!(attend(&q, kv, n, shape, 1.0, &mut out, &mut Vec::new()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

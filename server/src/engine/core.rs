@@ -17,14 +17,14 @@ use super::policy::{
     Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
 };
 use super::request::{
-    Completion, EngineError, Event, GenerationRequest, RequestId, StopType, Timings, TokenEvent, TokenProbs,
+    Completion, EngineError, Event, GenerationRequest, IMAGE_ROW, RequestId, StopType, Timings, TokenEvent, TokenProbs,
 };
 use super::sampling::{Sampler, TokenProb, token_prob, top_probs};
 use super::speculative::{CommittedRows, DraftRequest, DraftState, Speculation};
 use super::text::{Appended, TextStream};
 use super::validate::{has_runnable_work, validate};
 use crate::config::OnFault;
-use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::batch::{Batch, BatchRow, Layout, RowInput};
 use crate::model::kv::KvStore;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::{Scratch, Transformer};
@@ -72,6 +72,8 @@ struct Active {
     prompt_started: Option<Instant>,
     prompt_ms: f64,
     decode_started: Option<Instant>,
+    /// Where its cells sit (image segments move text positions on).
+    layout: Layout,
     draft: DraftState,
     /// Tokens drafted for this request and sent to verification.
     draft_n: usize,
@@ -545,9 +547,11 @@ impl Engine {
         }
         Metrics::add(&self.shared.metrics.prefix_cache_hit_tokens_total, admission.cached_tokens as u64);
         let mut sampler = Sampler::new(waiting.request.sampling.clone());
-        for &token in &waiting.request.prompt {
+        // Image rows are not tokens: penalties never see them.
+        for &token in waiting.request.prompt.iter().filter(|&&token| token & IMAGE_ROW == 0) {
             sampler.accept(token);
         }
+        let layout = waiting.request.layout().unwrap_or_default();
         let text = TextStream::new(waiting.request.stop.clone());
         let _ = waiting.events.send(Event::Started { id_slot: slot as u32 });
         let cached = admission.cached_tokens;
@@ -571,6 +575,7 @@ impl Engine {
             prompt_started: None,
             prompt_ms: 0.0,
             decode_started: None,
+            layout,
             draft: DraftState::new(cached),
             draft_n: 0,
             draft_accepted: 0,
@@ -691,10 +696,11 @@ impl Engine {
             }
             budget -= n_max;
             requested.push(slot);
-            let Active { draft, blocks, tokens, cells, .. } = active;
+            let Active { draft, blocks, tokens, cells, layout, .. } = active;
             requests.push(DraftRequest {
                 state: draft,
                 table: &blocks.table,
+                layout,
                 tokens,
                 cells: *cells,
                 n_max,
@@ -720,6 +726,7 @@ impl Engine {
         }
         let mut prefill_tokens = 0;
         let mut decode_tokens = 0;
+        let n_embd = self.model.hparams().n_embd;
         for item in &work {
             let Some(active) = self.slots[item.slot()].as_ref() else { continue };
             let (start, inputs, logits_from): (usize, Vec<u32>, usize) = match item {
@@ -743,11 +750,19 @@ impl Engine {
             batch.block_tables.push(active.blocks.table.clone());
             for (offset, token) in inputs.into_iter().enumerate() {
                 let cell = start + offset;
+                let image_row = (token & IMAGE_ROW != 0).then(|| active.request.image_row(cell, n_embd)).flatten();
+                let input = match image_row {
+                    Some(row) => {
+                        batch.embeddings.extend_from_slice(row);
+                        RowInput::Embedding(batch.embeddings.len() / n_embd - 1)
+                    }
+                    None => RowInput::Token(token),
+                };
                 batch.rows.push(BatchRow {
-                    input: RowInput::Token(token),
+                    input,
                     seq: batch.block_tables.len() - 1,
                     cell: cell as u32,
-                    pos: text_position(cell as u32),
+                    pos: active.layout.position(cell),
                     logits: offset >= logits_from,
                 });
             }
@@ -877,6 +892,7 @@ impl Engine {
             rows.push(CommittedRows {
                 state: &mut active.draft,
                 table: &active.blocks.table,
+                layout: &active.layout,
                 first_cell: *first_cell,
                 batch_rows: batch_rows.clone(),
             });

@@ -130,6 +130,8 @@ pub enum SubmitError {
     ExceedsContext { n_prompt_tokens: usize, n_ctx: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("image segments: {0}")]
+    Images(String),
 }
 
 /// A cheap, cloneable handle to the engine thread.
@@ -139,6 +141,9 @@ pub struct EngineHandle {
     shared: Arc<Shared>,
     next_id: Arc<AtomicU64>,
     config: EngineConfig,
+    /// Hidden size of image rows, for targets with M-RoPE (the only ones
+    /// that take images).
+    image_width: Option<usize>,
 }
 
 impl EngineHandle {
@@ -159,10 +164,12 @@ impl EngineHandle {
             policy_name: Mutex::new(policy.name().to_owned()),
             waiting: AtomicU64::new(0),
         });
+        let hparams = model.hparams();
+        let image_width = hparams.rope.is_multimodal().then_some(hparams.n_embd);
         let models = Models { model, tokenizer, speculation };
         let engine = Engine::new(models, policy, fallback, config.clone(), Arc::clone(&shared), receiver);
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
-        Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config })
+        Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -187,6 +194,28 @@ impl EngineHandle {
         }
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(image) = request.images.first() {
+            let Some(width) = self.image_width else {
+                return Err(SubmitError::Images("this model has no M-RoPE positions for images".into()));
+            };
+            if let Some(bad) =
+                request.images.iter().find(|image| image.embeddings.len() != (image.nx * image.ny) as usize * width)
+            {
+                return Err(SubmitError::Images(format!(
+                    "a {} × {} image needs {} values of width {width}, got {}",
+                    bad.nx,
+                    bad.ny,
+                    (bad.nx * bad.ny) as usize * width,
+                    bad.embeddings.len()
+                )));
+            }
+            if request.layout().is_none() {
+                return Err(SubmitError::Images(format!(
+                    "the segment at cell {} does not match the prompt's placeholders, or segments overlap",
+                    image.start
+                )));
+            }
         }
         if request.prompt.len() >= self.config.ctx {
             return Err(SubmitError::ExceedsContext { n_prompt_tokens: request.prompt.len(), n_ctx: self.config.ctx });

@@ -2,6 +2,7 @@
 //! of events out.
 
 use super::sampling::{SamplingParams, TokenProb};
+use crate::model::batch::{ImageSpan, Layout};
 
 /// Host-assigned request id, unique for the life of the process.
 pub type RequestId = u64;
@@ -33,6 +34,48 @@ pub struct GenerationRequest {
     pub priority: i32,
     /// LoRA adapters (id, scale); requests with equal lists share a group.
     pub lora: Vec<(u32, f32)>,
+    /// Image segments of the prompt (M-RoPE targets): each holds
+    /// `nx × ny` cells of the prompt, which carry placeholder ids (see
+    /// [`GenerationRequest::push_image`]).
+    pub images: Vec<ImageInput>,
+}
+
+/// Embedding rows positioned as an image (an encoder's output).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageInput {
+    /// The prompt cell of its first row.
+    pub start: usize,
+    pub nx: u32,
+    pub ny: u32,
+    /// `nx × ny` rows of the model's hidden size, row-major.
+    pub embeddings: std::sync::Arc<[f32]>,
+}
+
+/// Placeholder ids of image rows have this bit set (no vocabulary is that
+/// large); the rest is a hash of the image's content and the row, so equal
+/// images share cached prefixes and different ones never do.
+pub const IMAGE_ROW: u32 = 1 << 31;
+
+impl ImageInput {
+    /// The prompt ids standing for its rows.
+    pub fn placeholders(&self) -> Vec<u32> {
+        // FNV-1a over the grid and the embedding bits.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |value: u32| {
+            for byte in value.to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        mix(self.nx);
+        mix(self.ny);
+        self.embeddings.iter().for_each(|value| mix(value.to_bits()));
+        (0..self.nx * self.ny)
+            .map(|row| {
+                let spread = (hash ^ u64::from(row)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                IMAGE_ROW | (spread >> 33) as u32
+            })
+            .collect()
+    }
 }
 
 impl GenerationRequest {
@@ -50,7 +93,36 @@ impl GenerationRequest {
             id_slot: None,
             priority: 0,
             lora: Vec::new(),
+            images: Vec::new(),
         }
+    }
+
+    /// Append an image of `nx × ny` embedding rows to the prompt.
+    pub fn push_image(&mut self, nx: u32, ny: u32, embeddings: Vec<f32>) {
+        let image = ImageInput { start: self.prompt.len(), nx, ny, embeddings: embeddings.into() };
+        self.prompt.extend(image.placeholders());
+        self.images.push(image);
+    }
+
+    /// The cells' layout (positions); `None` if the images are inconsistent
+    /// with the prompt.
+    pub fn layout(&self) -> Option<Layout> {
+        let fits = self.images.iter().all(|image| {
+            let end = image.start + (image.nx * image.ny) as usize;
+            self.prompt.get(image.start..end).is_some_and(|ids| ids == image.placeholders())
+        });
+        let spans = self.images.iter().map(|image| ImageSpan { start: image.start, nx: image.nx, ny: image.ny });
+        fits.then(|| Layout::new(spans.collect())).flatten()
+    }
+
+    /// The embedding row of prompt cell `cell`, if it is an image row.
+    pub fn image_row(&self, cell: usize, n_embd: usize) -> Option<&[f32]> {
+        let image = self
+            .images
+            .iter()
+            .find(|image| (image.start..image.start + (image.nx * image.ny) as usize).contains(&cell))?;
+        let row = cell - image.start;
+        image.embeddings.get(row * n_embd..(row + 1) * n_embd)
     }
 }
 

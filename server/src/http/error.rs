@@ -130,7 +130,7 @@ impl From<SubmitError> for ApiError {
             }
             SubmitError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
             SubmitError::ExceedsContext { n_prompt_tokens, n_ctx } => exceeds_context(n_prompt_tokens, n_ctx),
-            SubmitError::EmptyPrompt => ApiError::invalid(error.to_string()),
+            SubmitError::EmptyPrompt | SubmitError::Images(_) => ApiError::invalid(error.to_string()),
         }
     }
 }

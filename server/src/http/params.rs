@@ -274,6 +274,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         id_slot,
         priority,
         lora: Vec::new(),
+        images: Vec::new(),
     };
     Ok(Generation {
         request,

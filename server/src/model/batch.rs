@@ -17,6 +17,72 @@ pub fn image_positions(pos0: u32, nx: u32, ny: u32) -> (Vec<Position>, u32) {
     (positions, pos0 + nx.max(ny))
 }
 
+/// An image segment of a sequence: `nx × ny` embedding rows from cell
+/// `start` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageSpan {
+    pub start: usize,
+    pub nx: u32,
+    pub ny: u32,
+}
+
+impl ImageSpan {
+    pub fn cells(&self) -> std::ops::Range<usize> {
+        self.start..self.start + (self.nx * self.ny) as usize
+    }
+}
+
+/// Where each cell of a sequence sits: text advances one position per cell;
+/// an image pins `t` at its first position, spreads its rows over `h` and
+/// `w`, and moves the text after it on by `max(nx, ny)` (not `nx × ny`), so
+/// positions may jump ahead of cells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// In cell order, not overlapping.
+    images: Vec<ImageSpan>,
+}
+
+impl Layout {
+    /// A layout with these image segments; `None` if they overlap, are
+    /// empty or out of order.
+    pub fn new(images: Vec<ImageSpan>) -> Option<Self> {
+        let ordered = images.windows(2).all(|pair| pair[0].cells().end <= pair[1].start);
+        (ordered && images.iter().all(|image| image.nx > 0 && image.ny > 0)).then_some(Layout { images })
+    }
+
+    pub fn images(&self) -> &[ImageSpan] {
+        &self.images
+    }
+
+    /// The cell ranges of the images.
+    pub fn image_cells(&self) -> Vec<std::ops::Range<usize>> {
+        self.images.iter().map(ImageSpan::cells).collect()
+    }
+
+    pub fn is_image(&self, cell: usize) -> bool {
+        self.images.iter().any(|image| image.cells().contains(&cell))
+    }
+
+    /// The position of `cell`.
+    pub fn position(&self, cell: usize) -> Position {
+        // Cells the images took beyond the positions they advanced.
+        let mut shift = 0;
+        for image in &self.images {
+            let cells = image.cells();
+            if cell < cells.start {
+                break;
+            }
+            let pos0 = (cells.start - shift) as u32;
+            if cells.contains(&cell) {
+                let row = (cell - cells.start) as u32;
+                return [pos0, pos0 + row / image.nx, pos0 + row % image.nx, 0];
+            }
+            shift += cells.len() - image.nx.max(image.ny) as usize;
+        }
+        text_position((cell - shift) as u32)
+    }
+}
+
 /// The input of one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowInput {
@@ -56,6 +122,9 @@ pub struct Batch {
     /// draft block): each attends to every cell of its sequence up to the
     /// last one in this batch.
     pub bidirectional: bool,
+    /// Per sequence (absent = none): cells its rows do not attend to, such
+    /// as image rows a DFlash draft never received.
+    pub hidden: Vec<Vec<std::ops::Range<usize>>>,
 }
 
 #[cfg(test)]
@@ -71,5 +140,28 @@ mod tests {
         );
         assert_eq!(next, 13);
         assert_eq!(text_position(7), [7, 7, 7, 0]);
+    }
+
+    #[test]
+    fn layouts_place_images_and_jump_after_them() {
+        // Text 0..10, a 4 × 3 image at cell 10 (position 10), text after it
+        // at position 10 + max(4, 3) = 14; then a 2 × 2 image.
+        let layout = Layout::new(vec![ImageSpan { start: 10, nx: 4, ny: 3 }, ImageSpan { start: 25, nx: 2, ny: 2 }])
+            .expect("valid");
+        let (image, next) = image_positions(10, 4, 3);
+        assert_eq!((10..22).map(|cell| layout.position(cell)).collect::<Vec<_>>(), image);
+        assert_eq!(layout.position(9), [9, 9, 9, 0]);
+        assert_eq!(layout.position(22), text_position(next));
+        assert_eq!(next, 14);
+        // Cells 22..25 are text at 14..17; the second image starts at 17.
+        assert_eq!(layout.position(24), [16, 16, 16, 0]);
+        assert_eq!(layout.position(25), [17, 17, 17, 0]);
+        assert_eq!(layout.position(28), [17, 18, 18, 0]);
+        assert_eq!(layout.position(29), text_position(19));
+        assert!(layout.is_image(21) && !layout.is_image(22));
+        assert_eq!(Layout::default().position(5), text_position(5));
+        assert!(
+            Layout::new(vec![ImageSpan { start: 0, nx: 2, ny: 2 }, ImageSpan { start: 3, nx: 1, ny: 1 }]).is_none()
+        );
     }
 }

@@ -365,7 +365,12 @@ impl Transformer {
                     let Ok(mut out) = outputs[row].lock() else { return };
                     let attended = ops::attend(
                         &q[row * q_dim..(row + 1) * q_dim],
-                        KvPages { k: keys, v: values, pages },
+                        KvPages {
+                            k: keys,
+                            v: values,
+                            pages,
+                            hidden: batch.hidden.get(entry.seq).map_or(&[], Vec::as_slice),
+                        },
                         spans[row],
                         heads,
                         scale,

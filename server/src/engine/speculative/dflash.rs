@@ -8,7 +8,7 @@ use std::sync::Arc;
 use sluice_kernels::pool::ThreadPool;
 
 use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
-use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::batch::{Batch, BatchRow, RowInput};
 use crate::model::dflash::DflashParams;
 use crate::model::kv::KvStore;
 use crate::model::transformer::{ForwardError, Scratch, Transformer};
@@ -79,27 +79,32 @@ impl Drafter for DflashDrafter {
             }
             batch.block_tables.push(committed.table.to_vec());
             for (offset, row) in committed.batch_rows.clone().enumerate() {
+                // Image rows are not injected (as in the reference): the
+                // draft's context is the text, and its attention skips the
+                // image's cells.
+                let cell = committed.first_cell + offset;
+                if committed.layout.is_image(cell) {
+                    continue;
+                }
                 for tap in taps {
                     features.extend_from_slice(&tap[row * n_embd..(row + 1) * n_embd]);
                 }
-                let cell = committed.first_cell + offset;
                 batch.rows.push(BatchRow {
                     input: RowInput::Embedding(batch.rows.len()),
                     seq: batch.block_tables.len() - 1,
                     cell: cell as u32,
-                    pos: text_position(cell as u32),
+                    pos: committed.layout.position(cell),
                     logits: false,
                 });
             }
         }
-        if batch.rows.is_empty() {
-            return Ok(());
+        if !batch.rows.is_empty() {
+            let fused = self
+                .draft
+                .fuse(&features, batch.rows.len(), pool)
+                .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
+            self.draft.inject(&fused, &batch.rows, &batch.block_tables, &mut self.kv, pool, &mut self.scratch)?;
         }
-        let fused = self
-            .draft
-            .fuse(&features, batch.rows.len(), pool)
-            .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
-        self.draft.inject(&fused, &batch.rows, &batch.block_tables, &mut self.kv, pool, &mut self.scratch)?;
         for committed in rows.iter_mut().filter(|committed| committed.state.cells >= committed.first_cell) {
             committed.state.cells = committed.first_cell + committed.batch_rows.len();
         }
@@ -122,6 +127,7 @@ impl Drafter for DflashDrafter {
                 continue;
             }
             batch.block_tables.push(request.table.to_vec());
+            batch.hidden.push(request.layout.image_cells());
             for offset in 0..block {
                 let token = if offset == 0 { request.tokens[request.cells] } else { self.mask_token };
                 let start = batch.embeddings.len();
@@ -139,7 +145,7 @@ impl Drafter for DflashDrafter {
                     input: RowInput::Embedding(batch.rows.len()),
                     seq: batch.block_tables.len() - 1,
                     cell: cell as u32,
-                    pos: text_position(cell as u32),
+                    pos: request.layout.position(cell),
                     logits: offset > 0,
                 });
             }

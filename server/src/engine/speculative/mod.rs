@@ -23,6 +23,7 @@ pub use simple::SimpleDrafter;
 use self::pairing::{DraftKind, pair};
 use super::EngineConfig;
 use crate::config::{SpecType, SpeculativeConfig};
+use crate::model::batch::Layout;
 use crate::model::gguf::GgufFile;
 use crate::model::transformer::{ForwardError, Transformer};
 use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
@@ -112,6 +113,8 @@ pub struct DraftRequest<'a> {
     pub state: &'a mut DraftState,
     /// The sequence's KV blocks (the target's table).
     pub table: &'a [u32],
+    /// Where its cells sit.
+    pub layout: &'a Layout,
     /// Every token of the sequence: `tokens[..cells]` have target KV and
     /// `tokens[cells]` is the sampled token the target runs next.
     pub tokens: &'a [u32],
@@ -127,6 +130,7 @@ pub struct DraftRequest<'a> {
 pub struct CommittedRows<'a> {
     pub state: &'a mut DraftState,
     pub table: &'a [u32],
+    pub layout: &'a Layout,
     /// The first committed cell; rows are consecutive cells from here.
     pub first_cell: usize,
     /// Their rows in the target batch whose taps are passed alongside.
@@ -175,7 +179,7 @@ pub trait Drafter: Send {
 }
 
 /// The most likely token of `logits` and its probability.
-pub(crate) fn most_likely(logits: &[f32]) -> (u32, f32) {
+pub fn most_likely(logits: &[f32]) -> (u32, f32) {
     let mut best = 0;
     for (index, &logit) in logits.iter().enumerate() {
         if logit > logits[best] {

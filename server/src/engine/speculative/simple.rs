@@ -4,7 +4,7 @@
 use sluice_kernels::pool::ThreadPool;
 
 use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
-use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
+use crate::model::batch::{Batch, BatchRow, RowInput};
 use crate::model::kv::KvStore;
 use crate::model::transformer::{Scratch, Transformer};
 
@@ -36,7 +36,11 @@ impl Drafter for SimpleDrafter {
     ) -> Result<(), DraftError> {
         // Requests still drafting; the first pass also catches the draft
         // up on everything the target has (the prompt, accepted drafts).
-        let mut drafting: Vec<usize> = (0..requests.len()).filter(|&index| requests[index].n_max > 0).collect();
+        // Image rows are the target's embeddings, which a separate draft
+        // model cannot read: sequences with images get no drafts.
+        let mut drafting: Vec<usize> = (0..requests.len())
+            .filter(|&index| requests[index].n_max > 0 && requests[index].layout.images().is_empty())
+            .collect();
         let mut depth = 0;
         while !drafting.is_empty() {
             let mut batch = Batch::default();
@@ -51,7 +55,7 @@ impl Drafter for SimpleDrafter {
                         input: RowInput::Token(token),
                         seq,
                         cell: cell as u32,
-                        pos: text_position(cell as u32),
+                        pos: request.layout.position(cell),
                         logits: cell == next_cell,
                     });
                 }
