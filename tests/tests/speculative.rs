@@ -362,7 +362,7 @@ fn images_are_refused_by_models_without_mrope_and_must_match_their_placeholders(
     let config = EngineConfig { slots: 1, ctx: 128, threads: 1, ..EngineConfig::default() };
     let engine =
         EngineHandle::start(text, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
-    let refused = engine.submit(image_request(0.0, 1)).err().expect("refused").to_string();
+    let refused = engine.submit(image_request(0.0, 1)).expect_err("refused").to_string();
     assert!(refused.contains("no M-RoPE positions"), "{refused}");
 
     let target = Arc::new(model(&mrope_target()));
@@ -373,10 +373,10 @@ fn images_are_refused_by_models_without_mrope_and_must_match_their_placeholders(
         EngineHandle::start(target, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
     let mut moved = image_request(0.0, 1);
     moved.images[0].start = 4;
-    let refused = engine.submit(moved).err().expect("refused").to_string();
+    let refused = engine.submit(moved).expect_err("refused").to_string();
     assert!(refused.contains("does not match the prompt's placeholders"), "{refused}");
     let mut short = image_request(0.0, 1);
     short.images[0].embeddings = vec![0.0; 10].into();
-    let refused = engine.submit(short).err().expect("refused").to_string();
+    let refused = engine.submit(short).expect_err("refused").to_string();
     assert!(refused.contains("a 4 × 3 image needs 768 values of width 64, got 10"), "{refused}");
 }

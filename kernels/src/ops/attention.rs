@@ -471,7 +471,8 @@ mod tests {
         });
         let cache = Cache::new(&k, &v, shape.kv_len(), 4);
         let mut out = vec![0.0; shape.q_len()];
-        for bad in [&[5..9, 3..4][..], &[4..4], &[0..23]] {
+        let (empty, everything) = (4..4, 0..23);
+        for bad in [&[5..9, 3..4][..], std::slice::from_ref(&empty), std::slice::from_ref(&everything)] {
             let kv = KvPages { hidden: bad, ..cache.kv() };
             assert!(attend(&q, kv, n, shape, 1.0, &mut out, &mut Vec::new()).is_err(), "{bad:?}");
         }
