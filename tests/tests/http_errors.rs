@@ -206,4 +206,22 @@ fn unsupported_features_refuse_the_start() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("/no/such/draft.gguf: cannot use the draft model"), "{stderr}");
     assert!(!stderr.contains("draft context created"), "{stderr}");
+
+    // A DFlash draft built for a 64-wide target: refused before any of its
+    // context exists, and the server does not start.
+    let draft = std::env::temp_dir().join(format!("sluice-narrow-dflash-{}.gguf", std::process::id()));
+    let narrow = sluice_tests::gguf_writer::TinyModel::recipe("qwen3", 3).dflash(&[1, 2], 64, 4);
+    std::fs::write(&draft, narrow.build()).expect("write draft");
+    let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
+        .args(["serve", "--port", "0", "-m"])
+        .arg(sluice_tests::models::default_model())
+        .arg("-md")
+        .arg(&draft)
+        .output()
+        .expect("sluice runs");
+    std::fs::remove_file(&draft).expect("clean up");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("dflash.embedding_length = 64 differs from the target's hidden size 576"), "{stderr}");
+    assert!(!stderr.contains("draft context created"), "{stderr}");
 }

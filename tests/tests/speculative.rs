@@ -142,6 +142,10 @@ fn pairing_checks_fail_closed_with_the_reason() {
     );
     let layers = TinyModel { n_layer: 1, ..TinyModel::recipe("qwen3", 9) }.dflash(&[1, 3], 64, 4);
     assert!(refusal(&text_target(), &layers).contains("dflash.target_layers names layer 3; the target has 2 layers"));
+    let dflash2 = legacy_draft().meta("dflash.conv_kernel_size", Value::U32(4));
+    assert!(refusal(&text_target(), &dflash2).contains("dflash.conv_kernel_size is set: DFlash2, DSpark"));
+    let sinks = legacy_draft().tensor(Tensor::f32("blk.0.attn_sinks.weight", &[4], &[0.0; 4]));
+    assert!(refusal(&text_target(), &sinks).contains("tensor blk.0.attn_sinks.weight: this DFlash variant"));
     let no_mask = legacy_draft().without_meta("tokenizer.ggml.mask_token_id");
     assert!(refusal(&text_target(), &no_mask).contains("no tokenizer.ggml.mask_token_id"));
     let vocabulary = legacy_draft()

@@ -200,6 +200,42 @@ fn check_dflash(target: &Transformer, draft: &GgufFile, hparams: &HParams) -> Re
         }
         Some(_) => {}
     }
+    // Variants and options the DFlash network here does not implement: run
+    // as plain DFlash they would draft from the wrong function.
+    const UNSUPPORTED_KEYS: [&str; 14] = [
+        "dflash.conv_kernel_size",
+        "dflash.conv_group_size",
+        "dflash.selector_rank",
+        "dflash.selector_top_k",
+        "dflash.sample_from_anchor",
+        "dflash.has_confidence_head",
+        "dflash.embedding_scale",
+        "dflash.logit_scale",
+        "dflash.final_logit_softcapping",
+        "dflash.attention.scale",
+        "dflash.attention.value_scale",
+        "dflash.hidden_activation",
+        "dflash.attention.sliding_window",
+        "dflash.attention.sliding_window_pattern",
+    ];
+    if let Some(key) = UNSUPPORTED_KEYS.iter().find(|key| draft.get(key).is_some()) {
+        return Err(mismatch(format!("{key} is set: DFlash2, DSpark and this DFlash option are not supported")));
+    }
+    const UNSUPPORTED_TENSORS: [&str; 8] = [
+        "attn_post_norm",
+        "ffn_post_norm",
+        "layer_output_scale",
+        "attn_sinks",
+        "attn_conv",
+        "ffn_conv",
+        "selector",
+        "markov",
+    ];
+    if let Some(tensor) =
+        draft.tensors().iter().find(|tensor| UNSUPPORTED_TENSORS.iter().any(|part| tensor.name.contains(part)))
+    {
+        return Err(mismatch(format!("tensor {}: this DFlash variant is not supported", tensor.name)));
+    }
     if draft.tensor("rope_freqs.weight").is_some() {
         return Err(mismatch("the draft has rope_freqs.weight; per-frequency rope factors are not supported".into()));
     }
