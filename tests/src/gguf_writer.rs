@@ -56,6 +56,13 @@ impl GgufBuilder {
         self
     }
 
+    /// Add a metadata entry even if the key is already there (a corrupt
+    /// file).
+    pub fn duplicate_meta(mut self, key: &str, value: Value) -> Self {
+        self.metadata.push((key.into(), value));
+        self
+    }
+
     /// Drop a metadata entry.
     pub fn without_meta(mut self, key: &str) -> Self {
         self.metadata.retain(|(existing, _)| existing != key);

@@ -118,7 +118,7 @@ fn offsets_past_the_end_overlaps_alignment_and_types() {
 
 #[test]
 fn duplicate_keys_and_bad_utf8() {
-    let duplicate = valid().meta("answer", Value::U32(7)).build();
+    let duplicate = valid().duplicate_meta("answer", Value::U32(7)).build();
     assert_eq!(error_of(duplicate), "metadata key \"answer\" appears twice");
     let mut bytes = GgufBuilder::new().meta("k", Value::Str("ok".into())).build();
     let value_at = bytes.windows(2).rposition(|window| window == b"ok").expect("the value is in the file");
