@@ -384,3 +384,29 @@ fn images_are_refused_by_models_without_mrope_and_must_match_their_placeholders(
     let refused = engine.submit(short).expect_err("refused").to_string();
     assert!(refused.contains("a 4 × 3 image needs 768 values of width 64, got 10"), "{refused}");
 }
+
+#[test]
+fn a_fixup_that_traps_or_edits_outside_the_draft_refuses_the_pair() {
+    use sluice_tests::plugin_fixtures::{FIXUP_WIT, componentize, fixup_module};
+    let host = PluginHost::new().expect("host");
+    let fixup = |body: &str| {
+        let bytes = componentize(&fixup_module(body), FIXUP_WIT, "draft-fixup");
+        WasmFixup::load(&host, PluginSource::Path("rogue.wasm".into()), &bytes, PluginLimits::default()).expect("loads")
+    };
+    let pair_with = |fixup: WasmFixup| {
+        let draft = GgufFile::from_bytes(legacy_draft().build()).expect("parses");
+        match pair(&model(&text_target()), draft, None, &[fixup]) {
+            Ok(_) => panic!("the pair was accepted"),
+            Err(error) => error.to_string(),
+        }
+    };
+    // `ok([remove("draft")])`: the result at 512, one edit at 600 whose key
+    // is the first five bytes of the module's data at 256.
+    let remove_foreign_key = "(i32.store (i32.const 512) (i32.const 0)) (i32.store (i32.const 516) (i32.const 600))
+        (i32.store (i32.const 520) (i32.const 1)) (i32.store8 (i32.const 600) (i32.const 1))
+        (i32.store (i32.const 608) (i32.const 256)) (i32.store (i32.const 612) (i32.const 5)) (i32.const 512)";
+    let refused = pair_with(fixup(remove_foreign_key));
+    assert!(refused.contains("rogue.wasm: may not edit \"draft\" (only `dflash.*` keys of the draft)"), "{refused}");
+    let refused = pair_with(fixup("(unreachable)"));
+    assert!(refused.starts_with("rogue.wasm: ") && refused.contains("trap"), "{refused}");
+}
