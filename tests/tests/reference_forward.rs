@@ -28,7 +28,7 @@ impl Reference {
         let row_bytes = tensor.len / n_out;
         for row in 0..n_out {
             dequantize_row(
-                tensor.dtype,
+                tensor.dtype.weights().expect("a weight tensor"),
                 &data[row * row_bytes..(row + 1) * row_bytes],
                 &mut out[row * n_in..(row + 1) * n_in],
             )

@@ -410,3 +410,37 @@ fn a_fixup_that_traps_or_edits_outside_the_draft_refuses_the_pair() {
     let refused = pair_with(fixup("(unreachable)"));
     assert!(refused.starts_with("rogue.wasm: ") && refused.contains("trap"), "{refused}");
 }
+
+/// The legacy draft with a reduced head: 16 rows, row i drafting target
+/// token `ids[i]`.
+fn reduced_draft(ids: &[i64]) -> GgufBuilder {
+    let mut rng = sluice_tests::gguf_writer::Rng::new(31);
+    legacy_draft()
+        .tensor(Tensor::f32("output.weight", &[64, ids.len() as u64], &rng.vec(64 * ids.len(), 0.125)))
+        .tensor(Tensor {
+            name: "d2t".into(),
+            dims: vec![ids.len() as u64],
+            type_id: 27,
+            data: ids.iter().flat_map(|id| id.to_le_bytes()).collect(),
+        })
+}
+
+#[test]
+fn a_reduced_vocabulary_dflash_draft_maps_its_head_through_d2t() {
+    let even: Vec<i64> = (0..16).map(|row| 2 * row).collect();
+    let counts = assert_parity(&text_target(), &reduced_draft(&even));
+    assert!(counts.iter().all(|&(drafted, _)| drafted > 0), "{counts:?}");
+
+    let out_of_range: Vec<i64> = (0..16).map(|row| if row == 5 { 32 } else { row }).collect();
+    assert!(
+        refusal(&text_target(), &reduced_draft(&out_of_range))
+            .contains("d2t maps to token 32, outside the target's vocabulary of 32")
+    );
+    let short = reduced_draft(&even).tensor(Tensor::f32("output.weight", &[64, 15], &vec![0.0; 64 * 15]));
+    assert!(
+        refusal(&text_target(), &short)
+            .contains("d2t has 16 entries; output.weight must have as many rows (it has 15)")
+    );
+    let floats = reduced_draft(&even).tensor(Tensor::f32("d2t", &[16], &[0.0; 16]));
+    assert!(refusal(&text_target(), &floats).contains("d2t has type F32; it must hold integers"));
+}

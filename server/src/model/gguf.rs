@@ -127,13 +127,56 @@ impl MetaValue {
     }
 }
 
+/// A tensor's element type: a weight format the kernels read, or plain
+/// integers (index maps, such as a DFlash draft's `d2t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorType {
+    Weights(DType),
+    I32,
+    I64,
+}
+
+impl TensorType {
+    fn from_ggml(type_id: u32) -> Option<Self> {
+        match type_id {
+            26 => Some(TensorType::I32),
+            27 => Some(TensorType::I64),
+            other => DType::from_ggml(other).map(TensorType::Weights),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::Weights(dtype) => dtype.name(),
+            TensorType::I32 => "I32",
+            TensorType::I64 => "I64",
+        }
+    }
+
+    /// The weight format, if this is one.
+    pub fn weights(self) -> Option<DType> {
+        match self {
+            TensorType::Weights(dtype) => Some(dtype),
+            TensorType::I32 | TensorType::I64 => None,
+        }
+    }
+
+    fn row_bytes(self, n: usize) -> Option<usize> {
+        match self {
+            TensorType::Weights(dtype) => dtype.row_bytes(n),
+            TensorType::I32 => n.checked_mul(4),
+            TensorType::I64 => n.checked_mul(8),
+        }
+    }
+}
+
 /// One tensor's descriptor, validated against the data section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
     pub name: String,
     /// Dimensions, innermost first (as GGUF stores them).
     pub dims: Vec<u64>,
-    pub dtype: DType,
+    pub dtype: TensorType,
     /// Byte range in the file.
     pub start: usize,
     pub len: usize,
@@ -425,6 +468,22 @@ impl GgufFile {
         &self.bytes()[tensor.start..tensor.start + tensor.len]
     }
 
+    /// An integer tensor's values; `None` for weight tensors.
+    pub fn integers(&self, tensor: &TensorInfo) -> Option<Vec<i64>> {
+        let data = self.data(tensor);
+        match tensor.dtype {
+            TensorType::I32 => {
+                Some(data.chunks_exact(4).map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect())
+            }
+            TensorType::I64 => Some(
+                data.chunks_exact(8)
+                    .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                    .collect(),
+            ),
+            TensorType::Weights(_) => None,
+        }
+    }
+
     /// Reads every page of tensor data once, so the first requests do not
     /// stall on page faults of a cold map; `progress(done, total)` is
     /// called with byte counts as it goes (every 16 MiB and at the end).
@@ -465,7 +524,7 @@ fn tensor_info(
     data_start: u64,
     data_len: u64,
 ) -> Result<TensorInfo, GgufError> {
-    let dtype = DType::from_ggml(type_id)
+    let dtype = TensorType::from_ggml(type_id)
         .ok_or_else(|| tensor_error(&name, format!("unknown or unsupported tensor type {type_id}")))?;
     if dims.contains(&0) {
         return Err(tensor_error(&name, format!("dims {dims:?} contain a zero")));

@@ -54,6 +54,7 @@ pub enum ForwardError {
 #[derive(Debug, Clone)]
 pub(crate) struct Weight {
     tensor: TensorInfo,
+    dtype: DType,
     n_in: usize,
     n_out: usize,
 }
@@ -139,8 +140,10 @@ impl Transformer {
             None if borrows => None,
             _ => Some(weight(&file, "token_embd.weight", hp.n_embd, hp.n_vocab)?),
         };
+        // A reduced-vocabulary DFlash head has one row per `d2t` entry.
+        let head_rows = file.tensor("d2t").filter(|_| borrows).map_or(hp.n_vocab, |d2t| d2t.elements() as usize);
         let output = match (file.tensor("output.weight"), &token_embd) {
-            (Some(_), _) => Some(weight(&file, "output.weight", hp.n_embd, hp.n_vocab)?),
+            (Some(_), _) => Some(weight(&file, "output.weight", hp.n_embd, head_rows)?),
             // Tied embeddings: the LM head is the embedding table.
             (None, Some(token_embd)) if !borrows => Some(token_embd.clone()),
             (None, _) => None,
@@ -244,13 +247,13 @@ impl Transformer {
     /// model's LM head; empty if it has none.
     pub fn lm_head(&self, hidden: &[f32], m: usize, pool: &ThreadPool) -> Vec<f32> {
         let Some(output) = &self.output else { return Vec::new() };
-        let mut logits = vec![0.0; m * self.hparams.n_vocab];
+        let mut logits = vec![0.0; m * output.n_out];
         matmul(&self.matrix(output), &hidden[..m * self.hparams.n_embd], m, &mut logits, pool);
         logits
     }
 
     fn matrix(&self, weight: &Weight) -> QuantMatrix<'_> {
-        QuantMatrix::new(weight.tensor.dtype, self.file.data(&weight.tensor), weight.n_out, weight.n_in)
+        QuantMatrix::new(weight.dtype, self.file.data(&weight.tensor), weight.n_out, weight.n_in)
             .expect("weight shapes were validated at load")
     }
 
@@ -418,7 +421,7 @@ impl Transformer {
             }
             match &self.output {
                 Some(head) => {
-                    output.logits = vec![0.0; m * hp.n_vocab];
+                    output.logits = vec![0.0; m * head.n_out];
                     matmul(&self.matrix(head), &s.h[..m * n_embd], m, &mut output.logits, pool);
                 }
                 None => output.hidden = s.h[..m * n_embd].to_vec(),
@@ -538,7 +541,11 @@ pub(crate) fn weight(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> 
     if tensor.dims.len() != 2 || tensor.dims[0] != n_in as u64 || tensor.dims[1] != n_out as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{n_in}, {n_out}]", tensor.dims)));
     }
-    Ok(Weight { tensor: tensor.clone(), n_in, n_out })
+    let dtype = tensor
+        .dtype
+        .weights()
+        .ok_or_else(|| tensor_problem(name, &format!("type {} is not a weight format", tensor.dtype.name())))?;
+    Ok(Weight { tensor: tensor.clone(), dtype, n_in, n_out })
 }
 
 /// A small f32 (or f16/bf16) vector, dequantized into memory.
@@ -547,11 +554,10 @@ pub(crate) fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>
     if tensor.elements() != len as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{len}]", tensor.dims)));
     }
-    if !matches!(tensor.dtype, DType::F32 | DType::F16 | DType::BF16) {
+    let Some(dtype @ (DType::F32 | DType::F16 | DType::BF16)) = tensor.dtype.weights() else {
         return Err(tensor_problem(name, &format!("type {} for a norm/bias vector", tensor.dtype.name())));
-    }
+    };
     let mut out = vec![0.0; len];
-    dequantize_row(tensor.dtype, file.data(tensor), &mut out)
-        .map_err(|error| tensor_problem(name, &error.to_string()))?;
+    dequantize_row(dtype, file.data(tensor), &mut out).map_err(|error| tensor_problem(name, &error.to_string()))?;
     Ok(out)
 }

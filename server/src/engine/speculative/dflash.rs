@@ -19,6 +19,8 @@ pub struct DflashDrafter {
     params: DflashParams,
     /// Token that fills the block after the sampled one.
     mask_token: u32,
+    /// For a reduced-vocabulary head: the target token of each head row.
+    d2t: Option<Vec<u32>>,
     kv: KvStore,
     scratch: Scratch,
 }
@@ -31,11 +33,12 @@ impl DflashDrafter {
         draft: Transformer,
         params: DflashParams,
         mask_token: u32,
+        d2t: Option<Vec<u32>>,
         n_blocks: usize,
         block_tokens: usize,
     ) -> Self {
         let kv = draft.kv_store(n_blocks, block_tokens);
-        DflashDrafter { target, draft, params, mask_token, kv, scratch: Scratch::default() }
+        DflashDrafter { target, draft, params, mask_token, d2t, kv, scratch: Scratch::default() }
     }
 
     /// Row `token`'s input embedding: the draft's own table, else the target's.
@@ -163,10 +166,15 @@ impl Drafter for DflashDrafter {
         for (index, n_rows) in drafting {
             let request = &mut requests[index];
             for offset in 0..n_rows {
-                let (token, prob) = most_likely(&logits[(row + offset) * n_vocab..(row + offset + 1) * n_vocab]);
+                // Scattering a reduced head into the target vocabulary with
+                // -inf elsewhere changes neither the argmax nor its
+                // probability: map the winner instead.
+                let (best, prob) = most_likely(&logits[(row + offset) * n_vocab..(row + offset + 1) * n_vocab]);
                 if prob < settings.p_min {
                     break;
                 }
+                let token = self.d2t.as_ref().map_or(Some(best), |d2t| d2t.get(best as usize).copied());
+                let Some(token) = token else { break };
                 request.drafts.push(token);
             }
             row += n_rows;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{DflashDrafter, Drafter, SimpleDrafter};
 use crate::model::dflash::DflashParams;
-use crate::model::gguf::{GgufError, GgufFile, MetaArray, MetaValue};
+use crate::model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
 use crate::model::hparams::{Architecture, HParams, HParamsError};
 use crate::model::transformer::{LoadError, Transformer};
 use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
@@ -90,12 +90,18 @@ impl PairedDraft {
             DraftKind::Dflash => Some(DflashParams::from_gguf(&self.file)?),
             DraftKind::Simple => None,
         };
+        // Checked at pairing: every entry is a target token id.
+        let d2t = self
+            .file
+            .tensor("d2t")
+            .and_then(|d2t| self.file.integers(d2t))
+            .map(|ids| ids.into_iter().map(|id| id as u32).collect());
         let draft = Transformer::from_file(self.file)?;
         tracing::info!(kind = self.kind.name(), n_blocks, block_tokens, "draft context created");
         Ok(match params {
             Some(params) => {
                 let mask = params.mask_token.unwrap_or_default();
-                Box::new(DflashDrafter::new(target, draft, params, mask, n_blocks, block_tokens))
+                Box::new(DflashDrafter::new(target, draft, params, mask, d2t, n_blocks, block_tokens))
             }
             None => Box::new(SimpleDrafter::new(draft, n_blocks, block_tokens)),
         })
@@ -239,11 +245,12 @@ fn check_dflash(target: &Transformer, draft: &GgufFile, hparams: &HParams) -> Re
     if draft.tensor("rope_freqs.weight").is_some() {
         return Err(mismatch("the draft has rope_freqs.weight; per-frequency rope factors are not supported".into()));
     }
-    if draft.tensor("d2t").is_some() {
-        return Err(mismatch("reduced-vocabulary DFlash drafts (d2t) are not supported yet".into()));
-    }
-    if draft.tensor("output.weight").is_some() || draft.tensor("token_embd.weight").is_some() {
-        check_vocabulary(target.file(), draft, target_hp.n_vocab, hparams.n_vocab)?;
+    match draft.tensor("d2t") {
+        Some(d2t) => check_d2t(draft, d2t, target_hp.n_vocab)?,
+        None if draft.tensor("output.weight").is_some() || draft.tensor("token_embd.weight").is_some() => {
+            check_vocabulary(target.file(), draft, target_hp.n_vocab, hparams.n_vocab)?
+        }
+        None => {}
     }
     match params.mask_token {
         None => Err(mismatch("the draft has no tokenizer.ggml.mask_token_id".into())),
@@ -252,6 +259,28 @@ fn check_dflash(target: &Transformer, draft: &GgufFile, hparams: &HParams) -> Re
             target_hp.n_vocab
         ))),
         Some(_) => Ok(()),
+    }
+}
+
+/// A reduced-vocabulary head: `d2t[i]` is the target token of head row `i`.
+fn check_d2t(draft: &GgufFile, d2t: &TensorInfo, n_target: usize) -> Result<(), PairingError> {
+    let ids = draft
+        .integers(d2t)
+        .ok_or_else(|| mismatch(format!("d2t has type {}; it must hold integers (I32 or I64)", d2t.dtype.name())))?;
+    if draft.tensor("token_embd.weight").is_some() {
+        return Err(mismatch("a draft with d2t must borrow the target's token embeddings (it has its own)".into()));
+    }
+    let rows = draft.tensor("output.weight").and_then(|output| output.dims.get(1).copied());
+    if rows != Some(ids.len() as u64) {
+        return Err(mismatch(format!(
+            "d2t has {} entries; output.weight must have as many rows (it has {})",
+            ids.len(),
+            rows.map_or("none".into(), |rows| rows.to_string())
+        )));
+    }
+    match ids.iter().find(|&&id| !(0..n_target as i64).contains(&id)) {
+        Some(id) => Err(mismatch(format!("d2t maps to token {id}, outside the target's vocabulary of {n_target}"))),
+        None => Ok(()),
     }
 }
 
