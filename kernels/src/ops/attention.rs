@@ -53,8 +53,20 @@ impl KvPages<'_> {
     #[inline(always)]
     fn for_each_row(&self, n: usize, row_len: usize, mut f: impl FnMut(usize, usize)) {
         let block_tokens = self.pages.block_tokens;
+        let blocks = self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate();
+        // The common case keeps its tight loop; only DFlash drafts hide cells.
+        if self.hidden.is_empty() {
+            for (b, &block) in blocks {
+                let first = b * block_tokens;
+                let start = block as usize * block_tokens * row_len;
+                for r in 0..block_tokens.min(n - first) {
+                    f(first + r, start + r * row_len);
+                }
+            }
+            return;
+        }
         let mut hidden = self.hidden.iter().peekable();
-        for (b, &block) in self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate() {
+        for (b, &block) in blocks {
             let first = b * block_tokens;
             let start = block as usize * block_tokens * row_len;
             for r in 0..block_tokens.min(n - first) {
