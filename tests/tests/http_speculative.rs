@@ -80,6 +80,8 @@ fn solo_outputs() -> Vec<(Value, Value, Value)> {
     let server = Server::start(&["-np", "1"]);
     let outputs: Vec<_> = requests().iter().map(|body| run(&server, body, false)).collect();
     assert!(outputs.iter().all(|(_, _, timings)| timings["draft_n"] == 0));
+    let (_, slots) = server.get("/slots");
+    assert_eq!(slots[0]["speculative"], false);
     outputs
 }
 
@@ -96,6 +98,10 @@ fn drafts_never_change_the_output() {
     assert_eq!(accepted, drafted, "self-drafting accepts every greedy draft");
     let accepted_total = server.metric("llamacpp:spec_decode_num_accepted_tokens_total");
     assert!(accepted_total >= accepted as f64, "{accepted_total}");
+    let first = server.metric("llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}");
+    assert!(first > 0.0 && first <= accepted_total, "{first}");
+    let (_, slots) = server.get("/slots");
+    assert!(slots.as_array().is_some_and(|slots| slots.iter().all(|slot| slot["speculative"] == true)), "{slots}");
     drop(server);
 
     // A random-weight draft with the same vocabulary is mostly wrong.

@@ -112,25 +112,22 @@ fn serve(args: &[String]) -> anyhow::Result<()> {
 /// DFlash pair (written by the tests crate's `write-dflash-pair`).
 fn bench_spec(args: &[String]) -> anyhow::Result<()> {
     let model = models::fetch_model()?;
-    let spec = |target: &std::path::Path, draft: &std::path::Path, extra: &[&str]| {
+    let spec = |target: &std::path::Path, draft: &std::path::Path| {
         run(cargo()
             .args(["run", "--quiet", "--release", "--package", "sluice", "--", "bench", "spec", "--model"])
             .arg(target)
             .arg("--model-draft")
             .arg(draft)
-            .args(extra)
             .args(args))
     };
     eprintln!("xtask: the default model drafting for itself");
-    spec(&model, &model, &[])?;
+    spec(&model, &model)?;
     let dir = repo_root().join("target/bench");
     run(cargo()
         .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-dflash-pair", "--"])
         .arg(&dir))?;
     eprintln!("xtask: a synthetic DFlash pair (random weights: acceptance is near zero, the cost of drafting shows)");
-    // Random drafts are never confident: without a floor every block is verified.
-    let floor: &[&str] = if args.iter().any(|arg| arg.starts_with("--p-min")) { &[] } else { &["--p-min", "0"] };
-    spec(&dir.join("dflash-target.gguf"), &dir.join("dflash-draft.gguf"), floor)
+    spec(&dir.join("dflash-target.gguf"), &dir.join("dflash-draft.gguf"))
 }
 
 fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {

@@ -31,11 +31,11 @@ pub struct BenchSpecArgs {
     /// Tokens to generate per run.
     #[arg(long, default_value_t = 128)]
     decode: usize,
-    /// Most tokens drafted per step.
-    #[arg(long, default_value_t = 16)]
+    /// Most tokens drafted per step (the server's default).
+    #[arg(long, default_value_t = SpeculativeConfig::default().n_max)]
     n_max: u32,
-    /// Drafting stops below this draft probability.
-    #[arg(long, default_value_t = 0.75)]
+    /// Drafting stops below this draft probability (the server's default).
+    #[arg(long, default_value_t = SpeculativeConfig::default().p_min)]
     p_min: f32,
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]

@@ -223,9 +223,9 @@ impl Default for SpeculativeConfig {
             kind: SpecType::None,
             draft_model: None,
             // llama-server's defaults.
-            n_max: 16,
+            n_max: 3,
             n_min: 0,
-            p_min: 0.75,
+            p_min: 0.0,
             fixups: None,
         }
     }

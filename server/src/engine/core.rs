@@ -862,14 +862,14 @@ impl Engine {
         for (index, &draft) in drafts.iter().enumerate() {
             match self.emit(slot, Some(draft)) {
                 Emitted::Continue => {
-                    Metrics::add(&self.shared.metrics.draft_accepted_total, 1);
+                    self.shared.metrics.count_accepted_at(index);
                     let Some(active) = self.slots[slot].as_mut() else { return false };
                     active.cells += 1;
                     active.held_logits.copy_from_slice(&logits[(index + 1) * n_vocab..(index + 2) * n_vocab]);
                 }
                 Emitted::Rejected => break,
                 Emitted::Ended => {
-                    Metrics::add(&self.shared.metrics.draft_accepted_total, 1);
+                    self.shared.metrics.count_accepted_at(index);
                     return false;
                 }
             }

@@ -144,6 +144,8 @@ pub struct EngineHandle {
     /// Hidden size of image rows, for targets with M-RoPE (the only ones
     /// that take images).
     image_width: Option<usize>,
+    /// Whether a draft is paired with the model.
+    speculative: bool,
 }
 
 impl EngineHandle {
@@ -166,14 +168,20 @@ impl EngineHandle {
         });
         let hparams = model.hparams();
         let image_width = hparams.rope.is_multimodal().then_some(hparams.n_embd);
+        let speculative = speculation.is_some();
         let models = Models { model, tokenizer, speculation };
         let engine = Engine::new(models, policy, fallback, config.clone(), Arc::clone(&shared), receiver);
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
-        Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width })
+        Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width, speculative })
     }
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Whether requests are decoded with a draft.
+    pub fn speculative(&self) -> bool {
+        self.speculative
     }
 
     pub fn shared(&self) -> &Shared {

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub drafts_total: AtomicU64,
     pub draft_tokens_total: AtomicU64,
     pub draft_accepted_total: AtomicU64,
+    /// Accepted drafts by their position in the draft (0 = first).
+    pub draft_accepted_per_position: Mutex<Vec<u64>>,
     /// Policy call latency: counts per bucket (last = +Inf), sum in ns.
     pub policy_call_buckets: [AtomicU64; POLICY_CALL_BUCKETS.len() + 1],
     pub policy_call_nanos_total: AtomicU64,
@@ -60,6 +62,16 @@ impl Metrics {
         Self::add(&self.policy_call_buckets[bucket], 1);
         Self::add(&self.policy_call_nanos_total, (seconds * 1e9) as u64);
         Self::add(&self.policy_calls_total, 1);
+    }
+
+    pub fn count_accepted_at(&self, position: usize) {
+        Self::add(&self.draft_accepted_total, 1);
+        if let Ok(mut counts) = self.draft_accepted_per_position.lock() {
+            if counts.len() <= position {
+                counts.resize(position + 1, 0);
+            }
+            counts[position] += 1;
+        }
     }
 
     pub fn count_fault(&self, policy: &str, reason: &str) {

@@ -55,7 +55,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
             "id": 0,
             "id_task": -1,
             "n_ctx": ready.engine.config().ctx,
-            "speculative": false,
+            "speculative": ready.engine.speculative(),
             "is_processing": false,
             "params": settings_json(&defaults),
         },
@@ -153,13 +153,14 @@ pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
         return Err(ApiError::new(ErrorType::Unavailable, "no slot available"));
     }
     let policy = ready.engine.policy_name();
+    let speculative = ready.engine.speculative();
     let slots: Vec<Value> = slots
         .iter()
         .map(|slot| {
             let mut value = json!({
                 "id": slot.id,
                 "n_ctx": slot.n_ctx,
-                "speculative": false,
+                "speculative": speculative,
                 "is_processing": slot.phase.is_some(),
                 "phase": phase_name(slot.phase),
                 "policy": policy,
@@ -306,6 +307,26 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         get(&metrics.draft_accepted_total),
     );
     out.one("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", get(&metrics.drafts_total));
+    // As llama-server: only once something was accepted.
+    let per_position: Vec<(String, f64)> = metrics
+        .draft_accepted_per_position
+        .lock()
+        .map(|counts| {
+            counts
+                .iter()
+                .enumerate()
+                .map(|(position, count)| (format!("{{position=\"{position}\"}}"), *count as f64))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !per_position.is_empty() {
+        out.family(
+            "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+            "counter",
+            "Accepted drafted tokens by their position in the draft.",
+            &per_position,
+        );
+    }
     out.one("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate);
     out.one("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", predicted_rate);
     out.one(
