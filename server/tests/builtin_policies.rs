@@ -7,17 +7,7 @@ use sluice::plugins::policy_types::{
 use sluice::plugins::{LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 fn request(id: u64, prompt_tokens: u32, prompt_done: u32) -> RequestInfo {
-    RequestInfo {
-        id,
-        prompt_tokens,
-        prompt_done,
-        prompt_cached: 0,
-        generated: 0,
-        max_tokens: 16,
-        adapter_group: 0,
-        priority: 0,
-        arrival_ms: 0,
-    }
+    RequestInfo { max_tokens: 16, ..sluice_plugin_api::testing::request(id, prompt_tokens).done(prompt_done) }
 }
 
 fn load(name: &'static str, settings: Vec<Setting>) -> Result<WasmPolicy, LoadError> {

@@ -51,31 +51,36 @@ impl KvPages<'_> {
     /// the pages first (see [`attend`]) and mark `f` `#[inline(always)]`
     /// (see `simd::dispatch`).
     #[inline(always)]
-    fn for_each_row(&self, n: usize, row_len: usize, mut f: impl FnMut(usize, usize)) {
-        let block_tokens = self.pages.block_tokens;
-        let blocks = self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate();
-        // The common case keeps its tight loop; only DFlash drafts hide cells.
+    fn for_each_row(&self, n: usize, row_len: usize, f: impl FnMut(usize, usize)) {
+        // The common case gets a visibility test that folds away; only DFlash
+        // drafts hide cells.
         if self.hidden.is_empty() {
-            for (b, &block) in blocks {
-                let first = b * block_tokens;
-                let start = block as usize * block_tokens * row_len;
-                for r in 0..block_tokens.min(n - first) {
-                    f(first + r, start + r * row_len);
-                }
-            }
-            return;
+            return self.for_each_visible_row(n, row_len, |_| true, f);
         }
         let mut hidden = self.hidden.iter().peekable();
-        for (b, &block) in blocks {
+        let visible = |position: usize| {
+            while hidden.next_if(|range| range.end <= position).is_some() {}
+            hidden.peek().is_none_or(|range| range.start > position)
+        };
+        self.for_each_visible_row(n, row_len, visible, f)
+    }
+
+    #[inline(always)]
+    fn for_each_visible_row(
+        &self,
+        n: usize,
+        row_len: usize,
+        mut visible: impl FnMut(usize) -> bool,
+        mut f: impl FnMut(usize, usize),
+    ) {
+        let block_tokens = self.pages.block_tokens;
+        for (b, &block) in self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate() {
             let first = b * block_tokens;
             let start = block as usize * block_tokens * row_len;
             for r in 0..block_tokens.min(n - first) {
-                let position = first + r;
-                while hidden.next_if(|range| range.end <= position).is_some() {}
-                if hidden.peek().is_some_and(|range| range.start <= position) {
-                    continue;
+                if visible(first + r) {
+                    f(first + r, start + r * row_len);
                 }
-                f(position, start + r * row_len);
             }
         }
     }

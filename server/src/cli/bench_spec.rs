@@ -75,13 +75,15 @@ pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
         p_min: args.p_min,
         ..SpeculativeConfig::default()
     };
+    let bench = Bench { target, tokenizer, config, host: PluginHost::new()?, prompt, decode: args.decode };
     let mut plain = Vec::new();
     let mut drafted = Vec::new();
     for _ in 0..args.reps.max(1) {
-        plain.push(run(&target, &tokenizer, &config, None, &prompt, args.decode)?);
-        let speculation = speculative::load(&spec, PolicyConfig::default().limits(), &target, &config)
+        plain.push(bench.run(None)?);
+        let limits = PolicyConfig::default().limits();
+        let speculation = speculative::load(&spec, &bench.host, limits, &bench.target, &bench.config)
             .map_err(|(path, error)| anyhow::anyhow!("{}: {error}", path.display()))?;
-        drafted.push(run(&target, &tokenizer, &config, speculation, &prompt, args.decode)?);
+        drafted.push(bench.run(speculation)?);
     }
     let median = |runs: &mut Vec<Run>| {
         runs.sort_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s));
@@ -110,48 +112,52 @@ pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run(
-    target: &Arc<Transformer>,
-    tokenizer: &Arc<Tokenizer>,
-    config: &EngineConfig,
-    speculation: Option<Speculation>,
-    prompt: &[u32],
+/// One greedy stream on a fresh engine, with or without a draft.
+struct Bench {
+    target: Arc<Transformer>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    host: PluginHost,
+    prompt: Vec<u32>,
     decode: usize,
-) -> anyhow::Result<Run> {
-    let host = PluginHost::new()?;
-    let policy = load_policy(&host, &PolicyConfig::default())?;
-    let engine = EngineHandle::start(
-        Arc::clone(target),
-        Arc::clone(tokenizer),
-        Box::new(policy),
-        Box::new(|| None),
-        config.clone(),
-        speculation,
-    )?;
-    let mut request = GenerationRequest::new(prompt.to_vec());
-    request.n_predict = Some(decode);
-    request.ignore_eos = true;
-    request.sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
-    let (_, mut events) = engine.submit(request)?;
-    let mut first_token = None;
-    loop {
-        match events.blocking_recv().context("the engine stopped")? {
-            Event::Started { .. } => {}
-            // Decode speed from the first token on (the prompt is not timed).
-            Event::Token(_) => {
-                first_token.get_or_insert_with(Instant::now);
+}
+
+impl Bench {
+    fn run(&self, speculation: Option<Speculation>) -> anyhow::Result<Run> {
+        let policy = load_policy(&self.host, &PolicyConfig::default())?;
+        let engine = EngineHandle::start(
+            Arc::clone(&self.target),
+            Arc::clone(&self.tokenizer),
+            Box::new(policy),
+            Box::new(|| None),
+            self.config.clone(),
+            speculation,
+        )?;
+        let mut request = GenerationRequest::new(self.prompt.clone());
+        request.n_predict = Some(self.decode);
+        request.ignore_eos = true;
+        request.sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+        let (_, mut events) = engine.submit(request)?;
+        let mut first_token = None;
+        loop {
+            match events.blocking_recv().context("the engine stopped")? {
+                Event::Started { .. } => {}
+                // Decode speed from the first token on (the prompt is not timed).
+                Event::Token(_) => {
+                    first_token.get_or_insert_with(Instant::now);
+                }
+                Event::Done(completion) => {
+                    let seconds = first_token.map_or(f64::NAN, |started| started.elapsed().as_secs_f64());
+                    let verifications = engine.shared().metrics.drafts_total.load(std::sync::atomic::Ordering::Relaxed);
+                    return Ok(Run {
+                        tokens_per_s: (completion.tokens_predicted.saturating_sub(1)) as f64 / seconds,
+                        drafted: completion.timings.draft_n,
+                        accepted: completion.timings.draft_n_accepted,
+                        verifications,
+                    });
+                }
+                Event::Failed(error) => anyhow::bail!("the request failed: {error}"),
             }
-            Event::Done(completion) => {
-                let seconds = first_token.map_or(f64::NAN, |started| started.elapsed().as_secs_f64());
-                let verifications = engine.shared().metrics.drafts_total.load(std::sync::atomic::Ordering::Relaxed);
-                return Ok(Run {
-                    tokens_per_s: (completion.tokens_predicted.saturating_sub(1)) as f64 / seconds,
-                    drafted: completion.timings.draft_n,
-                    accepted: completion.timings.draft_n_accepted,
-                    verifications,
-                });
-            }
-            Event::Failed(error) => anyhow::bail!("the request failed: {error}"),
         }
     }
 }

@@ -696,13 +696,12 @@ impl Engine {
             }
             budget -= n_max;
             requested.push(slot);
-            let Active { draft, blocks, tokens, cells, layout, .. } = active;
+            let Active { draft, blocks, tokens, layout, .. } = active;
             requests.push(DraftRequest {
                 state: draft,
                 table: &blocks.table,
                 layout,
                 tokens,
-                cells: *cells,
                 n_max,
                 drafts: Vec::new(),
             });

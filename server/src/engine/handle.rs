@@ -218,7 +218,7 @@ impl EngineHandle {
                     bad.embeddings.len()
                 )));
             }
-            if request.layout().is_none() {
+            if !request.images_match_prompt() || request.layout().is_none() {
                 return Err(SubmitError::Images(format!(
                     "the segment at cell {} does not match the prompt's placeholders, or segments overlap",
                     image.start

@@ -32,7 +32,6 @@ pub struct Metrics {
     /// Verification passes that carried drafts.
     pub drafts_total: AtomicU64,
     pub draft_tokens_total: AtomicU64,
-    pub draft_accepted_total: AtomicU64,
     /// Accepted drafts by their position in the draft (0 = first).
     pub draft_accepted_per_position: Mutex<Vec<u64>>,
     /// Policy call latency: counts per bucket (last = +Inf), sum in ns.
@@ -65,7 +64,6 @@ impl Metrics {
     }
 
     pub fn count_accepted_at(&self, position: usize) {
-        Self::add(&self.draft_accepted_total, 1);
         if let Ok(mut counts) = self.draft_accepted_per_position.lock() {
             if counts.len() <= position {
                 counts.resize(position + 1, 0);

@@ -104,15 +104,21 @@ impl GenerationRequest {
         self.images.push(image);
     }
 
-    /// The cells' layout (positions); `None` if the images are inconsistent
-    /// with the prompt.
+    /// The cells' layout (positions); `None` if the images overlap or are
+    /// empty.
     pub fn layout(&self) -> Option<Layout> {
-        let fits = self.images.iter().all(|image| {
+        Layout::new(
+            self.images.iter().map(|image| ImageSpan { start: image.start, nx: image.nx, ny: image.ny }).collect(),
+        )
+    }
+
+    /// Whether every image's cells carry its placeholders (hashes the
+    /// embeddings: checked once, when the request is submitted).
+    pub fn images_match_prompt(&self) -> bool {
+        self.images.iter().all(|image| {
             let end = image.start + (image.nx * image.ny) as usize;
             self.prompt.get(image.start..end).is_some_and(|ids| ids == image.placeholders())
-        });
-        let spans = self.images.iter().map(|image| ImageSpan { start: image.start, nx: image.nx, ny: image.ny });
-        fits.then(|| Layout::new(spans.collect())).flatten()
+        })
     }
 
     /// The embedding row of prompt cell `cell`, if it is an image row.

@@ -64,6 +64,11 @@ impl Policies {
         Policies { host, config_file, flags, active: Mutex::new(active) }
     }
 
+    /// The plugin host (shared by policies and draft fixups).
+    pub fn host(&self) -> &PluginHost {
+        &self.host
+    }
+
     /// The active policy's configuration.
     pub fn active(&self) -> PolicyConfig {
         self.active.lock().map(|active| active.clone()).unwrap_or_default()

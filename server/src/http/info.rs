@@ -300,25 +300,20 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         "Number of drafted tokens.",
         get(&metrics.draft_tokens_total),
     );
+    let accepted = metrics.draft_accepted_per_position.lock().map(|counts| counts.clone()).unwrap_or_default();
     out.one(
         "llamacpp:spec_decode_num_accepted_tokens_total",
         "counter",
         "Number of accepted drafted tokens.",
-        get(&metrics.draft_accepted_total),
+        accepted.iter().sum::<u64>() as f64,
     );
     out.one("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", get(&metrics.drafts_total));
     // As llama-server: only once something was accepted.
-    let per_position: Vec<(String, f64)> = metrics
-        .draft_accepted_per_position
-        .lock()
-        .map(|counts| {
-            counts
-                .iter()
-                .enumerate()
-                .map(|(position, count)| (format!("{{position=\"{position}\"}}"), *count as f64))
-                .collect()
-        })
-        .unwrap_or_default();
+    let per_position: Vec<(String, f64)> = accepted
+        .iter()
+        .enumerate()
+        .map(|(position, count)| (format!("{{position=\"{position}\"}}"), *count as f64))
+        .collect();
     if !per_position.is_empty() {
         out.family(
             "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",

@@ -136,7 +136,8 @@ async fn load(state: &AppState, policy: WasmPolicy) -> Result<(), StartError> {
     tracing::info!(path = %path.display(), "loading model");
     let started = Instant::now();
     let fallback = state.policies().fallback();
-    let mut loading = tokio::task::spawn_blocking(move || build(&config, Box::new(policy), fallback));
+    let host = state.policies().host().clone();
+    let mut loading = tokio::task::spawn_blocking(move || build(&config, &host, Box::new(policy), fallback));
     let mut progress = tokio::time::interval(Duration::from_secs(2));
     progress.tick().await;
     let ready = loop {
@@ -161,6 +162,7 @@ async fn load(state: &AppState, policy: WasmPolicy) -> Result<(), StartError> {
 /// The model, tokenizer, chat template and a started engine.
 fn build(
     config: &Config,
+    host: &PluginHost,
     policy: Box<dyn SchedulingPolicy>,
     fallback: Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>,
 ) -> Result<Ready, StartError> {
@@ -193,7 +195,7 @@ fn build(
         ftype: file.opt_u32("general.file_type").ok().flatten(),
     };
     let model = Arc::new(model);
-    let speculation = speculative::load(&config.speculative, config.policy.limits(), &model, &engine_config)
+    let speculation = speculative::load(&config.speculative, host, config.policy.limits(), &model, &engine_config)
         .map_err(|(path, error)| StartError::Draft { path, error })?;
     let engine = EngineHandle::start(model, Arc::clone(&tokenizer), policy, fallback, engine_config, speculation)
         .map_err(StartError::Engine)?;

@@ -14,7 +14,7 @@ use sluice_kernels::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles}
 use sluice_kernels::pool::ThreadPool;
 use sluice_kernels::quant::{DType, dequantize_row};
 
-use super::batch::{Batch, BatchRow, RowInput};
+use super::batch::{Batch, RowInput};
 use super::dflash::DflashParams;
 use super::gguf::{GgufError, GgufFile, TensorInfo};
 use super::hparams::{Architecture, HParams, HParamsError, RopeStyle};
@@ -430,34 +430,29 @@ impl Transformer {
         Ok(output)
     }
 
-    /// DFlash context injection: for each row of `features` (n_embd each,
-    /// already fused), write every layer's K (k-normed and rotated at the
-    /// row's position) and V into the row's KV cell. No attention or
-    /// feed-forward runs for context rows.
+    /// DFlash context injection: row i of `batch` carries the fused
+    /// features in embedding row i; write every layer's K (k-normed and
+    /// rotated at the row's position) and V into the row's KV cell. No
+    /// attention or feed-forward runs for context rows.
     pub fn inject(
         &self,
-        features: &[f32],
-        rows: &[BatchRow],
-        block_tables: &[Vec<u32>],
+        batch: &Batch,
         kv: &mut KvStore,
         pool: &ThreadPool,
         scratch: &mut Scratch,
     ) -> Result<(), ForwardError> {
         let hp = &self.hparams;
-        let (n, n_embd, kv_dim) = (rows.len(), hp.n_embd, hp.kv_dim());
-        let batch = Batch {
-            rows: rows.to_vec(),
-            block_tables: block_tables.to_vec(),
-            embeddings: features.to_vec(),
-            ..Batch::default()
-        };
-        let offsets = self.check(&batch, kv)?;
-        if features.len() != n * n_embd {
-            return Err(ForwardError::Kernel(format!("{} feature values for {n} rows of {n_embd}", features.len())));
+        let (n, kv_dim) = (batch.rows.len(), hp.kv_dim());
+        let offsets = self.check(batch, kv)?;
+        if let Some(row) =
+            batch.rows.iter().enumerate().position(|(row, entry)| entry.input != RowInput::Embedding(row))
+        {
+            return Err(ForwardError::Embedding { row, index: row });
         }
+        let features = &batch.embeddings[..n * hp.n_embd];
         let s = scratch;
         s.angles.resize_with(n, RopeAngles::default);
-        for (entry, angles) in rows.iter().zip(&mut s.angles) {
+        for (entry, angles) in batch.rows.iter().zip(&mut s.angles) {
             self.rope.angles(entry.pos, angles);
         }
         for (index, layer) in self.layers.iter().enumerate() {

@@ -102,11 +102,11 @@ impl Drafter for DflashDrafter {
             }
         }
         if !batch.rows.is_empty() {
-            let fused = self
+            batch.embeddings = self
                 .draft
                 .fuse(&features, batch.rows.len(), pool)
                 .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
-            self.draft.inject(&fused, &batch.rows, &batch.block_tables, &mut self.kv, pool, &mut self.scratch)?;
+            self.draft.inject(&batch, &mut self.kv, pool, &mut self.scratch)?;
         }
         for committed in rows.iter_mut().filter(|committed| committed.state.cells >= committed.first_cell) {
             committed.state.cells = committed.first_cell + committed.batch_rows.len();
@@ -126,13 +126,13 @@ impl Drafter for DflashDrafter {
         for (index, request) in requests.iter().enumerate() {
             // The block needs the whole context injected.
             let block = (request.n_max + 1).min(self.params.block_size);
-            if block < 2 || request.state.cells != request.cells {
+            if block < 2 || request.state.cells != request.cells() {
                 continue;
             }
             batch.block_tables.push(request.table.to_vec());
             batch.hidden.push(request.layout.image_cells());
             for offset in 0..block {
-                let token = if offset == 0 { request.tokens[request.cells] } else { self.mask_token };
+                let token = if offset == 0 { request.tokens[request.cells()] } else { self.mask_token };
                 let start = batch.embeddings.len();
                 batch.embeddings.resize(start + n_embd, 0.0);
                 if !self.embed(token, &mut batch.embeddings[start..]) {
@@ -143,7 +143,7 @@ impl Drafter for DflashDrafter {
                     }
                     .into());
                 }
-                let cell = request.cells + offset;
+                let cell = request.cells() + offset;
                 batch.rows.push(BatchRow {
                     input: RowInput::Embedding(batch.rows.len()),
                     seq: batch.block_tables.len() - 1,
@@ -179,7 +179,7 @@ impl Drafter for DflashDrafter {
             }
             row += n_rows;
             // The block's KV is dropped: only injected context is valid.
-            request.state.cells = request.cells;
+            request.state.cells = request.cells();
         }
         Ok(())
     }

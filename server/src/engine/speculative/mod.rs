@@ -28,11 +28,12 @@ use crate::model::gguf::GgufFile;
 use crate::model::transformer::{ForwardError, Transformer};
 use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 
-/// The configured draft, paired with `target` (fixups run under `limits`,
-/// checks passed) before any of its context exists; `None` without a
-/// draft. An error names the draft file.
+/// The configured draft, paired with `target` (fixups run on `host` under
+/// `limits`, checks passed) before any of its context exists; `None`
+/// without a draft. An error names the draft file.
 pub fn load(
     config: &SpeculativeConfig,
+    host: &PluginHost,
     limits: PluginLimits,
     target: &Arc<Transformer>,
     engine: &EngineConfig,
@@ -44,7 +45,6 @@ pub fn load(
         SpecType::DraftSimple => Some(DraftKind::Simple),
         SpecType::DraftDflash => Some(DraftKind::Dflash),
     };
-    let host = PluginHost::new().map_err(|error| failed(format!("plugin host: {error:#}")))?;
     let fixups = config
         .fixup_sources()
         .map_err(&failed)?
@@ -56,7 +56,7 @@ pub fn load(
                     std::fs::read(file).map_err(|error| failed(format!("fixup {}: {error}", file.display())))?
                 }
             };
-            WasmFixup::load(&host, source, &bytes, limits).map_err(|error| failed(error.to_string()))
+            WasmFixup::load(host, source, &bytes, limits).map_err(|error| failed(error.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let file = GgufFile::open(&path).map_err(|error| failed(error.to_string()))?;
@@ -115,14 +115,20 @@ pub struct DraftRequest<'a> {
     pub table: &'a [u32],
     /// Where its cells sit.
     pub layout: &'a Layout,
-    /// Every token of the sequence: `tokens[..cells]` have target KV and
-    /// `tokens[cells]` is the sampled token the target runs next.
+    /// Every token of the sequence: all but the last have target KV; the
+    /// last is the sampled token the target runs next.
     pub tokens: &'a [u32],
-    pub cells: usize,
     /// Most tokens to draft for this sequence this step.
     pub n_max: usize,
     /// The drafts, filled by the drafter.
     pub drafts: Vec<u32>,
+}
+
+impl DraftRequest<'_> {
+    /// Cells with target KV; the sampled token goes into the next one.
+    pub fn cells(&self) -> usize {
+        self.tokens.len() - 1
+    }
 }
 
 /// Target rows that became part of a sequence, for drafters that learn

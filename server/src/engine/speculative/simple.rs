@@ -47,10 +47,10 @@ impl Drafter for SimpleDrafter {
             for (seq, &index) in drafting.iter().enumerate() {
                 let request = &requests[index];
                 batch.block_tables.push(request.table.to_vec());
-                let next_cell = request.cells + depth;
-                let first_cell = if depth == 0 { request.state.cells.min(request.cells) } else { next_cell };
+                let next_cell = request.cells() + depth;
+                let first_cell = if depth == 0 { request.state.cells.min(request.cells()) } else { next_cell };
                 for cell in first_cell..=next_cell {
-                    let token = if cell <= request.cells { request.tokens[cell] } else { request.drafts[depth - 1] };
+                    let token = if cell <= request.cells() { request.tokens[cell] } else { request.drafts[depth - 1] };
                     batch.rows.push(BatchRow {
                         input: RowInput::Token(token),
                         seq,
@@ -65,7 +65,7 @@ impl Drafter for SimpleDrafter {
             let mut still = Vec::with_capacity(drafting.len());
             for (out, &index) in drafting.iter().enumerate() {
                 let request = &mut requests[index];
-                request.state.cells = request.cells + depth + 1;
+                request.state.cells = request.cells() + depth + 1;
                 let (token, prob) = most_likely(&output.logits[out * n_vocab..(out + 1) * n_vocab]);
                 if prob < settings.p_min {
                     continue;
