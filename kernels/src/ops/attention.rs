@@ -139,8 +139,9 @@ impl HeadShape {
 /// are visited in order with a running maximum and sum (online softmax);
 /// scores are `(q · k_i) * scale` with the dot product in GGML's order; the
 /// weighted sum of V is rescaled when the maximum grows and kept
-/// rounded to f16 after every position; the output is that sum divided by
-/// the softmax denominator. (Small models amplify even f16-level
+/// rounded to f16 after every position; the denominator is updated with a
+/// fused multiply-add; the output is that sum times the denominator's
+/// reciprocal. (Small models amplify even f16-level
 /// differences in attention into visible log-probability changes, so
 /// matching these roundings matters.) Nothing depends on how the positions
 /// are split into blocks or on other rows, so the result for a query is the
@@ -212,7 +213,8 @@ pub fn attend(
                     store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
                 }
                 let old_scale = old_scale.unwrap_or(1.0);
-                sum = sum * old_scale + weight;
+                // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
+                sum = sum.mul_add(old_scale, weight);
             });
             let inv = s.splat(1.0 / sum);
             let out = &mut out[h * head_dim..(h + 1) * head_dim];

@@ -8,11 +8,13 @@
 //! left alone. The multi-section kinds only change which component of a
 //! four-part position drives each pair; the rates stay the same.
 //!
-//! The angle is the f32 product `pos as f32 * theta_j` and its cosine and sine
-//! come from the f32 `cos`/`sin` of the standard library. That is not exactly
-//! llama.cpp's arithmetic (it steps `theta` by repeated multiplication), but
-//! it is deterministic and every kind goes through this one expression, so a
-//! multi-section kind fed equal components reproduces NEOX bit for bit.
+//! The arithmetic is llama.cpp's, so that rotated q and k match its bits:
+//! `base^(-2 / n_rot)` is an f32 `powf`; each position component starts as
+//! an f32 and is multiplied by that ratio once per pair (not raised to a
+//! power); the angle is `freq_scale` times it, with the f32 `cos`/`sin` of
+//! the C library; and the rotation fuses one product of each output. Every
+//! kind goes through these steps, so a multi-section kind fed equal
+//! components reproduces NEOX bit for bit.
 
 use super::OpsError;
 
@@ -43,8 +45,10 @@ pub type RopePos = [u32; 4];
 #[derive(Clone, Debug)]
 pub struct Rope {
     head_dim: usize,
-    /// Per rotary pair: its rate, and the position component that drives it.
-    theta: Vec<f32>,
+    /// `base^(-2 / n_rot)`: each pair's rate is the previous pair's times it.
+    ratio: f32,
+    freq_scale: f32,
+    /// Per rotary pair: the position component that drives it.
     component: Vec<u8>,
     /// Pairs are adjacent elements ([`RopeKind::Norm`]).
     adjacent: bool,
@@ -75,14 +79,9 @@ impl Rope {
             return bad("multi-section rope needs a non-empty section".into());
         }
         let pairs = n_rot / 2;
-        let theta = (0..pairs)
-            .map(|j| {
-                let exponent = -2.0 * j as f64 / n_rot as f64;
-                (freq_scale as f64 * (base as f64).powf(exponent)) as f32
-            })
-            .collect();
+        let ratio = base.powf(-2.0 / n_rot as f32);
         let component = (0..pairs).map(|j| component(kind, j)).collect();
-        Ok(Self { head_dim, theta, component, adjacent: kind == RopeKind::Norm })
+        Ok(Self { head_dim, ratio, freq_scale, component, adjacent: kind == RopeKind::Norm })
     }
 
     /// The position of a text token, `[p, p, p, 0]`: what every kind expects
@@ -95,10 +94,12 @@ impl Rope {
     pub fn angles(&self, pos: RopePos, out: &mut RopeAngles) {
         out.cos.clear();
         out.sin.clear();
-        for (&theta, &c) in self.theta.iter().zip(&self.component) {
-            let (sin, cos) = (pos[usize::from(c)] as f32 * theta).sin_cos();
-            out.cos.push(cos);
-            out.sin.push(sin);
+        let mut theta = pos.map(|p| p as f32);
+        for &c in &self.component {
+            let angle = self.freq_scale * theta[usize::from(c)];
+            out.cos.push(angle.cos());
+            out.sin.push(angle.sin());
+            theta = theta.map(|t| t * self.ratio);
         }
     }
 
@@ -109,7 +110,7 @@ impl Rope {
     /// If `angles` was not filled by this `Rope` or `x` is not a whole
     /// number of heads.
     pub fn apply(&self, angles: &RopeAngles, x: &mut [f32]) {
-        let pairs = self.theta.len();
+        let pairs = self.component.len();
         assert!(angles.cos.len() == pairs, "rope angles are for {} pairs, not {pairs}", angles.cos.len());
         assert!(
             x.len().is_multiple_of(self.head_dim),
@@ -120,23 +121,26 @@ impl Rope {
         for head in x.chunks_exact_mut(self.head_dim) {
             if self.adjacent {
                 for ((pair, &cos), &sin) in head[..2 * pairs].chunks_exact_mut(2).zip(&angles.cos).zip(&angles.sin) {
-                    let (x0, x1) = (pair[0], pair[1]);
-                    pair[0] = x0 * cos - x1 * sin;
-                    pair[1] = x0 * sin + x1 * cos;
+                    [pair[0], pair[1]] = rotate(pair[0], pair[1], cos, sin);
                 }
                 continue;
             }
             let (first, second) = head[..2 * pairs].split_at_mut(pairs);
             for (((a, b), &cos), &sin) in first.iter_mut().zip(second).zip(&angles.cos).zip(&angles.sin) {
-                let (x0, x1) = (*a, *b);
-                *a = x0 * cos - x1 * sin;
-                *b = x0 * sin + x1 * cos;
+                [*a, *b] = rotate(*a, *b, cos, sin);
             }
         }
     }
 }
 
 /// The position component that drives pair `j`.
+/// `(x0·cos − x1·sin, x0·sin + x1·cos)`, fusing the products of `x0` (the
+/// contraction llama.cpp's compiled rotation performs).
+#[inline(always)]
+fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> [f32; 2] {
+    [x0.mul_add(cos, -(x1 * sin)), x0.mul_add(sin, x1 * cos)]
+}
+
 fn component(kind: RopeKind, j: usize) -> u8 {
     let (sections, interleaved) = match kind {
         RopeKind::Norm | RopeKind::Neox => return 0,
@@ -197,8 +201,10 @@ mod tests {
                         let angle = p as f64 * theta;
                         let (x0, x1) = (xh[j] as f64, xh[j + half] as f64);
                         let want = [x0 * angle.cos() - x1 * angle.sin(), x0 * angle.sin() + x1 * angle.cos()];
-                        // The f32 angle is off by a few ulp of itself.
-                        let tol = (x0.abs() + x1.abs()) * (angle * 3e-7 + 1e-6);
+                        // Each of the j multiplications that step the rate
+                        // and the f32 powf, product and scale may be half an
+                        // ulp off: the angle is within (j + 4) ulp of itself.
+                        let tol = (x0.abs() + x1.abs()) * (angle * (j + 4) as f64 * 1.2e-7 + 1e-6);
                         for (got, want) in [yh[j], yh[j + half]].into_iter().zip(want) {
                             assert!((got as f64 - want).abs() <= tol, "head {h} pair {j} p {p}: {got} vs {want}");
                         }
@@ -221,7 +227,7 @@ mod tests {
                         let angle = p as f64 * 10_000f64.powf(-2.0 * j as f64 / n_rot as f64);
                         let (x0, x1) = (xh[2 * j] as f64, xh[2 * j + 1] as f64);
                         let want = [x0 * angle.cos() - x1 * angle.sin(), x0 * angle.sin() + x1 * angle.cos()];
-                        let tol = (x0.abs() + x1.abs()) * (angle * 3e-7 + 1e-6);
+                        let tol = (x0.abs() + x1.abs()) * (angle * (j + 4) as f64 * 1.2e-7 + 1e-6);
                         for (got, want) in [yh[2 * j], yh[2 * j + 1]].into_iter().zip(want) {
                             assert!((got as f64 - want).abs() <= tol, "pair {j} p {p}: {got} vs {want}");
                         }

@@ -10,8 +10,8 @@ fn assert_same_len(what: &str, a: usize, b: usize) {
 
 /// `out = x / sqrt(mean(x²) + eps) * weight`, the mean taken over the row.
 ///
-/// The sum of squares runs in f32 in the fixed 16-lane order of
-/// [`ops`](super), then `x * scale` is multiplied by `weight`.
+/// The scale is computed as llama.cpp computes it (see `rms_scale`), then
+/// `x * scale` is multiplied by `weight`.
 ///
 /// # Panics
 /// If `weight` or `out` is not as long as `x`.
@@ -36,10 +36,14 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     })
 }
 
-/// `1 / sqrt(mean(x²) + eps)`, splatted.
+/// `1 / sqrt(mean(x²) + eps)`, splatted, in GGML's steps (so that the
+/// normalized rows match llama.cpp's bit for bit): each square rounded to
+/// f32 and summed in order in f64, the mean rounded to f32, the rest in f32.
 #[inline(always)]
 fn rms_scale<S: Simd>(s: S, x: &[f32], eps: f32) -> S::V {
-    s.splat(1.0 / (reduce(s, x, Reduce::SumOfSquares) / x.len() as f32 + eps).sqrt())
+    let sum_of_squares: f64 = x.iter().fold(0.0, |sum, &v| sum + f64::from(v * v));
+    let mean = (sum_of_squares / x.len() as f64) as f32;
+    s.splat(1.0 / (mean + eps).sqrt())
 }
 
 /// Replaces `x` by `softmax(x)`: `exp(x - max)` normalised by its sum, the

@@ -134,8 +134,6 @@ pub(crate) trait Simd: Copy {
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
     /// `if a < b { a } else { b }` per lane (x86 MINPS).
     fn min(self, a: Self::V, b: Self::V) -> Self::V;
-    /// Rounds to the nearest integer, ties to even.
-    fn round(self, v: Self::V) -> Self::V;
     /// 2^n for lanes holding integers in -126..=127.
     fn pow2i(self, n: Self::V) -> Self::V;
     /// `if a < b { x } else { y }` per lane.
@@ -232,10 +230,6 @@ impl Simd for Scalar {
     #[inline(always)]
     fn min(self, a: Self::V, b: Self::V) -> Self::V {
         lanewise(|i| if a[i] < b[i] { a[i] } else { b[i] })
-    }
-    #[inline(always)]
-    fn round(self, v: Self::V) -> Self::V {
-        lanewise(|i| v[i].round_ties_even())
     }
     #[inline(always)]
     fn pow2i(self, n: Self::V) -> Self::V {
@@ -438,11 +432,6 @@ pub(crate) mod x86 {
             unsafe { both!(_mm256_min_ps, a, b) }
         }
         #[inline(always)]
-        fn round(self, v: Self::V) -> Self::V {
-            // SAFETY: see the module comment.
-            unsafe { both!(_mm256_round_ps::<NEAREST>, v) }
-        }
-        #[inline(always)]
         fn pow2i(self, n: Self::V) -> Self::V {
             both!(pow2i8, n)
         }
@@ -535,11 +524,6 @@ pub(crate) mod x86 {
             unsafe { _mm512_min_ps(a, b) }
         }
         #[inline(always)]
-        fn round(self, v: Self::V) -> Self::V {
-            // SAFETY: see the module comment.
-            unsafe { _mm512_roundscale_ps::<NEAREST>(v) }
-        }
-        #[inline(always)]
         fn pow2i(self, n: Self::V) -> Self::V {
             // SAFETY: see the module comment.
             unsafe {
@@ -579,7 +563,6 @@ pub(crate) fn padded<T: Copy>(tail: &[T], pad: T) -> [T; LANES] {
 #[derive(Clone, Copy)]
 pub(crate) enum Reduce {
     Sum,
-    SumOfSquares,
     Max,
 }
 
@@ -587,7 +570,6 @@ pub(crate) enum Reduce {
 fn reduce_step<S: Simd>(s: S, op: Reduce, acc: S::V, v: S::V) -> S::V {
     match op {
         Reduce::Sum => s.add(acc, v),
-        Reduce::SumOfSquares => s.add(acc, s.mul(v, v)),
         Reduce::Max => s.max(acc, v),
     }
 }
@@ -609,7 +591,7 @@ pub(crate) fn reduce<S: Simd>(s: S, x: &[f32], op: Reduce) -> f32 {
     }
     match op {
         Reduce::Max => s.reduce_max(acc),
-        Reduce::Sum | Reduce::SumOfSquares => s.reduce_sum(acc),
+        Reduce::Sum => s.reduce_sum(acc),
     }
 }
 
@@ -645,12 +627,21 @@ pub(crate) fn update<S: Simd, const N: usize>(
 
 const EXP_LO: f32 = -87.0;
 const EXP_HI: f32 = 88.0;
-/// ln 2 split so that `n * LN2_HI` is exact for |n| ≤ 128 (Cody–Waite).
-const LN2_HI: f32 = 355.0 / 512.0;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// Taylor coefficients 1/k! for k = 7 down to 2; degree 7 leaves a
-/// truncation error under 0.1 ulp on |r| ≤ ln2/2.
-const EXP_POLY: [f32; 6] = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 1.0 / 2.0];
+/// 1.5 · 2^23: adding it rounds a float of magnitude below 2^22 to an integer.
+const ROUND_SHIFT: f32 = 12_582_912.0;
+const LOG2_E: f32 = f32::from_bits(0x3FB8_AA3B);
+/// ln 2 split so that `n * LN2_HI` is exact for the exponents used.
+const LN2_HI: f32 = f32::from_bits(0x3F31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35BF_BE8E);
+/// Minimax coefficients of e^b on |b| ≤ ln2/2 for b, b², …, b⁵ (the
+/// constant term is 1), the ones GGML's vector `expf` uses.
+const EXP_POLY: [f32; 5] = [
+    f32::from_bits(0x3F7F_FFF6),
+    f32::from_bits(0x3EFF_FEDB),
+    f32::from_bits(0x3E2A_AF33),
+    f32::from_bits(0x3D2B_9F17),
+    f32::from_bits(0x3C07_2010),
+];
 
 /// e^x per lane, bit-identical on every level, within 2 ulp of the true
 /// value (tested). Outside [-87, 88] it returns 0 below and +inf above: the
@@ -659,15 +650,18 @@ const EXP_POLY: [f32; 6] = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 
 #[inline(always)]
 pub(crate) fn exp<S: Simd>(s: S, x: S::V) -> S::V {
     let xc = s.min(s.max(x, s.splat(EXP_LO)), s.splat(EXP_HI));
-    let n = s.round(s.mul(xc, s.splat(std::f32::consts::LOG2_E)));
-    let r = s.sub(s.sub(xc, s.mul(n, s.splat(LN2_HI))), s.mul(n, s.splat(LN2_LO)));
-    let one = s.splat(1.0);
-    let mut p = s.splat(EXP_POLY[0]);
-    for c in &EXP_POLY[1..] {
-        p = s.add(s.mul(p, r), s.splat(*c));
-    }
-    p = s.add(s.mul(p, r), one);
-    p = s.add(s.mul(p, r), one);
+    // GGML's steps, so that SiLU matches llama.cpp's bit for bit: n is
+    // x·log2 e rounded by the shift, b = x − n·ln2 in two fused steps,
+    // then a degree-5 polynomial evaluated as (c5·b + c4)·u + (c3·b + c2),
+    // times u, plus (c1·b + 1), with u = b².
+    let shift = s.splat(ROUND_SHIFT);
+    let n = s.sub(s.mul_add(xc, s.splat(LOG2_E), shift), shift);
+    let minus_n = s.sub(s.splat(0.0), n);
+    let b = s.mul_add(minus_n, s.splat(LN2_LO), s.mul_add(minus_n, s.splat(LN2_HI), xc));
+    let u = s.mul(b, b);
+    let c = |k: usize| s.splat(EXP_POLY[k]);
+    let high = s.mul_add(s.mul_add(c(4), b, c(3)), u, s.mul_add(c(2), b, c(1)));
+    let p = s.mul_add(high, u, s.mul_add(c(0), b, s.splat(1.0)));
     let e = s.mul(p, s.pow2i(n));
     // x - x is 0 for finite x and NaN for ±inf and NaN: it carries NaN
     // through, and the two selects below then fix up the infinities.

@@ -1,11 +1,17 @@
 //! The scalar reference: it defines the value of every kernel.
 //!
-//! SIMD paths must compute the same integer sum for each block (integer
-//! arithmetic here wraps, so any summation order gives the same result) and
-//! then apply the same float steps, the `finish_*` functions below, in the
-//! same block order. Float weight rows accumulate into [`LANES`] interleaved
-//! lanes with fused multiply-adds and reduce them by halving, which is what a
-//! 16-wide (or 2 × 8-wide) vector loop does.
+//! SIMD paths must compute the same integer sums (integer arithmetic here
+//! wraps, so any summation order gives the same result) and then apply the
+//! same float steps in the same order:
+//! - the legacy formats (Q4_0 … Q8_0) keep eight lanes, lane `k` taking the
+//!   integer dot of elements `4k..4k+4` of every block, scaled by
+//!   `d_w · d_a` with a fused multiply-add ([`dot_legacy`]) — the steps of
+//!   GGML's 256-bit loops, which need no horizontal sum per block;
+//! - the K-quants add one float per block, the `finish_*` functions below,
+//!   in block order;
+//! - float weight rows accumulate into [`LANES`] interleaved lanes with fused
+//!   multiply-adds and reduce them by halving, which is what a 16-wide (or
+//!   2 × 8-wide) vector loop does.
 
 use half::{bf16, f16};
 
@@ -17,6 +23,9 @@ use super::blocks::{
 
 /// Interleaved accumulators of the float-weight dot products.
 pub(crate) const LANES: usize = 16;
+
+/// Accumulators of the legacy-format dot products.
+pub(crate) const LEGACY_LANES: usize = 8;
 
 #[inline(always)]
 pub(crate) fn half_to_f32(bits: [u8; 2]) -> f32 {
@@ -36,18 +45,19 @@ pub(crate) fn finish_scaled(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
     acc + (d_w * d_a) * isum as f32
 }
 
-/// One block of a weight format whose value is `d * q + m`; `s_a` is the
-/// activation block's scaled sum `d · Σq` (see `BlockQ8_1`).
-#[inline(always)]
-pub(crate) fn finish_offset(acc: f32, d_w: f32, m_w: f32, d_a: f32, s_a: f32, isum: i32) -> f32 {
-    acc + ((d_w * d_a) * isum as f32 + m_w * s_a)
-}
-
 /// One Q4_K/Q5_K block: `isum` is Σ sc·(q·a) and `isum_min` Σ m·(Σa) over
 /// the sub-blocks.
 #[inline(always)]
 pub(crate) fn finish_kquant(acc: f32, d: f32, dmin: f32, d_a: f32, isum: i32, isum_min: i32) -> f32 {
     acc + ((d * d_a) * isum as f32 - (dmin * d_a) * isum_min as f32)
+}
+
+/// Reduces the eight legacy lanes: lane `k` plus lane `k + 4`, then
+/// `(0 + 2) + (1 + 3)` of those four.
+#[inline(always)]
+pub(crate) fn reduce_legacy_lanes(acc: [f32; LEGACY_LANES]) -> f32 {
+    let half: [f32; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
+    (half[0] + half[2]) + (half[1] + half[3])
 }
 
 /// Reduces the float-dot lanes by adding the upper half onto the lower one
@@ -311,35 +321,75 @@ pub(crate) fn dot_float<const B: usize>(w: &[u8], a: &[u8], convert: fn([u8; B])
     reduce_lanes(acc)
 }
 
+/// What one legacy block contributes: the scale `d_w · d_a` of its lane
+/// sums, and for formats with an offset (`d * q + m`) the pair `(m_w, s_a)`,
+/// `s_a` being the activation block's scaled sum `d · Σq` (see `BlockQ8_1`).
+struct LegacyBlock {
+    scale: f32,
+    lanes: [i32; LEGACY_LANES],
+    offset: Option<(f32, f32)>,
+}
+
+/// Lane `k`: the integer dot of elements `4k..4k+4`.
+fn lane_sums<Q: Copy + Into<i32>>(q: &[Q; QK], a: &[i8; QK]) -> [i32; LEGACY_LANES] {
+    std::array::from_fn(|k| idot(&q[4 * k..4 * k + 4], &a[4 * k..4 * k + 4]))
+}
+
+/// The lanes take `scale · lane` fused, block by block; the offsets `m_w · s_a`
+/// are summed apart, fused too, and added after the lanes are reduced.
+fn dot_legacy<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], block: impl Fn(&W, &A) -> LegacyBlock) -> f32 {
+    let mut acc = [0.0f32; LEGACY_LANES];
+    let mut offsets: Option<f32> = None;
+    for (w, a) in blocks::<W>(w).iter().zip(blocks::<A>(a)) {
+        let b = block(w, a);
+        for (acc, lane) in acc.iter_mut().zip(b.lanes) {
+            *acc = b.scale.mul_add(lane as f32, *acc);
+        }
+        if let Some((m_w, s_a)) = b.offset {
+            offsets = Some(m_w.mul_add(s_a, offsets.unwrap_or(0.0)));
+        }
+    }
+    let total = reduce_legacy_lanes(acc);
+    offsets.map_or(total, |offsets| total + offsets)
+}
+
 pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockQ4_0, a: &BlockQ8_0| {
-        finish_scaled(acc, half_to_f32(w.d), half_to_f32(a.d), idot(&q4_0_quants(w), &a.qs))
+    dot_legacy(w, a, |w: &BlockQ4_0, a: &BlockQ8_0| LegacyBlock {
+        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        lanes: lane_sums(&q4_0_quants(w), &a.qs),
+        offset: None,
     })
 }
 
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockQ4_1, a: &BlockQ8_1| {
-        let isum = idot(&q4_1_quants(w), &a.qs);
-        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), half_to_f32(a.s), isum)
+    dot_legacy(w, a, |w: &BlockQ4_1, a: &BlockQ8_1| LegacyBlock {
+        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        lanes: lane_sums(&q4_1_quants(w), &a.qs),
+        offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
     })
 }
 
 pub(crate) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockQ5_0, a: &BlockQ8_0| {
-        finish_scaled(acc, half_to_f32(w.d), half_to_f32(a.d), idot(&q5_0_quants(w), &a.qs))
+    dot_legacy(w, a, |w: &BlockQ5_0, a: &BlockQ8_0| LegacyBlock {
+        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        lanes: lane_sums(&q5_0_quants(w), &a.qs),
+        offset: None,
     })
 }
 
 pub(crate) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockQ5_1, a: &BlockQ8_1| {
-        let isum = idot(&q5_1_quants(w), &a.qs);
-        finish_offset(acc, half_to_f32(w.d), half_to_f32(w.m), half_to_f32(a.d), half_to_f32(a.s), isum)
+    dot_legacy(w, a, |w: &BlockQ5_1, a: &BlockQ8_1| LegacyBlock {
+        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        lanes: lane_sums(&q5_1_quants(w), &a.qs),
+        offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
     })
 }
 
 pub(crate) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockQ8_0, a: &BlockQ8_0| {
-        finish_scaled(acc, half_to_f32(w.d), half_to_f32(a.d), idot(&w.qs, &a.qs))
+    dot_legacy(w, a, |w: &BlockQ8_0, a: &BlockQ8_0| LegacyBlock {
+        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        lanes: lane_sums(&w.qs, &a.qs),
+        offset: None,
     })
 }
 

@@ -147,13 +147,6 @@ fn finish_scaled4(acc: __m128, d_w: __m128, d_a: __m128, isum: __m128i) -> __m12
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn finish_offset4(acc: __m128, d_w: __m128, m_w: __m128, d_a: __m128, s_a: __m128, isum: __m128i) -> __m128 {
-    let t = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(d_w, d_a), _mm_cvtepi32_ps(isum)), _mm_mul_ps(m_w, s_a));
-    _mm_add_ps(acc, t)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
 fn finish_kquant4(acc: __m128, d: __m128, dmin: __m128, d_a: f32, isum: __m128i, isum_min: __m128i) -> __m128 {
     let d_a = _mm_set1_ps(d_a);
     let t = _mm_sub_ps(
@@ -213,30 +206,21 @@ scale_bytes! {
     BlockQ5_1 => |x| [x.d[0], x.d[1], x.m[0], x.m[1]],
 }
 
-/// Four rows' `d` as f32 lanes.
+/// Lane `r` of `v` in every lane.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn prep_d(scales: &[[u8; 4]; 4]) -> __m128 {
-    halves4(scales.map(|s| u16::from_le_bytes([s[0], s[1]])))
+fn spread_lane(v: __m128, r: usize) -> __m256 {
+    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(r as i32))
 }
 
-/// Four rows' `d` and `m` as f32 lanes.
+/// The reference's reduction of the eight legacy lanes
+/// ([`scalar::reduce_legacy_lanes`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn prep_dm(scales: &[[u8; 4]; 4]) -> (__m128, __m128) {
-    half_pairs4(scales.map(u32::from_le_bytes))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn finish_d(acc: __m128, d_w: __m128, y: &BlockQ8_0, isum: __m128i) -> __m128 {
-    finish_scaled4(acc, d_w, broadcast_half(y.d), isum)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn finish_dm(acc: __m128, (d_w, m_w): (__m128, __m128), y: &BlockQ8_1, isum: __m128i) -> __m128 {
-    finish_offset4(acc, d_w, m_w, broadcast_half(y.d), broadcast_half(y.s), isum)
+fn reduce_legacy_lanes(v: __m256) -> f32 {
+    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
 }
 
 // ---- per-level primitives --------------------------------------------------
@@ -431,38 +415,52 @@ macro_rules! one_row {
 /// A kernel for the legacy block formats (one scale, maybe an offset, per
 /// 32 weights) against `A` activation rows at once: each weight block is
 /// decoded once and dotted with every activation row, while each (weight
-/// row, activation row) pair goes through exactly the steps of the one-row
-/// kernel, so results do not depend on `A`. `$weights` decodes block `$x`
-/// into 32 quants, `$dot` multiplies them with an activation block,
-/// `$prep` turns the rows' scale fields into vectors and `$finish` applies
-/// them.
+/// row, activation row) pair goes through exactly the steps of the
+/// reference's `dot_legacy`, so results do not depend on `R` or `A`.
+/// `$weights` decodes block `$x` into 32 quants in element order, `$dot`
+/// multiplies them with an activation block into eight lanes of four
+/// products each, and `$s_a` is activation block `$y`'s scaled sum for the
+/// formats with an offset (`$offset`).
 macro_rules! legacy_kernel {
-    ($features:literal, $name:ident, $wblock:ty, $ablock:ty, |$x:ident| $weights:expr, $dot:ident, $prep:ident, $finish:ident) => {
+    ($features:literal, $name:ident, $wblock:ty, $ablock:ty, |$x:ident| $weights:expr, $dot:ident, $offset:literal, |$y:ident| $s_a:expr) => {
         #[target_feature(enable = $features)]
         fn $name<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
             let (w, a) = rows::<$wblock, $ablock, R, A>(w, a);
-            let mut acc = [_mm_setzero_ps(); A];
+            let mut acc = [[_mm256_setzero_ps(); R]; A];
+            // Lane r: the sum of row r's offsets, for the formats with one.
+            let mut offsets = [_mm_setzero_ps(); A];
             for b in 0..a[0].len() {
-                let mut av = [_mm256_setzero_si256(); A];
-                for i in 0..A {
-                    av[i] = load_i8x32(&a[i][b].qs);
+                let mut scale_fields = [0u32; 4];
+                for r in 0..R {
+                    scale_fields[r] = u32::from_le_bytes(w[r][b].scale_bytes());
                 }
-                let mut isums = [[_mm256_setzero_si256(); 4]; A];
-                let mut scales = [[0u8; 4]; 4];
+                let (d_w, m_w) = half_pairs4(scale_fields);
+                let mut av = [_mm256_setzero_si256(); A];
+                let mut scales = [_mm_setzero_ps(); A];
+                for i in 0..A {
+                    let $y = &a[i][b];
+                    av[i] = load_i8x32(&$y.qs);
+                    scales[i] = _mm_mul_ps(d_w, broadcast_half($y.d));
+                    if $offset {
+                        offsets[i] = _mm_fmadd_ps(m_w, $s_a, offsets[i]);
+                    }
+                }
                 for r in 0..R {
                     let $x = &w[r][b];
                     let q = $weights;
                     for i in 0..A {
-                        isums[i][r] = $dot(q, av[i]);
+                        let products = _mm256_cvtepi32_ps($dot(q, av[i]));
+                        acc[i][r] = _mm256_fmadd_ps(spread_lane(scales[i], r), products, acc[i][r]);
                     }
-                    scales[r] = $x.scale_bytes();
-                }
-                let prepared = $prep(&scales);
-                for i in 0..A {
-                    acc[i] = $finish(acc[i], prepared, &a[i][b], hsum4(isums[i]));
                 }
             }
-            acc.map(|acc| lanes(acc))
+            std::array::from_fn(|i| {
+                let offsets: [f32; 4] = lanes(offsets[i]);
+                std::array::from_fn(|r| {
+                    let total = reduce_legacy_lanes(acc[i][r]);
+                    if $offset { total + offsets[r] } else { total }
+                })
+            })
         }
     };
 }
@@ -521,19 +519,12 @@ macro_rules! dot_kernels {
                 BlockQ8_0,
                 |x| _mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8)),
                 signed_dot,
-                prep_d,
-                finish_d
+                false,
+                |y| _mm_setzero_ps()
             );
-            legacy_kernel!(
-                $features,
-                dot_q4_1,
-                BlockQ4_1,
-                BlockQ8_1,
-                |x| nibbles(&x.qs),
-                unsigned_dot,
-                prep_dm,
-                finish_dm
-            );
+            legacy_kernel!($features, dot_q4_1, BlockQ4_1, BlockQ8_1, |x| nibbles(&x.qs), unsigned_dot, true, |y| {
+                broadcast_half(y.s)
+            });
             legacy_kernel!(
                 $features,
                 dot_q5_0,
@@ -541,8 +532,8 @@ macro_rules! dot_kernels {
                 BlockQ8_0,
                 |x| _mm256_sub_epi8(_mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)), _mm256_set1_epi8(16)),
                 signed_dot,
-                prep_d,
-                finish_d
+                false,
+                |y| _mm_setzero_ps()
             );
             legacy_kernel!(
                 $features,
@@ -551,19 +542,12 @@ macro_rules! dot_kernels {
                 BlockQ8_1,
                 |x| _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)),
                 unsigned_dot,
-                prep_dm,
-                finish_dm
+                true,
+                |y| broadcast_half(y.s)
             );
-            legacy_kernel!(
-                $features,
-                dot_q8_0,
-                BlockQ8_0,
-                BlockQ8_0,
-                |x| load_i8x32(&x.qs),
-                signed_dot,
-                prep_d,
-                finish_d
-            );
+            legacy_kernel!($features, dot_q8_0, BlockQ8_0, BlockQ8_0, |x| load_i8x32(&x.qs), signed_dot, false, |y| {
+                _mm_setzero_ps()
+            });
 
             #[target_feature(enable = $features)]
             #[inline]
