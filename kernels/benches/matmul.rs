@@ -81,3 +81,21 @@ fn vec_dot_576(bencher: Bencher, dtype: DType) {
     sluice_kernels::quant::quantize_act_row(dtype.act_format(), &x, &mut a).expect("valid lengths");
     bencher.bench_local(|| sluice_kernels::quant::vec_dot(dtype, black_box(&w), black_box(&a), n));
 }
+
+/// One decode step's worth of weights streamed from memory: the default
+/// model's 66 MB of Q4_1 layers (as one matrix) and its 30 MB Q8_0 output
+/// matrix, too much for the caches to keep between steps.
+#[divan::bench(args = [2])]
+fn matvec_decode_step_weights(bencher: Bencher, threads: usize) {
+    let layers = random_matrix(DType::Q4_1, 183_000, 576);
+    let output = random_matrix(DType::Q8_0, 49152, 576);
+    let layers = QuantMatrix::new(DType::Q4_1, &layers, 183_000, 576).expect("consistent shapes");
+    let output = QuantMatrix::new(DType::Q8_0, &output, 49152, 576).expect("consistent shapes");
+    let x: Vec<f32> = (0..576).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let (mut hidden, mut logits) = (vec![0.0; 183_000], vec![0.0; 49152]);
+    let pool = ThreadPool::new(threads);
+    bencher.bench_local(|| {
+        matmul(&layers, black_box(&x), 1, &mut hidden, &pool);
+        matmul(&output, black_box(&x), 1, &mut logits, &pool);
+    });
+}
