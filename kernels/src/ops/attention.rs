@@ -148,7 +148,7 @@ impl HeadShape {
 /// same bits whatever the paging, batching or chunking.
 ///
 /// `scratch` is grown to `2 × n_head × head_dim` floats (rounded up to
-/// whole chunks); reuse it to stay allocation-free.
+/// whole chunks) plus two per head; reuse it to stay allocation-free.
 pub fn attend(
     q: &[f32],
     kv: KvPages<'_>,
@@ -163,9 +163,14 @@ pub fn attend(
     let group = n_head / n_kv_head;
     let kv_len = shape.kv_len();
     let chunks = head_dim.div_ceil(LANES);
+    let padded_len = n_head * chunks * LANES;
     scratch.clear();
-    scratch.resize(2 * n_head * chunks * LANES, 0.0);
-    let (q_pad, acc) = scratch.split_at_mut(n_head * chunks * LANES);
+    scratch.resize(2 * padded_len + 2 * n_head, 0.0);
+    let (q_pad, rest) = scratch.split_at_mut(padded_len);
+    let (acc, rest) = rest.split_at_mut(padded_len);
+    // Per query head: the running maximum and sum of the online softmax.
+    let (maxima, sums) = rest.split_at_mut(n_head);
+    maxima.fill(f32::NEG_INFINITY);
     // q rounded to f16 and zero-padded to whole chunks (see the doc above).
     let (q_pad, _) = q_pad.as_chunks_mut::<LANES>();
     for (q, q_pad) in q.chunks_exact(head_dim).zip(q_pad.chunks_exact_mut(chunks)) {
@@ -176,46 +181,54 @@ pub fn attend(
     let q_pad = &*q_pad;
     let (acc, _) = acc.as_chunks_mut::<LANES>();
     dispatch!(s => {
-        for (h, (q, acc)) in q_pad.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).enumerate() {
-            let kv_at = h / group * head_dim;
-            // Online softmax over positions in order: running max `m` and
-            // sum `sum`; the weighted sum of V is kept rounded to f16 after
-            // every update.
-            let mut m = f32::NEG_INFINITY;
-            let mut sum = 0.0f32;
+        for kv_head in 0..n_kv_head {
+            let kv_at = kv_head * head_dim;
+            let heads = kv_head * group..(kv_head + 1) * group;
+            let q = &q_pad[heads.start * chunks..heads.end * chunks];
+            let acc = &mut acc[heads.start * chunks..heads.end * chunks];
+            let (maxima, sums) = (&mut maxima[heads.clone()], &mut sums[heads]);
+            // The query heads sharing this K/V head visit each position
+            // together: their updates are independent chains that overlap
+            // in the pipeline, and each takes exactly the steps it would
+            // take alone.
             kv.for_each_row(n_visible, kv_len, #[inline(always)] |_, at| {
                 let k = &kv.k[at + kv_at..][..head_dim];
-                // Four accumulators over 64-element groups, fused
-                // multiply-adds, then (a0 + a2) + (a1 + a3): the order of
-                // GGML's f16 dot product with 16-lane vectors.
-                let mut dot = [s.splat(0.0); 4];
-                for (c, q) in q.iter().enumerate() {
-                    dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
-                }
-                let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
-                let score = s.reduce_sum(dot) * scale;
-                let (old_scale, weight) = if score > m {
-                    let old_scale = (m - score).exp();
-                    m = score;
-                    (Some(old_scale), 1.0)
-                } else {
-                    (None, (score - m).exp())
-                };
                 let v = &kv.v[at + kv_at..][..head_dim];
-                let weight_v = s.splat(weight);
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    // A new maximum rescales the sum (rounded to f16) before
-                    // the fused multiply-add of this position's V (rounded
-                    // again), as llama.cpp's two f16 vector steps do.
-                    if let Some(old_scale) = old_scale {
-                        store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
+                let heads = q.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).zip(maxima.iter_mut().zip(sums.iter_mut()));
+                for ((q, acc), (m, sum)) in heads {
+                    // Four accumulators over 64-element groups, fused
+                    // multiply-adds, then (a0 + a2) + (a1 + a3): the order of
+                    // GGML's f16 dot product with 16-lane vectors.
+                    let mut dot = [s.splat(0.0); 4];
+                    for (c, q) in q.iter().enumerate() {
+                        dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
                     }
-                    store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
+                    let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
+                    let score = s.reduce_sum(dot) * scale;
+                    let (old_scale, weight) = if score > *m {
+                        let old_scale = (*m - score).exp();
+                        *m = score;
+                        (Some(old_scale), 1.0)
+                    } else {
+                        (None, (score - *m).exp())
+                    };
+                    let weight_v = s.splat(weight);
+                    for (c, acc) in acc.iter_mut().enumerate() {
+                        // A new maximum rescales the sum (rounded to f16)
+                        // before the fused multiply-add of this position's V
+                        // (rounded again), as llama.cpp's two f16 vector
+                        // steps do.
+                        if let Some(old_scale) = old_scale {
+                            store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
+                        }
+                        store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
+                    }
+                    // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
+                    *sum = sum.mul_add(old_scale.unwrap_or(1.0), weight);
                 }
-                let old_scale = old_scale.unwrap_or(1.0);
-                // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
-                sum = sum.mul_add(old_scale, weight);
             });
+        }
+        for (h, (acc, sum)) in acc.chunks_exact(chunks).zip(sums.iter()).enumerate() {
             let inv = s.splat(1.0 / sum);
             let out = &mut out[h * head_dim..(h + 1) * head_dim];
             for (c, acc) in acc.iter().enumerate() {
