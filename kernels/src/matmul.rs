@@ -130,9 +130,21 @@ pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool:
                     prefetch_ahead(weights.data, j * weights.row_bytes..(j + 4) * weights.row_bytes);
                 }
             };
-            // Activation rows in pairs: each weight block is decoded once for
-            // both, with the same bits as one row at a time.
-            for i in (0..m - m % 2).step_by(2) {
+            // Activation rows in fours, then a pair: each weight block is
+            // decoded once for all of them, with the same bits as one row
+            // at a time.
+            let quads_end = m - m % 4;
+            for i in (0..quads_end).step_by(4) {
+                for j in (tile_rows.start..groups_end).step_by(4) {
+                    first_pass(i, j);
+                    let values = dot.call4x4(four(j), std::array::from_fn(|a| act(i + a)));
+                    for (a, values) in values.iter().enumerate() {
+                        store(i + a, j, values);
+                    }
+                }
+            }
+            if m % 4 >= 2 {
+                let i = quads_end;
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(i, j);
                     let [v0, v1] = dot.call4x2(four(j), [act(i), act(i + 1)]);

@@ -350,6 +350,7 @@ impl SimdLevel {
 type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
 type Dot4Fn = unsafe fn([&[u8]; 4], &[u8]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[u8]; 4], [&[u8]; 2]) -> [[f32; 4]; 2];
+type Dot4x4Fn = unsafe fn([&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
 type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
 
 /// The kernels of one supported level. Only constructed for a level the CPU
@@ -371,14 +372,14 @@ impl Kernels {
     }
 
     pub(crate) fn dot(self, dtype: DType) -> Dot {
-        let (one, four, four_by_two) = match self.level {
+        let (one, four, four_by_two, four_by_four) = match self.level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => x86::avx2::kernels(dtype),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => x86::avx512::kernels(dtype),
-            _ => (scalar_dot(dtype), None, None),
+            _ => (scalar_dot(dtype), None, None, None),
         };
-        Dot { one, four, four_by_two }
+        Dot { one, four, four_by_two, four_by_four }
     }
 
     /// Lengths were validated by the caller.
@@ -401,6 +402,7 @@ pub(crate) struct Dot {
     one: DotFn,
     four: Option<Dot4Fn>,
     four_by_two: Option<Dot4x2Fn>,
+    four_by_four: Option<Dot4x4Fn>,
 }
 
 impl Dot {
@@ -429,6 +431,21 @@ impl Dot {
             // SAFETY: as in `call`.
             Some(four_by_two) => unsafe { four_by_two(weight_rows, act_rows) },
             None => act_rows.map(|a| self.call4(weight_rows, a)),
+        }
+    }
+
+    /// Four weight rows against four activation rows; the same bits as
+    /// two `call4x2`s.
+    #[inline]
+    pub(crate) fn call4x4(self, weight_rows: [&[u8]; 4], act_rows: [&[u8]; 4]) -> [[f32; 4]; 4] {
+        match self.four_by_four {
+            // SAFETY: as in `call`.
+            Some(four_by_four) => unsafe { four_by_four(weight_rows, act_rows) },
+            None => {
+                let [a0, a1, a2, a3] = act_rows;
+                let ([v0, v1], [v2, v3]) = (self.call4x2(weight_rows, [a0, a1]), self.call4x2(weight_rows, [a2, a3]));
+                [v0, v1, v2, v3]
+            }
         }
     }
 }

@@ -494,7 +494,7 @@ fn four_row_kernels_equal_the_reference_lane_by_lane() {
 }
 
 #[test]
-fn two_activation_row_kernels_equal_the_reference_for_both_rows() {
+fn multi_activation_row_kernels_equal_the_reference_for_every_row() {
     let mut rng = Rng::new(9);
     let n = 512;
     for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
@@ -502,13 +502,16 @@ fn two_activation_row_kernels_equal_the_reference_for_both_rows() {
         for dtype in DType::ALL {
             let mut rows = adversarial_weights(&mut rng, dtype, n);
             rows.extend((0..5).map(|_| random_weights(&mut rng, dtype, n)));
-            let xs = [random_acts(&mut rng, n), adversarial_acts(n).swap_remove(3)];
+            let mut xs = adversarial_acts(n);
+            let xs = [random_acts(&mut rng, n), xs.swap_remove(3), random_acts(&mut rng, n), xs.swap_remove(0)];
             let acts = xs.each_ref().map(|x| quantized(level, dtype.act_format(), x));
             let dot = kernels.dot(dtype);
             for group in rows.chunks(4) {
                 let lanes: [&[u8]; 4] = std::array::from_fn(|r| group[r.min(group.len() - 1)].as_slice());
-                let got = dot.call4x2(lanes, [&acts[0], &acts[1]]);
-                for (got, x) in got.iter().zip(&xs) {
+                let pair = dot.call4x2(lanes, [&acts[0], &acts[1]]);
+                let quad = dot.call4x4(lanes, acts.each_ref().map(Vec::as_slice));
+                let results = pair.iter().zip(&xs).chain(quad.iter().zip(&xs));
+                for (got, x) in results {
                     for (row, got) in group.iter().zip(got) {
                         let want = dot_at(SimdLevel::Scalar, dtype, row, x);
                         assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype}: {got} vs {want}");

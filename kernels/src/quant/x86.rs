@@ -21,7 +21,7 @@ use super::blocks::{
     blocks, blocks_mut, k_scales,
 };
 use super::scalar::{self, LANES};
-use super::{ActFormat, DType, Dot4Fn, Dot4x2Fn, DotFn, QuantizeFn};
+use super::{ActFormat, DType, Dot4Fn, Dot4x2Fn, Dot4x4Fn, DotFn, QuantizeFn};
 
 // ---- helpers shared by both levels -----------------------------------------
 
@@ -475,19 +475,21 @@ macro_rules! dot_kernels {
             /// there is one (float weights run row by row), and its kernel
             /// for four weight rows against two activation rows where there
             /// is one (the legacy block formats).
-            pub(in super::super) fn kernels(dtype: DType) -> (DotFn, Option<Dot4Fn>, Option<Dot4x2Fn>) {
+            pub(in super::super) fn kernels(
+                dtype: DType,
+            ) -> (DotFn, Option<Dot4Fn>, Option<Dot4x2Fn>, Option<Dot4x4Fn>) {
                 match dtype {
-                    DType::F32 => (dot_f32, None, None),
-                    DType::F16 => (dot_f16, None, None),
-                    DType::BF16 => (dot_bf16, None, None),
-                    DType::Q4_0 => (one_q4_0, Some(four_q4_0), Some(dot_q4_0::<4, 2>)),
-                    DType::Q4_1 => (one_q4_1, Some(four_q4_1), Some(dot_q4_1::<4, 2>)),
-                    DType::Q5_0 => (one_q5_0, Some(four_q5_0), Some(dot_q5_0::<4, 2>)),
-                    DType::Q5_1 => (one_q5_1, Some(four_q5_1), Some(dot_q5_1::<4, 2>)),
-                    DType::Q8_0 => (one_q8_0, Some(four_q8_0), Some(dot_q8_0::<4, 2>)),
-                    DType::Q4_K => (one_q4_k, Some(dot_q4_k::<4>), None),
-                    DType::Q5_K => (one_q5_k, Some(dot_q5_k::<4>), None),
-                    DType::Q6_K => (one_q6_k, Some(dot_q6_k::<4>), None),
+                    DType::F32 => (dot_f32, None, None, None),
+                    DType::F16 => (dot_f16, None, None, None),
+                    DType::BF16 => (dot_bf16, None, None, None),
+                    DType::Q4_0 => (one_q4_0, Some(four_q4_0), Some(dot_q4_0::<4, 2>), Some(dot_q4_0::<4, 4>)),
+                    DType::Q4_1 => (one_q4_1, Some(four_q4_1), Some(dot_q4_1::<4, 2>), Some(dot_q4_1::<4, 4>)),
+                    DType::Q5_0 => (one_q5_0, Some(four_q5_0), Some(dot_q5_0::<4, 2>), Some(dot_q5_0::<4, 4>)),
+                    DType::Q5_1 => (one_q5_1, Some(four_q5_1), Some(dot_q5_1::<4, 2>), Some(dot_q5_1::<4, 4>)),
+                    DType::Q8_0 => (one_q8_0, Some(four_q8_0), Some(dot_q8_0::<4, 2>), Some(dot_q8_0::<4, 4>)),
+                    DType::Q4_K => (one_q4_k, Some(dot_q4_k::<4>), None, None),
+                    DType::Q5_K => (one_q5_k, Some(dot_q5_k::<4>), None, None),
+                    DType::Q6_K => (one_q6_k, Some(dot_q6_k::<4>), None, None),
                 }
             }
 
