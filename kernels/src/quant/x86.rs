@@ -472,9 +472,9 @@ macro_rules! dot_kernels {
             use super::*;
 
             /// The single-row kernel of `dtype`, its four-row kernel where
-            /// there is one (float weights run row by row), and its kernel
-            /// for four weight rows against two activation rows where there
-            /// is one (the legacy block formats).
+            /// there is one (float weights run row by row), and its kernels
+            /// for four weight rows against two and against four activation
+            /// rows where there are some (the legacy block formats).
             pub(in super::super) fn kernels(
                 dtype: DType,
             ) -> (DotFn, Option<Dot4Fn>, Option<Dot4x2Fn>, Option<Dot4x4Fn>) {
