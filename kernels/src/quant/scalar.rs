@@ -321,11 +321,13 @@ pub(crate) fn dot_float<const B: usize>(w: &[u8], a: &[u8], convert: fn([u8; B])
     reduce_lanes(acc)
 }
 
-/// What one legacy block contributes: the scale `d_w · d_a` of its lane
-/// sums, and for formats with an offset (`d * q + m`) the pair `(m_w, s_a)`,
-/// `s_a` being the activation block's scaled sum `d · Σq` (see `BlockQ8_1`).
+/// What one legacy block contributes: the weight and activation scales of
+/// its lane sums, and for formats with an offset (`d * q + m`) the pair
+/// `(m_w, s_a)`, `s_a` being the activation block's scaled sum `d · Σq` (see
+/// `BlockQ8_1`).
 struct LegacyBlock {
-    scale: f32,
+    d_w: f32,
+    d_a: f32,
     lanes: [i32; LEGACY_LANES],
     offset: Option<(f32, f32)>,
 }
@@ -335,15 +337,16 @@ fn lane_sums<Q: Copy + Into<i32>>(q: &[Q; QK], a: &[i8; QK]) -> [i32; LEGACY_LAN
     std::array::from_fn(|k| idot(&q[4 * k..4 * k + 4], &a[4 * k..4 * k + 4]))
 }
 
-/// The lanes take `scale · lane` fused, block by block; the offsets `m_w · s_a`
+/// The lanes take `(d_w · d_a) · lane` fused, block by block; the offsets `m_w · s_a`
 /// are summed apart, fused too, and added after the lanes are reduced.
 fn dot_legacy<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], block: impl Fn(&W, &A) -> LegacyBlock) -> f32 {
     let mut acc = [0.0f32; LEGACY_LANES];
     let mut offsets: Option<f32> = None;
     for (w, a) in blocks::<W>(w).iter().zip(blocks::<A>(a)) {
         let b = block(w, a);
+        let scale = b.d_w * b.d_a;
         for (acc, lane) in acc.iter_mut().zip(b.lanes) {
-            *acc = b.scale.mul_add(lane as f32, *acc);
+            *acc = scale.mul_add(lane as f32, *acc);
         }
         if let Some((m_w, s_a)) = b.offset {
             offsets = Some(m_w.mul_add(s_a, offsets.unwrap_or(0.0)));
@@ -355,7 +358,8 @@ fn dot_legacy<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], block: imp
 
 pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
     dot_legacy(w, a, |w: &BlockQ4_0, a: &BlockQ8_0| LegacyBlock {
-        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        d_w: half_to_f32(w.d),
+        d_a: half_to_f32(a.d),
         lanes: lane_sums(&q4_0_quants(w), &a.qs),
         offset: None,
     })
@@ -363,7 +367,8 @@ pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
     dot_legacy(w, a, |w: &BlockQ4_1, a: &BlockQ8_1| LegacyBlock {
-        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        d_w: half_to_f32(w.d),
+        d_a: half_to_f32(a.d),
         lanes: lane_sums(&q4_1_quants(w), &a.qs),
         offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
     })
@@ -371,7 +376,8 @@ pub(crate) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
 
 pub(crate) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
     dot_legacy(w, a, |w: &BlockQ5_0, a: &BlockQ8_0| LegacyBlock {
-        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        d_w: half_to_f32(w.d),
+        d_a: half_to_f32(a.d),
         lanes: lane_sums(&q5_0_quants(w), &a.qs),
         offset: None,
     })
@@ -379,7 +385,8 @@ pub(crate) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(crate) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
     dot_legacy(w, a, |w: &BlockQ5_1, a: &BlockQ8_1| LegacyBlock {
-        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        d_w: half_to_f32(w.d),
+        d_a: half_to_f32(a.d),
         lanes: lane_sums(&q5_1_quants(w), &a.qs),
         offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
     })
@@ -387,7 +394,8 @@ pub(crate) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
 
 pub(crate) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
     dot_legacy(w, a, |w: &BlockQ8_0, a: &BlockQ8_0| LegacyBlock {
-        scale: half_to_f32(w.d) * half_to_f32(a.d),
+        d_w: half_to_f32(w.d),
+        d_a: half_to_f32(a.d),
         lanes: lane_sums(&w.qs, &a.qs),
         offset: None,
     })
