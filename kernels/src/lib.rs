@@ -1,4 +1,8 @@
-//! Numeric kernels. Filled in by the model-core work.
+//! sluice's numeric kernels: quantized dot products and matmul, the row
+//! operations of a transformer layer, a fixed-split thread pool, and the
+//! [`backend::Backend`] seam that model code computes through (its CPU
+//! implementation is built from the rest of this crate).
+pub mod backend;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

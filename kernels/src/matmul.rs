@@ -53,6 +53,16 @@ impl<'a> QuantMatrix<'a> {
         Ok(QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes })
     }
 
+    /// A matrix whose bytes [`QuantMatrix::new`] accepted before (the CPU
+    /// backend's resident weights): the same checks cannot fail again, so
+    /// only the derived sizes are recomputed.
+    pub(crate) fn checked_at_load(dtype: DType, data: &'a [u8], n_out: usize, n_in: usize) -> QuantMatrix<'a> {
+        let row_bytes = dtype.row_bytes(n_in).unwrap_or_default();
+        let act_row_bytes = dtype.act_format().row_bytes(n_in).unwrap_or_default();
+        debug_assert_eq!(Some(data.len()), row_bytes.checked_mul(n_out));
+        QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes }
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }

@@ -24,8 +24,11 @@
 //! export_policy!(DecodeOnly);
 //! ```
 //!
-//! The [`testing`] module builds step views for native tests.
+//! The [`testing`] module builds step views for native tests; [`rules`] holds
+//! the host's decision rules, which the host applies to every decision and
+//! native tests can apply too.
 
+pub mod rules;
 mod settings;
 pub mod testing;
 mod view;
@@ -65,9 +68,9 @@ pub use scheduler::exports::sluice::plugin::policy::{Setting, SettingValue};
 
 /// A scheduling policy: plain Rust, called once per engine step.
 ///
-/// The host validates every decision (specs/scheduling.md); a decision that
-/// breaks a rule is a fault, so a policy should only grant what the view
-/// allows.
+/// The host validates every decision with [`rules::validate`]
+/// (docs/scheduling.md); a decision that breaks a rule is a fault, so a
+/// policy should only grant what the view allows.
 pub trait Policy: Sized {
     /// Build the policy from its `[policy.settings]`. Reject unknown keys and
     /// bad values with a message naming the key: an error refuses the policy.

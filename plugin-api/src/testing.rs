@@ -120,7 +120,4 @@ impl ViewBuilder {
     }
 }
 
-/// Tokens a decision spends: prefill tokens plus one per decode slot.
-pub fn tokens_used(decision: &crate::Decision) -> u32 {
-    decision.prefill.iter().map(|chunk| chunk.tokens).sum::<u32>() + decision.decode.len() as u32
-}
+pub use crate::rules::tokens_used;

@@ -2,8 +2,7 @@
 //! occupied slots and 64 waiting requests, call `continuous`, decode the
 //! decision. `cargo xtask bench plugins`.
 
-use sluice::engine::policy::SchedulingPolicy;
-use sluice::plugins::policy_types::{OccupiedSlot, Phase, RequestInfo, StepView, WaitingRequest};
+use sluice::engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 const SLOTS: u32 = 64;

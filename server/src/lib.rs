@@ -2,11 +2,16 @@
 //! draft-metadata fixups are sandboxed WebAssembly components.
 //!
 //! A request's path reads top to bottom: `config` → `http` → `engine`
-//! (→ `plugins` for each step's decision) → `model` → `sluice-kernels`.
+//! (each step's decision from a policy, which `plugins` runs in its
+//! sandbox) → `model` → `sluice_kernels::backend`. `startup` wires them
+//! together; `lab` (cargo feature `lab`) compares policies offline and
+//! live. docs/architecture.md draws the seams.
 
 pub mod config;
 pub mod engine;
 pub mod http;
+#[cfg(feature = "lab")]
 pub mod lab;
 pub mod model;
 pub mod plugins;
+pub mod startup;

@@ -7,9 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Config, LogConfig, LogFormat, Overrides, llama_style_args, threads_or_cores};
+use sluice::config::{Config, LogConfig, LogFormat, Overrides, SpeculativeConfig, llama_style_args, threads_or_cores};
+use sluice::engine::policy::SchedulingPolicy;
 use sluice::http::server::Launch;
-use sluice::plugins::{PluginHost, PluginSource, WasmFixup, WasmPolicy, builtin_policy};
+use sluice::plugins::PluginHost;
+use sluice::startup::{load_fixup, load_policy};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "LLM inference server with sandboxed, hot-swappable scheduling")]
@@ -25,7 +27,11 @@ enum Command {
     /// Generate from one prompt straight on the model; prints tokens/s.
     Generate(cli::generate::GenerateArgs),
     /// Compare scheduling policies on a workload: simulated, and live with --live.
+    #[cfg(feature = "lab")]
     Lab(Box<cli::lab::LabArgs>),
+    /// Compare scheduling policies (needs a build with the cargo feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    Lab(cli::WithoutLab),
     /// Measure speed.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -42,9 +48,17 @@ enum BenchCommand {
     /// Decode and prefill tokens/s of a model.
     Model(cli::bench::BenchModelArgs),
     /// Aggregate tokens/s and latency percentiles of a running server.
-    Serve(cli::bench::BenchServeArgs),
+    #[cfg(feature = "lab")]
+    Serve(cli::lab::BenchServeArgs),
     /// Fit the policy lab's step-cost model to real forward passes.
-    Calibrate(cli::bench::BenchCalibrateArgs),
+    #[cfg(feature = "lab")]
+    Calibrate(cli::lab::BenchCalibrateArgs),
+    /// Load a running server (needs a build with the cargo feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    Serve(cli::WithoutLab),
+    /// Fit the lab's step-cost model (needs a build with the cargo feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    Calibrate(cli::WithoutLab),
     /// Decode speed without and with a draft, and how much of it is kept.
     Spec(cli::bench_spec::BenchSpecArgs),
 }
@@ -71,7 +85,7 @@ struct ServeArgs {
 enum PluginCommand {
     /// Load a plugin as the server would and report whether it is accepted.
     Check {
-        /// A .wasm component, or a built-in policy name.
+        /// A .wasm component, or a built-in plugin's name.
         plugin: String,
         /// The world the plugin must implement.
         #[arg(long, value_enum, default_value_t = World::Scheduler)]
@@ -95,9 +109,16 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::Generate(args) => cli::generate::generate(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
-        Command::Bench(BenchCommand::Serve(args)) => cli::bench::bench_serve(args).map(|()| ExitCode::SUCCESS),
-        Command::Bench(BenchCommand::Calibrate(args)) => cli::bench::bench_calibrate(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(feature = "lab")]
+        Command::Bench(BenchCommand::Serve(args)) => cli::lab::bench_serve(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(feature = "lab")]
+        Command::Bench(BenchCommand::Calibrate(args)) => cli::lab::bench_calibrate(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(not(feature = "lab"))]
+        Command::Bench(BenchCommand::Serve(args) | BenchCommand::Calibrate(args)) | Command::Lab(args) => {
+            args.refuse().map(|()| ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Spec(args)) => cli::bench_spec::bench_spec(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(feature = "lab")]
         Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),
         Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
         Command::Plugin(PluginCommand::Check { plugin, world, config }) => {
@@ -126,8 +147,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.check_supported().map_err(anyhow::Error::msg)?;
     init_logging(&config.log)?;
     let host = PluginHost::new()?;
-    let policy = load_policy(&host, &config)?;
-    eprintln!("policy `{}` loaded", sluice::engine::policy::SchedulingPolicy::name(&policy));
+    let policy = load_policy(&host, &config.policy)?;
+    eprintln!("policy `{}` loaded", policy.name());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads_or_cores(config.server.threads_http))
         .thread_name("http")
@@ -157,34 +178,20 @@ fn init_logging(log: &LogConfig) -> anyhow::Result<()> {
     installed.map_err(|error| anyhow::anyhow!("cannot install the logger: {error}"))
 }
 
-fn load_policy(host: &PluginHost, config: &Config) -> anyhow::Result<WasmPolicy> {
-    Ok(sluice::http::admin::load_policy(host, &config.policy)?)
-}
-
-fn read_plugin(source: &PluginSource) -> anyhow::Result<Vec<u8>> {
-    match source {
-        PluginSource::Builtin(name) => builtin_policy(name)
-            .map(|(_, bytes)| bytes.to_vec())
-            .with_context(|| format!("no built-in plugin `{name}`")),
-        PluginSource::Path(path) => {
-            std::fs::read(path).with_context(|| format!("{}: cannot read plugin", path.display()))
-        }
-    }
-}
-
 fn check_plugin(plugin: &str, world: World, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = load_config(config)?;
     config.policy.plugin = plugin.to_owned();
     let host = PluginHost::new()?;
     match world {
         World::Scheduler => {
-            load_policy(&host, &config)?;
+            load_policy(&host, &config.policy)?;
             println!("{plugin}: accepted as a scheduler policy (sluice:plugin@0.1.0)");
         }
         World::DraftFixup => {
-            let source = PluginSource::Path(PathBuf::from(plugin));
-            let bytes = read_plugin(&source)?;
-            WasmFixup::load(&host, source, &bytes, config.policy.limits())?;
+            let listed = SpeculativeConfig { fixups: Some(vec![plugin.to_owned()]), ..SpeculativeConfig::default() };
+            for source in listed.fixup_sources().map_err(anyhow::Error::msg)? {
+                load_fixup(&host, source, config.policy.limits())?;
+            }
             println!("{plugin}: accepted as a draft fixup (sluice:plugin@0.1.0)");
         }
     }

@@ -1,9 +1,9 @@
 //! The embedded built-in policies run through the real host.
 
-use sluice::engine::policy::SchedulingPolicy;
-use sluice::plugins::policy_types::{
-    Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, Setting, SettingValue, StepView, WaitingRequest,
+use sluice::engine::policy::{
+    Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
 };
+use sluice::plugins::policy_types::{Setting, SettingValue};
 use sluice::plugins::{LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 fn request(id: u64, prompt_tokens: u32, prompt_done: u32) -> RequestInfo {

@@ -1,7 +1,14 @@
-//! Helpers for sluice's end-to-end tests: the real binary, fixture plugins.
+//! Helpers for sluice's end-to-end tests (`server/tests`): the real binary
+//! over HTTP, fixture plugins, synthetic GGUF files and llama.cpp's outputs
+//! on the default model.
 
 pub mod binary;
 pub mod gguf_writer;
 pub mod http;
 pub mod models;
 pub mod plugin_fixtures;
+
+/// A file of `tests/fixtures/`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}

@@ -29,7 +29,7 @@ impl Drop for Server {
 pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
     let (llama_server, rest) = split_llama_server(args)?;
     let model = models::fetch_model()?;
-    run(cargo().args(["build", "--quiet", "--release", "--package", "sluice"]))?;
+    run(cargo().args(["build", "--quiet", "--release", "--package", "sluice", "--features", "lab"]))?;
     let sluice = repo_root().join("target/release/sluice");
 
     let port = free_port()?;

@@ -23,7 +23,8 @@ struct Cli {
 enum Task {
     /// Build every plugin into a component (see plugins/dist/).
     Plugins(plugins::PluginsArgs),
-    /// Everything CI runs: the plugin check, plugin unit tests, all host tests.
+    /// Everything CI runs: the plugin check, formatting, clippy and docs
+    /// with warnings denied, plugin unit tests, all host tests.
     Test,
     /// Fetch the default model if missing and serve it with config/sluice.toml
     /// (127.0.0.1:8080); extra args go to `sluice serve`.
@@ -82,21 +83,34 @@ fn cargo() -> Command {
     cargo
 }
 
+/// The features every check builds the host workspace with: the lab too
+/// (`sluice serve` alone links none of it), and the CUDA device probe.
+const ALL_FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
+
 fn test() -> anyhow::Result<()> {
     let started = Instant::now();
     plugins::plugins(plugins::PluginsArgs::check())?;
     models::fetch_model()?;
+    eprintln!("xtask: formatting (cargo fmt --check)");
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]))?;
+    eprintln!("xtask: clippy, warnings denied (all features, then `sluice serve`'s default build)");
+    let plugins_native = ["--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"];
+    run(cargo()
+        .args(["clippy", "--locked", "--workspace", "--all-targets"])
+        .args(ALL_FEATURES)
+        .args(["--", "-D", "warnings"]))?;
+    run(cargo().args(["clippy", "--locked", "--package", "sluice", "--", "-D", "warnings"]))?;
+    run(cargo().args(["clippy", "--locked", "--all-targets"]).args(plugins_native).args(["--", "-D", "warnings"]))?;
+    eprintln!("xtask: docs, warnings denied");
+    run(cargo()
+        .args(["doc", "--locked", "--workspace", "--no-deps"])
+        .args(ALL_FEATURES)
+        .env("RUSTDOCFLAGS", "-D warnings"))?;
     eprintln!("xtask: plugin unit tests (native)");
-    run(cargo().args([
-        "test",
-        "--locked",
-        "--manifest-path",
-        "plugins/Cargo.toml",
-        "--target-dir",
-        "target/plugins/native",
-    ]))?;
+    run(cargo().args(["test", "--locked"]).args(plugins_native))?;
     eprintln!("xtask: host workspace tests (release)");
-    run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]))?;
+    run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]).args(ALL_FEATURES))?;
     eprintln!("xtask: all tests passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `cohort`: the PP/TG cohort barrier (specs/scheduling.md, "The cohort
+//! `cohort`: the PP/TG cohort barrier (docs/scheduling.md, "The cohort
 //! barrier").
 //!
 //! Requests are scheduled in cohorts. A cohort forms from the waiting queue

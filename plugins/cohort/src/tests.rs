@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
-use sluice_plugin_api::{EndReason, Prefill, RequestInfo, SettingValue};
+use sluice_plugin_api::{EndReason, Prefill, RequestInfo, SettingValue, rules};
 
 use super::*;
 
@@ -106,7 +106,7 @@ impl Sim {
     fn step(&mut self, policy: &mut Cohort) -> Decision {
         let view = self.view();
         let decision = policy.step(&view);
-        if let Err(broken) = validate(&view, &decision) {
+        if let Err(broken) = rules::validate(&view, &decision, 0) {
             panic!("step {}: invalid decision {decision:?}: {broken}\nview: {view:?}", self.step);
         }
         self.apply(&decision);
@@ -168,59 +168,6 @@ impl Sim {
     fn tokens(&self, id: u64) -> Vec<u64> {
         self.events(id).into_iter().filter(|&(_, what)| what == Event::Token).map(|(step, _)| step).collect()
     }
-}
-
-/// The host's rules (specs/scheduling.md, "Host validation" 1–4).
-fn validate(view: &StepView, decision: &Decision) -> Result<(), String> {
-    let mut prefillable: Vec<(u32, u32)> = view
-        .occupied
-        .iter()
-        .filter(|slot| slot.phase == Phase::Prefilling)
-        .map(|slot| (slot.slot, slot.request.prompt_remaining()))
-        .collect();
-    let mut seen_requests = Vec::new();
-    let mut seen_slots = Vec::new();
-    for admit in &decision.admit {
-        let waiting = view
-            .waiting
-            .iter()
-            .find(|waiting| waiting.request.id == admit.request_id)
-            .ok_or(format!("request {} is not waiting", admit.request_id))?;
-        if !view.free_slots.contains(&admit.slot) || seen_slots.contains(&admit.slot) {
-            return Err(format!("slot {} is not free", admit.slot));
-        }
-        if seen_requests.contains(&admit.request_id) {
-            return Err(format!("request {} admitted twice", admit.request_id));
-        }
-        seen_requests.push(admit.request_id);
-        seen_slots.push(admit.slot);
-        prefillable.push((admit.slot, waiting.request.prompt_remaining()));
-    }
-    let mut prefilled = Vec::new();
-    for chunk in &decision.prefill {
-        let &(_, remaining) = prefillable
-            .iter()
-            .find(|(slot, _)| *slot == chunk.slot)
-            .ok_or(format!("slot {} is not prefilling", chunk.slot))?;
-        if chunk.tokens == 0 || chunk.tokens > remaining || prefilled.contains(&chunk.slot) {
-            return Err(format!("bad prefill {chunk:?} ({remaining} remain)"));
-        }
-        prefilled.push(chunk.slot);
-    }
-    let mut decoded = Vec::new();
-    for &slot in &decision.decode {
-        if !view.occupied.iter().any(|occupied| occupied.slot == slot && decodable(occupied)) {
-            return Err(format!("slot {slot} is neither ready nor decoding"));
-        }
-        if decoded.contains(&slot) {
-            return Err(format!("slot {slot} decoded twice"));
-        }
-        decoded.push(slot);
-    }
-    if tokens_used(decision) > view.token_budget {
-        return Err(format!("{} tokens over a budget of {}", tokens_used(decision), view.token_budget));
-    }
-    Ok(())
 }
 
 // ---- (a)–(h) of the spec -------------------------------------------------

@@ -10,12 +10,13 @@ use anyhow::Context;
 use sluice::config::{PolicyConfig, SpeculativeConfig};
 use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
-use sluice::engine::speculative::{self, Speculation};
+use sluice::engine::speculative::Speculation;
 use sluice::engine::{EngineConfig, EngineHandle};
-use sluice::http::admin::load_policy;
+use sluice::model::Model;
 use sluice::model::tokenizer::Tokenizer;
-use sluice::model::transformer::Transformer;
 use sluice::plugins::PluginHost;
+use sluice::startup::{load_model, load_policy, load_speculation};
+use sluice_kernels::backend::Device;
 
 #[derive(clap::Args)]
 pub struct BenchSpecArgs {
@@ -55,7 +56,7 @@ struct Run {
 }
 
 pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
-    let target = Arc::new(Transformer::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?);
+    let target = load_model(&args.model, Device::Cpu, args.threads.max(1))?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).context("tokenizer")?);
     let n_vocab = target.hparams().n_vocab as u32;
     let mut prompt = tokenizer.encode("Write a short story about a robot who learns to paint.", true, false);
@@ -63,12 +64,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
         // A synthetic vocabulary without bytes: deterministic ids.
         prompt = (0..16u32).map(|i| (i * 7919 + 17) % n_vocab).collect();
     }
-    let config = EngineConfig {
-        slots: 1,
-        ctx: prompt.len() + args.decode + 32,
-        threads: args.threads.max(1),
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { slots: 1, ctx: prompt.len() + args.decode + 32, ..EngineConfig::default() };
     let spec = SpeculativeConfig {
         draft_model: Some(args.draft.clone()),
         n_max: args.n_max,
@@ -81,7 +77,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
     for _ in 0..args.reps.max(1) {
         plain.push(bench.run(None)?);
         let limits = PolicyConfig::default().limits();
-        let speculation = speculative::load(&spec, &bench.host, limits, &bench.target, &bench.config)
+        let speculation = load_speculation(&spec, &bench.host, limits, &bench.target, &bench.config)
             .map_err(|(path, error)| anyhow::anyhow!("{}: {error}", path.display()))?;
         drafted.push(bench.run(speculation)?);
     }
@@ -114,7 +110,7 @@ pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
 
 /// One greedy stream on a fresh engine, with or without a draft.
 struct Bench {
-    target: Arc<Transformer>,
+    target: Arc<dyn Model>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     host: PluginHost,

@@ -9,8 +9,8 @@ use anyhow::Context;
 use sluice::engine::sampling::{Sampler, SamplingParams};
 use sluice::model::session::Session;
 use sluice::model::tokenizer::{StreamDecoder, Tokenizer};
-use sluice::model::transformer::Transformer;
-use sluice_kernels::pool::ThreadPool;
+use sluice::startup::load_model;
+use sluice_kernels::backend::Device;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
@@ -26,6 +26,9 @@ pub struct GenerateArgs {
     /// Threads for the kernels.
     #[arg(short = 't', long = "threads", default_value_t = default_threads())]
     threads: usize,
+    /// Where the model runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Prefill chunk size (tokens per forward pass).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
@@ -60,13 +63,12 @@ pub fn default_threads() -> usize {
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let model = Transformer::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = load_model(&args.model, args.device, args.threads.max(1))?;
     let tokenizer =
         Tokenizer::from_gguf(model.file()).with_context(|| format!("tokenizer of {}", args.model.display()))?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
-    let pool = ThreadPool::new(args.threads.max(1));
-    let mut session = Session::new(&model, prompt.len() + args.n_predict);
+    let mut session = Session::new(std::sync::Arc::clone(&model), prompt.len() + args.n_predict);
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -83,7 +85,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     prompt.iter().for_each(|&token| sampler.accept(token));
 
     let started = Instant::now();
-    let mut logits = session.prefill(&prompt, args.batch_size, &pool)?;
+    let mut logits = session.prefill(&prompt, args.batch_size)?;
     let prefill = started.elapsed();
 
     let mut stdout = std::io::stdout().lock();
@@ -104,20 +106,20 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         if generated == args.n_predict {
             break;
         }
-        logits = session.decode(token, &pool)?;
+        logits = session.decode(token)?;
         forwards += 1;
     }
     writeln!(stdout, "{}", decoder.finish())?;
     let decode = started.elapsed();
     eprintln!(
-        "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s); {} threads",
+        "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s); {}",
         prompt.len(),
         prefill.as_secs_f64() * 1e3,
         prompt.len() as f64 / prefill.as_secs_f64(),
         forwards,
         decode.as_secs_f64() * 1e3,
         forwards as f64 / decode.as_secs_f64().max(1e-9),
-        args.threads,
+        model.backend(),
     );
     Ok(())
 }

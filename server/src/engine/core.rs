@@ -1,171 +1,47 @@
-//! The step loop. Each step: build the view, ask the policy, validate its
-//! decision, build one batch of prefill chunks and decode tokens, run the
-//! model, sample, stream events, stop and free what finished.
+//! The step loop. Each step: build the view, let the supervisor get a
+//! valid decision from the policy, build one batch of prefill chunks and
+//! decode tokens, run the model, sample, stream events, stop and free what
+//! finished.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use sluice_kernels::pool::ThreadPool;
-use tokio::sync::mpsc as events;
+use sluice_plugin_api::rules::has_runnable_work;
 
-use super::handle::{EngineConfig, FallbackPolicy, Health, Shared, SlotInfo};
-use super::kv::{BlockManager, SeqBlocks};
+use super::batch::{Assembled, Work, assemble};
+use super::drafting::{self, Committed};
+use super::emit::{Emitted, Emitter, Ending};
+use super::kv::BlockManager;
 use super::metrics::Metrics;
-use super::policy::{
-    Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
-};
-use super::request::{
-    Completion, EngineError, Event, GenerationRequest, IMAGE_ROW, RequestId, StopType, Timings, TokenEvent, TokenProbs,
-};
-use super::sampling::{Sampler, TokenProb, token_prob, top_probs};
-use super::speculative::{CommittedRows, DraftRequest, DraftState, Speculation};
-use super::text::{Appended, TextStream};
-use super::validate::{has_runnable_work, validate};
-use crate::config::OnFault;
-use crate::model::batch::{Batch, BatchRow, Layout, RowInput};
-use crate::model::kv::KvStore;
+use super::policy::{Decision, EndReason, EndedRequest, OccupiedSlot, Phase, StepView, WaitingRequest};
+use super::request::{EngineError, Event, IMAGE_ROW, RequestId};
+use super::sampling::Sampler;
+use super::slot::{Active, Waiting, trace_phase};
+use super::speculative::{DraftState, Speculation};
+use super::state::{Command, EngineConfig, Shared, SlotInfo};
+use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
+use super::text::TextStream;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::transformer::{Scratch, Transformer};
+use crate::model::{Context, Model};
 
-pub(super) enum Command {
-    Submit {
-        id: RequestId,
-        request: Box<GenerationRequest>,
-        events: events::UnboundedSender<Event>,
-    },
-    Cancel(RequestId),
-    /// Swap the policy; the sender hears once the swap is done.
-    ReplacePolicy(Box<dyn SchedulingPolicy>, mpsc::Sender<()>),
-}
-
-struct Waiting {
-    id: RequestId,
-    request: Box<GenerationRequest>,
-    events: events::UnboundedSender<Event>,
-    arrival_ms: u64,
-    /// Numbered once at submission (see `Engine::adapter_group`).
-    adapter_group: u32,
-}
-
-/// A request in a slot.
-struct Active {
-    id: RequestId,
-    request: Box<GenerationRequest>,
-    events: events::UnboundedSender<Event>,
-    arrival_ms: u64,
-    adapter_group: u32,
-    blocks: SeqBlocks,
-    phase: Phase,
-    /// Prompt then generated tokens whose KV is written, plus at most one
-    /// sampled token not yet run.
-    tokens: Vec<u32>,
-    prompt_done: usize,
-    cached: usize,
-    /// KV cells written.
-    cells: usize,
-    generated: usize,
-    held_logits: Vec<f32>,
-    sampler: Sampler,
-    text: TextStream,
-    prompt_started: Option<Instant>,
-    prompt_ms: f64,
-    decode_started: Option<Instant>,
-    /// Where its cells sit (image segments move text positions on).
-    layout: Layout,
-    draft: DraftState,
-    /// Tokens drafted for this request and sent to verification.
-    draft_n: usize,
-    /// Drafted tokens the target's sampler picked.
-    draft_accepted: usize,
-}
-
-impl Active {
-    fn info(&self) -> RequestInfo {
-        RequestInfo {
-            id: self.id,
-            prompt_tokens: self.request.prompt.len() as u32,
-            prompt_done: self.prompt_done as u32,
-            prompt_cached: self.cached as u32,
-            generated: self.generated as u32,
-            max_tokens: max_tokens(&self.request),
-            adapter_group: self.adapter_group,
-            priority: self.request.priority,
-            arrival_ms: self.arrival_ms,
-        }
-    }
-
-    fn send(&self, event: Event) -> bool {
-        self.events.send(event).is_ok()
-    }
-}
-
-/// Every phase change of a slot, at debug level under its own target, so
-/// operators and tests can follow what a policy did step by step
-/// (`log.level = "info,sluice::phase=debug"`).
-fn trace_phase(step: u64, slot: usize, request: RequestId, phase: &'static str) {
-    tracing::debug!(target: "sluice::phase", step, slot, request, phase, "phase");
-}
-
-fn max_tokens(request: &GenerationRequest) -> u32 {
-    request.n_predict.map_or(u32::MAX, |n| n.min(u32::MAX as usize) as u32)
-}
-
-/// What a slot does in the batch being built.
-enum Work {
-    Prefill {
-        slot: usize,
-        start: usize,
-        tokens: usize,
-    },
-    /// Run the slot's sampled token, then its drafts (if any) for
-    /// verification.
-    Decode {
-        slot: usize,
-        drafts: Vec<u32>,
-    },
-}
-
-impl Work {
-    fn slot(&self) -> usize {
-        match *self {
-            Work::Prefill { slot, .. } | Work::Decode { slot, .. } => slot,
-        }
-    }
-
-    /// Batch rows this work takes.
-    fn rows(&self) -> usize {
-        match self {
-            Work::Prefill { tokens, .. } => *tokens,
-            Work::Decode { drafts, .. } => 1 + drafts.len(),
-        }
-    }
-}
-
-/// What emitting a sampled token did.
-enum Emitted {
-    /// The token was emitted and the request goes on.
-    Continue,
-    /// The sampler picked another token than the draft offered; nothing was
-    /// emitted and the sampler is as it was.
-    Rejected,
-    /// The request ended (stop condition, disconnect or failure).
-    Ended,
+/// What the engine runs: the target, its tokenizer and an optional draft.
+pub(super) struct Models {
+    pub model: Arc<dyn Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub speculation: Option<Speculation>,
 }
 
 pub(super) struct Engine {
-    model: Arc<Transformer>,
+    model: Arc<dyn Model>,
     tokenizer: Arc<Tokenizer>,
-    policy: Box<dyn SchedulingPolicy>,
-    fallback: FallbackPolicy,
+    supervisor: Supervisor,
     config: EngineConfig,
     shared: Arc<Shared>,
     commands: mpsc::Receiver<Command>,
-    kv: KvStore,
+    context: Box<dyn Context>,
     blocks: BlockManager,
-    pool: ThreadPool,
-    scratch: Scratch,
     speculation: Option<Speculation>,
     slots: Vec<Option<Active>>,
     waiting: VecDeque<Waiting>,
@@ -173,48 +49,74 @@ pub(super) struct Engine {
     adapter_groups: Vec<Vec<(u32, f32)>>,
     started: Instant,
     step: u64,
-    stalled_steps: u32,
-    consecutive_faults: u32,
-    failed_closed: bool,
 }
 
-/// What the engine runs: the target, its tokenizer and an optional draft.
-pub(super) struct Models {
-    pub model: Arc<Transformer>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub speculation: Option<Speculation>,
+/// The [`Emitter`] over an engine's fields, borrowed one by one so that a
+/// slot can be borrowed beside it.
+macro_rules! emitter {
+    ($engine:ident) => {
+        Emitter {
+            tokenizer: &$engine.tokenizer,
+            metrics: &$engine.shared.metrics,
+            blocks: &mut $engine.blocks,
+            ctx: $engine.config.ctx,
+            step: $engine.step,
+        }
+    };
+}
+
+/// The engine's ear on the supervisor: latency histogram, fault counters,
+/// the log and the fault journal.
+struct Watch<'a> {
+    shared: &'a Shared,
+    faulted: bool,
+}
+
+impl Observer for Watch<'_> {
+    fn call(&mut self, seconds: f64) {
+        self.shared.metrics.observe_policy_call(seconds);
+    }
+
+    fn fault(&mut self, event: &FaultEvent) {
+        self.faulted = true;
+        let FaultEvent { step, policy, reason, detail, action } = event;
+        tracing::warn!(step, policy, reason, detail, "scheduling policy fault");
+        self.shared.metrics.count_fault(policy, reason);
+        let fault = format!("{reason}: {detail}");
+        match action {
+            FaultAction::Retry => {}
+            FaultAction::Fallback(fallback) => {
+                tracing::error!(policy, fault, "quarantined; falling back to `{fallback}`");
+                Metrics::add(&self.shared.metrics.policy_fallbacks_total, 1);
+            }
+            FaultAction::FailClosed => tracing::error!(policy, fault, "quarantined; failing closed"),
+        }
+        self.shared.record_fault(event);
+    }
 }
 
 impl Engine {
     pub(super) fn new(
         Models { model, tokenizer, speculation }: Models,
-        policy: Box<dyn SchedulingPolicy>,
-        fallback: FallbackPolicy,
+        supervisor: Supervisor,
         config: EngineConfig,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
     ) -> Self {
         let (n_blocks, block_tokens) = config.kv_blocks();
-        let kv = model.kv_store(n_blocks, block_tokens);
         Engine {
+            context: Arc::clone(&model).context(n_blocks, block_tokens),
             speculation,
-            kv,
             blocks: BlockManager::new(n_blocks, block_tokens),
-            pool: ThreadPool::new(config.threads.max(1)),
-            scratch: Scratch::default(),
             slots: (0..config.slots).map(|_| None).collect(),
             waiting: VecDeque::new(),
             ended: Vec::new(),
             adapter_groups: vec![Vec::new()],
             started: Instant::now(),
             step: 0,
-            stalled_steps: 0,
-            consecutive_faults: 0,
-            failed_closed: false,
             model,
             tokenizer,
-            policy,
-            fallback,
+            supervisor,
             config,
             shared,
             commands,
@@ -258,9 +160,9 @@ impl Engine {
         match command {
             Command::Submit { id, request, events } => {
                 Metrics::add(&self.shared.metrics.requests_total, 1);
-                if self.failed_closed {
+                if let Some(refusal) = self.supervisor.health().refusal() {
                     self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                    let _ = events.send(Event::Failed(EngineError::Unavailable(self.failed_closed_message())));
+                    let _ = events.send(Event::Failed(EngineError::Unavailable(refusal)));
                     return;
                 }
                 let arrival_ms = self.now_ms();
@@ -270,27 +172,10 @@ impl Engine {
             Command::Cancel(id) => self.cancel(id),
             Command::ReplacePolicy(policy, applied) => {
                 tracing::info!(policy = policy.name(), "scheduling policy replaced");
-                if let Ok(mut name) = self.shared.policy_name.lock() {
-                    *name = policy.name().to_owned();
-                }
-                self.policy = policy;
-                self.failed_closed = false;
-                self.consecutive_faults = 0;
-                self.stalled_steps = 0;
-                if let Ok(mut health) = self.shared.health.lock() {
-                    *health = Health::Ok;
-                }
+                self.supervisor.replace(policy);
+                self.shared.set_policy(self.supervisor.policy_name(), self.supervisor.health());
                 let _ = applied.send(());
             }
-        }
-    }
-
-    fn failed_closed_message(&self) -> String {
-        match self.shared.health.lock().map(|health| health.clone()) {
-            Ok(Health::FailedClosed { policy, fault }) => {
-                format!("scheduling policy `{policy}` failed closed ({fault}); reload the policy to resume")
-            }
-            _ => "the scheduling policy failed closed".into(),
         }
     }
 
@@ -302,7 +187,7 @@ impl Engine {
             return;
         }
         if let Some(slot) = self.slots.iter().position(|active| active.as_ref().is_some_and(|active| active.id == id)) {
-            self.end_slot(slot, EndReason::Cancelled, None);
+            self.end_slot(slot, Ending { reason: EndReason::Cancelled, event: None });
         }
     }
 
@@ -330,7 +215,7 @@ impl Engine {
         }
     }
 
-    fn view(&mut self) -> StepView {
+    fn view(&self) -> StepView {
         let mut occupied = Vec::new();
         let mut free_slots = Vec::new();
         for (slot, active) in self.slots.iter().enumerate() {
@@ -351,20 +236,7 @@ impl Engine {
                     0
                 };
                 let slot_hint = waiting.request.id_slot.filter(|slot| free_slots.contains(slot));
-                WaitingRequest {
-                    request: RequestInfo {
-                        id: waiting.id,
-                        prompt_tokens: waiting.request.prompt.len() as u32,
-                        prompt_done: cached as u32,
-                        prompt_cached: cached as u32,
-                        generated: 0,
-                        max_tokens: max_tokens(&waiting.request),
-                        adapter_group: waiting.adapter_group,
-                        priority: waiting.request.priority,
-                        arrival_ms: waiting.arrival_ms,
-                    },
-                    slot_hint,
-                }
+                WaitingRequest { request: waiting.info(cached), slot_hint }
             })
             .collect();
         StepView {
@@ -379,109 +251,45 @@ impl Engine {
     }
 
     fn step(&mut self) {
-        if self.failed_closed {
+        if self.supervisor.is_closed() {
             return;
         }
         let view = self.view();
         if !has_runnable_work(&view) {
             return;
         }
-        let Some(decision) = self.decide(&view) else {
+        let mut watch = Watch { shared: &self.shared, faulted: false };
+        let verdict = self.supervisor.decide(&view, &mut watch);
+        if watch.faulted {
+            self.shared.set_policy(self.supervisor.policy_name(), self.supervisor.health());
+        }
+        if verdict == Verdict::Closed {
+            self.fail_closed();
             return;
-        };
+        }
         self.ended.clear();
         self.step += 1;
-        if decision.admit.is_empty() && decision.prefill.is_empty() && decision.decode.is_empty() {
-            self.stalled_steps += 1;
-            if self.stalled_steps >= self.config.stall_steps {
-                self.stalled_steps = 0;
-                self.fault(
-                    "stalled",
-                    format!("granted nothing for {} steps with work runnable", self.config.stall_steps),
-                );
-            } else {
-                // Let time pass: a policy waiting on the clock should not spin.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            return;
-        }
-        self.stalled_steps = 0;
-        self.consecutive_faults = 0;
-        self.apply(decision);
-    }
-
-    /// The policy's decision for `view`, validated; faults are retried once
-    /// on a fresh instance, then quarantined.
-    fn decide(&mut self, view: &StepView) -> Option<Decision> {
-        loop {
-            let started = Instant::now();
-            let result = self.policy.step(view);
-            self.shared.metrics.observe_policy_call(started.elapsed().as_secs_f64());
-            let (reason, detail) = match result {
-                Ok(decision) => match validate(view, &decision, 0) {
-                    Ok(()) => return Some(decision),
-                    Err(invalid) => ("invalid", invalid.to_string()),
-                },
-                Err(fault) => (fault.reason(), fault.to_string()),
-            };
-            if !self.fault(reason, detail) {
-                return None;
-            }
+        match verdict {
+            Verdict::Run(decision) => self.apply(decision),
+            // Let time pass: a policy waiting on the clock should not spin.
+            Verdict::Wait => std::thread::sleep(Duration::from_millis(1)),
+            // A stall handled as a fault runs nothing; `Closed` was handled above.
+            Verdict::Stalled | Verdict::Closed => {}
         }
     }
 
-    /// Record a fault; returns whether to retry the step.
-    fn fault(&mut self, reason: &'static str, detail: String) -> bool {
-        let policy = self.policy.name().to_owned();
-        tracing::warn!(step = self.step, policy, reason, detail, "scheduling policy fault");
-        self.shared.metrics.count_fault(&policy, reason);
-        self.policy.reset();
-        self.consecutive_faults += 1;
-        if self.consecutive_faults < 2 {
-            return true;
-        }
-        self.consecutive_faults = 0;
-        let fault = format!("{reason}: {detail}");
-        match self.config.on_fault {
-            OnFault::Fallback => match (self.fallback)() {
-                Some(fallback) => {
-                    tracing::error!(policy, fault, "quarantined; falling back to `{}`", fallback.name());
-                    Metrics::add(&self.shared.metrics.policy_fallbacks_total, 1);
-                    if let Ok(mut name) = self.shared.policy_name.lock() {
-                        *name = fallback.name().to_owned();
-                    }
-                    self.policy = fallback;
-                    if let Ok(mut health) = self.shared.health.lock() {
-                        *health = Health::Degraded { policy, fault };
-                    }
-                    true
-                }
-                None => {
-                    self.fail_closed(policy, fault);
-                    false
-                }
-            },
-            OnFault::FailClosed => {
-                self.fail_closed(policy, fault);
-                false
-            }
-        }
-    }
-
-    fn fail_closed(&mut self, policy: String, fault: String) {
-        tracing::error!(policy, fault, "quarantined; failing closed");
-        if let Ok(mut health) = self.shared.health.lock() {
-            *health = Health::FailedClosed { policy, fault };
-        }
-        self.failed_closed = true;
-        let error = EngineError::Unavailable(self.failed_closed_message());
+    /// End every request with the supervisor's refusal.
+    fn fail_closed(&mut self) {
+        let message =
+            self.supervisor.health().refusal().unwrap_or_else(|| "the scheduling policy failed closed".into());
+        let error = EngineError::Unavailable(message);
         for waiting in self.waiting.drain(..) {
             let _ = waiting.events.send(Event::Failed(error.clone()));
         }
         self.shared.waiting.store(0, Ordering::Relaxed);
         for slot in 0..self.slots.len() {
             if self.slots[slot].is_some() {
-                self.end_slot(slot, EndReason::Failed, Some(Event::Failed(error.clone())));
+                self.end_slot(slot, Ending { reason: EndReason::Failed, event: Some(Event::Failed(error.clone())) });
             }
         }
     }
@@ -497,11 +305,7 @@ impl Engine {
             let start = active.prompt_done;
             let tokens = prefill.tokens as usize;
             if let Err(error) = self.blocks.reserve(&mut active.blocks, start + tokens) {
-                self.end_slot(
-                    slot,
-                    EndReason::Failed,
-                    Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))),
-                );
+                self.fail_slot(slot, EngineError::ResourceExhausted(error.to_string()));
                 continue;
             }
             active.prompt_started.get_or_insert_with(Instant::now);
@@ -509,21 +313,26 @@ impl Engine {
         }
         let mut decoding = Vec::new();
         for &slot in &decision.decode {
-            if self.sample_and_emit(slot as usize) {
+            if matches!(self.emit(slot as usize, None), Emitted::Continue) {
                 decoding.push(slot as usize);
             }
         }
         // Drafts count against the step's token budget: they get what the
         // policy's grants left of it.
         let granted = work.iter().map(Work::rows).sum::<usize>() + decoding.len();
-        let mut drafts = self.draft(&decoding, self.config.batch_tokens.saturating_sub(granted));
+        let budget = self.config.batch_tokens.saturating_sub(granted);
+        let mut drafts = match self.speculation.as_mut() {
+            Some(speculation) => {
+                drafting::draft(speculation, &mut self.slots, &mut self.blocks, &decoding, budget, self.config.ctx)
+            }
+            None => Default::default(),
+        };
         for slot in decoding {
             work.push(Work::Decode { slot, drafts: drafts.remove(&slot).unwrap_or_default() });
         }
-        if work.is_empty() {
-            return;
+        if !work.is_empty() {
+            self.forward(work);
         }
-        self.forward(work);
     }
 
     fn admit(&mut self, request_id: RequestId, slot: usize) {
@@ -540,7 +349,7 @@ impl Engine {
             }
         };
         if let Some((from, to)) = admission.copy {
-            self.kv.copy_block(from, to);
+            self.context.copy_block(from, to);
             if let Some(speculation) = self.speculation.as_mut() {
                 speculation.drafter.copy_block(from, to);
             }
@@ -583,223 +392,46 @@ impl Engine {
         Metrics::add(&self.shared.metrics.requests_processing, 1);
     }
 
-    /// Sample the slot's next token from its held logits and emit it.
-    /// Returns whether the token must run through the model (the request
-    /// goes on).
-    fn sample_and_emit(&mut self, slot: usize) -> bool {
-        matches!(self.emit(slot, None), Emitted::Continue)
-    }
-
-    /// Sample from the held logits and emit the token; with `draft`, only
-    /// if the sampler picks that token (otherwise the sampler is restored,
-    /// so the next step samples the same logits with the same random state,
-    /// exactly as plain decoding would).
+    /// Sample the slot's next token from its held logits and emit it
+    /// (see [`Emitter::emit`]); a request that ends is ended here.
     fn emit(&mut self, slot: usize, draft: Option<u32>) -> Emitted {
-        let ctx = self.config.ctx;
-        let tokenizer = Arc::clone(&self.tokenizer);
-        let Some(active) = self.slots[slot].as_mut() else { return Emitted::Ended };
-        if active.request.n_predict == Some(0) {
-            // n_predict 0 evaluates the prompt only.
-            self.finish(slot, StopType::Limit, String::new(), false);
-            return Emitted::Ended;
-        }
-        active.decode_started.get_or_insert_with(Instant::now);
-        let n_probs = active.request.n_probs;
-        let mut post = Vec::new();
-        let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
-        let post_request = (n_probs > 0 && active.request.post_sampling_probs).then_some((n_probs, &mut post));
-        let before = draft.map(|_| active.sampler.checkpoint());
-        let sampled = active.sampler.sample(&active.held_logits, post_request);
-        let token = sampled.token;
-        if let Some(before) = before {
-            if draft != Some(token) {
-                active.sampler.restore(before);
-                return Emitted::Rejected;
-            }
-            active.draft_accepted += 1;
-        }
-        active.sampler.accept(token);
-        active.generated += 1;
-        if active.phase != Phase::Decoding {
-            trace_phase(self.step, slot, active.id, "decoding");
-            active.phase = Phase::Decoding;
-        }
-        Metrics::add(&self.shared.metrics.tokens_predicted_total, 1);
-        let probs = if let Some(top) = pre {
-            Some(TokenProbs {
-                chosen: TokenProb { token, prob: token_prob(&active.held_logits, token) },
-                top,
-                post_sampling: false,
-            })
-        } else if n_probs > 0 {
-            Some(TokenProbs { chosen: sampled, top: post, post_sampling: true })
-        } else {
-            None
+        let Some(active) = self.slots[slot].as_mut() else {
+            return Emitted::Ended(Ending { reason: EndReason::Cancelled, event: None });
         };
-
-        let end_of_generation = !active.request.ignore_eos && tokenizer.is_end_of_generation(token);
-        if end_of_generation {
-            self.finish(slot, StopType::Eos, String::new(), false);
-            return Emitted::Ended;
-        }
-        let (text, stop_word) = match active.text.push(tokenizer.render_bytes(token, false)) {
-            Appended::Text(text) => (text, None),
-            Appended::Stop { text, word } => (text, Some(word)),
-        };
-        if !active.send(Event::Token(TokenEvent { token, text, probs })) {
-            self.end_slot(slot, EndReason::Cancelled, None);
-            return Emitted::Ended;
-        }
-        if let Some(word) = stop_word {
-            self.finish(slot, StopType::Word, word, false);
-            return Emitted::Ended;
-        }
-        if active.request.n_predict.is_some_and(|limit| active.generated >= limit) {
-            self.finish(slot, StopType::Limit, String::new(), false);
-            return Emitted::Ended;
-        }
-        if active.cells + 1 > ctx {
-            self.finish(slot, StopType::Limit, String::new(), true);
-            return Emitted::Ended;
-        }
-        active.tokens.push(token);
-        if let Err(error) = self.blocks.reserve(&mut active.blocks, active.cells + 1) {
-            self.end_slot(
-                slot,
-                EndReason::Failed,
-                Some(Event::Failed(EngineError::ResourceExhausted(error.to_string()))),
-            );
-            return Emitted::Ended;
-        }
-        Emitted::Continue
-    }
-
-    /// Drafts for the decoding `slots`, at most `budget` tokens in all.
-    fn draft(&mut self, slots: &[usize], mut budget: usize) -> std::collections::HashMap<usize, Vec<u32>> {
-        let mut drafts = std::collections::HashMap::new();
-        let Some(speculation) = self.speculation.as_mut() else { return drafts };
-        let settings = speculation.settings;
-        let ctx = self.config.ctx;
-        let mut requests = Vec::new();
-        let mut requested = Vec::new();
-        for (slot, active) in self.slots.iter_mut().enumerate() {
-            let Some(active) = active.as_mut().filter(|_| slots.contains(&slot)) else { continue };
-            // Room for the drafts: the context, what is left to generate
-            // (the sampled token is already counted) and the budget.
-            let to_generate =
-                active.request.n_predict.map_or(usize::MAX, |limit| limit.saturating_sub(active.generated));
-            let mut n_max = settings.n_max.min(budget).min(to_generate).min(ctx.saturating_sub(active.cells + 1));
-            if n_max < settings.n_min.max(1)
-                || self.blocks.reserve(&mut active.blocks, active.cells + 1 + n_max).is_err()
-            {
-                n_max = 0;
+        let mut emitter = emitter!(self);
+        match emitter.emit(slot, active, draft) {
+            Emitted::Ended(ending) => {
+                let reason = ending.reason;
+                self.end_slot(slot, ending);
+                Emitted::Ended(Ending { reason, event: None })
             }
-            budget -= n_max;
-            requested.push(slot);
-            let Active { draft, blocks, tokens, layout, .. } = active;
-            requests.push(DraftRequest {
-                state: draft,
-                table: &blocks.table,
-                layout,
-                tokens,
-                n_max,
-                drafts: Vec::new(),
-            });
+            emitted => emitted,
         }
-        if let Err(error) = speculation.drafter.draft(&mut requests, &settings, &self.pool) {
-            tracing::warn!(%error, drafter = speculation.drafter.kind(), "drafting failed; decoding without drafts");
-            return drafts;
-        }
-        for (slot, request) in requested.into_iter().zip(requests) {
-            if request.drafts.len() >= settings.n_min.max(1) {
-                drafts.insert(slot, request.drafts);
-            }
-        }
-        drafts
     }
 
     fn forward(&mut self, work: Vec<Work>) {
-        let mut batch = Batch::default();
-        if let Some(speculation) = &self.speculation {
-            batch.taps = speculation.drafter.taps().to_vec();
-        }
-        let mut prefill_tokens = 0;
-        let mut decode_tokens = 0;
         let n_embd = self.model.hparams().n_embd;
-        for item in &work {
-            let Some(active) = self.slots[item.slot()].as_ref() else { continue };
-            let (start, inputs, logits_from): (usize, Vec<u32>, usize) = match item {
-                Work::Prefill { start, tokens, .. } => {
-                    prefill_tokens += tokens;
-                    let done = start + tokens == active.request.prompt.len();
-                    (
-                        *start,
-                        active.request.prompt[*start..start + tokens].to_vec(),
-                        if done { tokens - 1 } else { *tokens },
-                    )
-                }
-                Work::Decode { drafts, .. } => {
-                    decode_tokens += 1 + drafts.len();
-                    let mut inputs = vec![active.tokens[active.cells]];
-                    inputs.extend_from_slice(drafts);
-                    // Verification needs the logits after every row.
-                    (active.cells, inputs, 0)
-                }
-            };
-            batch.block_tables.push(active.blocks.table.clone());
-            for (offset, token) in inputs.into_iter().enumerate() {
-                let cell = start + offset;
-                let image_row = (token & IMAGE_ROW != 0).then(|| active.request.image_row(cell, n_embd)).flatten();
-                let input = match image_row {
-                    Some(row) => {
-                        batch.embeddings.extend_from_slice(row);
-                        RowInput::Embedding(batch.embeddings.len() / n_embd - 1)
-                    }
-                    None => RowInput::Token(token),
-                };
-                batch.rows.push(BatchRow {
-                    input,
-                    seq: batch.block_tables.len() - 1,
-                    cell: cell as u32,
-                    pos: active.layout.position(cell),
-                    logits: offset >= logits_from,
-                });
-            }
-        }
+        let taps = self.speculation.as_ref().map_or(&[][..], |speculation| speculation.drafter.taps());
+        let Assembled { batch, prefill_tokens, decode_tokens } = assemble(&work, &self.slots, taps, n_embd);
         let started = Instant::now();
-        let output = match self.model.forward(&batch, &mut self.kv, &self.pool, &mut self.scratch) {
+        let output = match self.context.forward(&batch) {
             Ok(output) => output,
             Err(error) => {
                 tracing::error!(%error, "forward pass refused");
                 for item in &work {
-                    self.end_slot(
-                        item.slot(),
-                        EndReason::Failed,
-                        Some(Event::Failed(EngineError::Internal(error.to_string()))),
-                    );
+                    self.fail_slot(item.slot(), EngineError::Internal(error.to_string()));
                 }
                 return;
             }
         };
-        let elapsed = started.elapsed();
-        let metrics = &self.shared.metrics;
-        Metrics::add(&metrics.steps_total, 1);
-        Metrics::add(&metrics.n_decode_total, 1);
-        Metrics::add(&metrics.n_busy_slots_total, self.slots.iter().flatten().count() as u64);
-        Metrics::add(&metrics.step_prefill_tokens_total, prefill_tokens as u64);
-        Metrics::add(&metrics.step_decode_tokens_total, decode_tokens as u64);
-        Metrics::add(&metrics.prompt_tokens_total, prefill_tokens as u64);
-        let total = (prefill_tokens + decode_tokens).max(1) as f64;
-        let micros = elapsed.as_micros() as f64;
-        Metrics::add(&metrics.prompt_micros_total, (micros * prefill_tokens as f64 / total) as u64);
-        Metrics::add(&metrics.predicted_micros_total, (micros * decode_tokens as f64 / total) as u64);
+        self.count_step(started.elapsed(), prefill_tokens, decode_tokens);
 
         let n_vocab = self.model.hparams().n_vocab;
         // Logits rows come in batch-row order, so each work item's are
         // consecutive: count them off as the items go by.
         let mut next_logits = 0;
         let mut first_row = 0;
-        let mut committed = Vec::new();
+        let mut committed: Vec<Committed> = Vec::new();
         for item in work {
             let slot = item.slot();
             let rows = first_row..first_row + item.rows();
@@ -825,112 +457,50 @@ impl Engine {
                 Work::Decode { drafts, .. } => {
                     active.cells += 1;
                     active.held_logits = logits[..n_vocab].to_vec();
-                    if !self.verify(slot, &drafts, logits) {
+                    let mut emitter = emitter!(self);
+                    if let Some(ending) = emitter.verify(slot, active, &drafts, logits) {
+                        self.end_slot(slot, ending);
                         continue;
                     }
                 }
             }
-            let Some(active) = self.slots[slot].as_mut() else { continue };
             let written = active.cells;
             active.draft.trim(written);
             self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
             committed.push((slot, first_cell, rows.start..rows.start + (written - first_cell)));
-            Metrics::set(
-                &self.shared.metrics.n_tokens_max,
-                Metrics::get(&self.shared.metrics.n_tokens_max).max(written as u64),
-            );
+            let metrics = &self.shared.metrics;
+            Metrics::set(&metrics.n_tokens_max, Metrics::get(&metrics.n_tokens_max).max(written as u64));
         }
-        self.commit_to_drafter(&committed, &output.taps);
+        if let Some(speculation) = self.speculation.as_mut() {
+            drafting::commit(speculation, &mut self.slots, &committed, &output.taps);
+        }
     }
 
-    /// Emit the drafts the target's sampler agrees with, from `logits`
-    /// (after the sampled token, then after each draft). Leaves the held
-    /// logits after the last accepted token. Returns whether the request
-    /// goes on.
-    fn verify(&mut self, slot: usize, drafts: &[u32], logits: &[f32]) -> bool {
-        if drafts.is_empty() {
-            return true;
-        }
-        let n_vocab = self.model.hparams().n_vocab;
+    /// Step counters: llama-server's `n_decode`, busy slots and token
+    /// throughput, and sluice's step token mix.
+    fn count_step(&self, elapsed: Duration, prefill_tokens: usize, decode_tokens: usize) {
         let metrics = &self.shared.metrics;
-        Metrics::add(&metrics.drafts_total, 1);
-        Metrics::add(&metrics.draft_tokens_total, drafts.len() as u64);
-        if let Some(active) = self.slots[slot].as_mut() {
-            active.draft_n += drafts.len();
-        }
-        for (index, &draft) in drafts.iter().enumerate() {
-            match self.emit(slot, Some(draft)) {
-                Emitted::Continue => {
-                    self.shared.metrics.count_accepted_at(index);
-                    let Some(active) = self.slots[slot].as_mut() else { return false };
-                    active.cells += 1;
-                    active.held_logits.copy_from_slice(&logits[(index + 1) * n_vocab..(index + 2) * n_vocab]);
-                }
-                Emitted::Rejected => break,
-                Emitted::Ended => {
-                    self.shared.metrics.count_accepted_at(index);
-                    return false;
-                }
-            }
-        }
-        true
+        Metrics::add(&metrics.steps_total, 1);
+        Metrics::add(&metrics.n_decode_total, 1);
+        Metrics::add(&metrics.n_busy_slots_total, self.slots.iter().flatten().count() as u64);
+        Metrics::add(&metrics.step_prefill_tokens_total, prefill_tokens as u64);
+        Metrics::add(&metrics.step_decode_tokens_total, decode_tokens as u64);
+        Metrics::add(&metrics.prompt_tokens_total, prefill_tokens as u64);
+        let total = (prefill_tokens + decode_tokens).max(1) as f64;
+        let micros = elapsed.as_micros() as f64;
+        Metrics::add(&metrics.prompt_micros_total, (micros * prefill_tokens as f64 / total) as u64);
+        Metrics::add(&metrics.predicted_micros_total, (micros * decode_tokens as f64 / total) as u64);
     }
 
-    /// Tell the drafter which target rows each sequence kept.
-    fn commit_to_drafter(&mut self, committed: &[(usize, usize, std::ops::Range<usize>)], taps: &[Vec<f32>]) {
-        let Some(speculation) = self.speculation.as_mut() else { return };
-        if speculation.drafter.taps().is_empty() {
-            return;
-        }
-        let mut rows = Vec::new();
-        for (slot, active) in self.slots.iter_mut().enumerate() {
-            let Some(active) = active.as_mut() else { continue };
-            let Some((_, first_cell, batch_rows)) = committed.iter().find(|(committed, ..)| *committed == slot) else {
-                continue;
-            };
-            rows.push(CommittedRows {
-                state: &mut active.draft,
-                table: &active.blocks.table,
-                layout: &active.layout,
-                first_cell: *first_cell,
-                batch_rows: batch_rows.clone(),
-            });
-        }
-        if let Err(error) = speculation.drafter.commit(&mut rows, taps, &self.pool) {
-            tracing::warn!(%error, drafter = speculation.drafter.kind(), "draft context update failed");
-        }
+    fn fail_slot(&mut self, slot: usize, error: EngineError) {
+        self.end_slot(slot, Ending { reason: EndReason::Failed, event: Some(Event::Failed(error)) });
     }
 
-    fn finish(&mut self, slot: usize, stop_type: StopType, stopping_word: String, truncated: bool) {
-        let Some(active) = self.slots[slot].as_mut() else { return };
-        let text = active.text.finish();
-        let predicted_ms = active.decode_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
-        let completion = Completion {
-            stop_type,
-            stopping_word,
-            text,
-            truncated,
-            tokens_predicted: active.generated,
-            tokens_evaluated: active.request.prompt.len(),
-            tokens_cached: active.cached,
-            id_slot: slot as u32,
-            timings: Timings {
-                cache_n: active.cached,
-                prompt_n: active.request.prompt.len() - active.cached,
-                prompt_ms: active.prompt_ms,
-                predicted_n: active.generated,
-                predicted_ms,
-                draft_n: active.draft_n,
-                draft_n_accepted: active.draft_accepted,
-            },
-        };
-        self.end_slot(slot, EndReason::Completed, Some(Event::Done(completion)));
-    }
-
-    /// Free a slot: release its blocks, tell the client (if `event`), and
-    /// report the end to the policy.
-    fn end_slot(&mut self, slot: usize, reason: EndReason, event: Option<Event>) {
+    /// Free a slot: release its blocks, tell the client (if there is an
+    /// event), and report the end to the policy.
+    fn end_slot(&mut self, slot: usize, ending: Ending) {
         let Some(active) = self.slots[slot].take() else { return };
+        let Ending { reason, event } = ending;
         trace_phase(
             self.step,
             slot,

@@ -3,121 +3,19 @@
 //! blocks on the model.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use tokio::sync::mpsc as events;
 
-use super::core::{Command, Engine, Models};
-use super::metrics::Metrics;
-use super::policy::{Phase, SchedulingPolicy};
+use super::core::{Engine, Models};
+use super::policy::SchedulingPolicy;
 use super::request::{Event, GenerationRequest, RequestId};
 use super::speculative::Speculation;
-use crate::config::OnFault;
+use super::state::{Command, EngineConfig, Shared, SlotInfo};
+use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
+use crate::model::Model;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::transformer::Transformer;
-
-/// Builds the policy to fall back to after a quarantine (`on_fault =
-/// "fallback"`); `None` when it cannot be built (then the engine fails closed).
-pub type FallbackPolicy = Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send>;
-
-/// Engine settings: the config file's `[engine]` section (read straight
-/// into this type), plus the thread count and the policy's fault rules,
-/// which come from other sections (`Config::engine_config`).
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EngineConfig {
-    /// Sequences decoded together (llama-server `-np`).
-    pub slots: usize,
-    /// Context of each slot in tokens (llama-server `-c`, as with its
-    /// unified KV cache: every slot may use all of it); 0 in the file = the
-    /// model's training context.
-    pub ctx: usize,
-    /// Most tokens one step may process (llama-server `-b`).
-    pub batch_tokens: usize,
-    /// Tokens per KV-cache block.
-    pub kv_block_tokens: usize,
-    /// Share prompt prefixes between requests.
-    pub prefix_cache: bool,
-    /// Most requests waiting for a slot; more are refused with 503.
-    pub queue_limit: usize,
-    /// Kernel threads (`[model] threads`).
-    #[serde(skip)]
-    pub threads: usize,
-    /// `[policy] stall_steps`.
-    #[serde(skip)]
-    pub stall_steps: u32,
-    /// `[policy] on_fault`.
-    #[serde(skip)]
-    pub on_fault: OnFault,
-}
-
-impl EngineConfig {
-    /// KV blocks and cells per block: room for every slot's whole context,
-    /// plus one block per slot for a partial tail shared copy-on-write.
-    pub fn kv_blocks(&self) -> (usize, usize) {
-        let block_tokens = self.kv_block_tokens.max(1);
-        ((self.slots * self.ctx).div_ceil(block_tokens) + self.slots, block_tokens)
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            slots: 4,
-            ctx: 4096,
-            batch_tokens: 512,
-            kv_block_tokens: 16,
-            prefix_cache: true,
-            queue_limit: 256,
-            threads: std::thread::available_parallelism().map_or(1, usize::from),
-            stall_steps: 64,
-            on_fault: OnFault::FailClosed,
-        }
-    }
-}
-
-/// The engine's health, as `/health` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Health {
-    Ok,
-    /// Running on the fallback policy after the configured one faulted.
-    Degraded {
-        policy: String,
-        fault: String,
-    },
-    /// The policy failed closed; requests are refused until a reload.
-    FailedClosed {
-        policy: String,
-        fault: String,
-    },
-}
-
-/// A slot as `/slots` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SlotInfo {
-    pub id: u32,
-    pub n_ctx: usize,
-    pub phase: Option<Phase>,
-    pub request_id: Option<RequestId>,
-    pub prompt_tokens: usize,
-    pub prompt_done: usize,
-    pub prompt_cached: usize,
-    pub generated: usize,
-    pub max_tokens: Option<usize>,
-    pub priority: i32,
-    pub adapter_group: u32,
-}
-
-/// State the engine publishes for the HTTP layer.
-#[derive(Debug)]
-pub struct Shared {
-    pub metrics: Metrics,
-    pub health: Mutex<Health>,
-    pub slots: Mutex<Vec<SlotInfo>>,
-    pub policy_name: Mutex<String>,
-    pub waiting: AtomicU64,
-}
 
 /// Why a request was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -149,9 +47,10 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Start the engine thread.
+    /// Start the engine thread; `policy` decides under the supervisor's
+    /// fault rules (`config.faults`), falling back to what `fallback` builds.
     pub fn start(
-        model: Arc<Transformer>,
+        model: Arc<dyn Model>,
         tokenizer: Arc<Tokenizer>,
         policy: Box<dyn SchedulingPolicy>,
         fallback: FallbackPolicy,
@@ -159,18 +58,13 @@ impl EngineHandle {
         speculation: Option<Speculation>,
     ) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            metrics: Metrics::default(),
-            health: Mutex::new(Health::Ok),
-            slots: Mutex::new(Vec::new()),
-            policy_name: Mutex::new(policy.name().to_owned()),
-            waiting: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::new(policy.name()));
         let hparams = model.hparams();
         let image_width = hparams.rope.is_multimodal().then_some(hparams.n_embd);
         let speculative = speculation.is_some();
         let models = Models { model, tokenizer, speculation };
-        let engine = Engine::new(models, policy, fallback, config.clone(), Arc::clone(&shared), receiver);
+        let supervisor = Supervisor::new(policy, fallback, config.faults);
+        let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver);
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
         Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width, speculative })
     }
@@ -193,12 +87,8 @@ impl EngineHandle {
         &self,
         request: GenerationRequest,
     ) -> Result<(RequestId, events::UnboundedReceiver<Event>), SubmitError> {
-        if let Ok(health) = self.shared.health.lock()
-            && let Health::FailedClosed { policy, fault } = &*health
-        {
-            return Err(SubmitError::Unavailable(format!(
-                "scheduling policy `{policy}` failed closed ({fault}); reload the policy to resume"
-            )));
+        if let Some(refusal) = self.health().refusal() {
+            return Err(SubmitError::Unavailable(refusal));
         }
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -272,5 +162,10 @@ impl EngineHandle {
 
     pub fn policy_name(&self) -> String {
         self.shared.policy_name.lock().map(|name| name.clone()).unwrap_or_default()
+    }
+
+    /// The most recent policy faults, oldest first, with what was done.
+    pub fn faults(&self) -> Vec<FaultEvent> {
+        self.shared.faults.lock().map(|faults| faults.iter().cloned().collect()).unwrap_or_default()
     }
 }

@@ -1,15 +1,29 @@
 //! The engine: the step loop on its own thread (queue, slots, step, batch,
-//! KV cache, sampling). Its seams come first; the loop follows with the model.
+//! KV cache, sampling), the policy supervisor, and draft decoding. It
+//! computes through [`crate::model::Model`] and takes decisions from any
+//! [`policy::SchedulingPolicy`]; it knows neither devices nor plugins.
+//!
+//! Files: `handle` (the public face) and `core` (the loop) share only
+//! `state`; `supervisor` gets each step's decision; `batch` assembles the
+//! pass, `emit` samples, stops and verifies drafts, `drafting` talks to the
+//! drafter.
 
+mod batch;
 mod core;
+mod drafting;
+mod emit;
 mod handle;
 pub mod kv;
 pub mod metrics;
 pub mod policy;
 pub mod request;
 pub mod sampling;
+mod slot;
 pub mod speculative;
+mod state;
+pub mod supervisor;
 pub mod text;
-pub mod validate;
 
-pub use handle::{EngineConfig, EngineHandle, FallbackPolicy, Health, Shared, SlotInfo, SubmitError};
+pub use handle::{EngineHandle, SubmitError};
+pub use state::{EngineConfig, FAULT_JOURNAL, Shared, SlotInfo};
+pub use supervisor::{FallbackPolicy, FaultAction, FaultEvent, FaultRules, Health, OnFault};

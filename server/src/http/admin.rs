@@ -15,40 +15,12 @@ use super::generate::blocking;
 use super::params::{Fields, JsonBody, object, wrong};
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::engine::policy::SchedulingPolicy;
-use crate::plugins::{LoadError, PluginHost, PluginSource, WasmPolicy, builtin_policy, settings_from_toml};
+use crate::plugins::{PluginHost, WasmPolicy};
+use crate::startup::{PluginError, load_policy};
 
 /// Longest wait for the engine to take a new policy (it does so between
 /// two steps, so this only matters if a step hangs).
 const SWAP_WAIT: Duration = Duration::from_secs(5);
-
-/// Why a policy could not be loaded; the message names the plugin.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    #[error("{0}")]
-    Config(String),
-    #[error("no built-in plugin `{0}`")]
-    NoBuiltin(String),
-    #[error("{}: cannot read plugin: {error}", path.display())]
-    Read { path: PathBuf, error: std::io::Error },
-    #[error(transparent)]
-    Load(#[from] LoadError),
-}
-
-/// Load, check and configure the policy `config` names, with its limits and
-/// settings.
-pub fn load_policy(host: &PluginHost, config: &PolicyConfig) -> Result<WasmPolicy, PolicyError> {
-    let source = config.source().map_err(PolicyError::Config)?;
-    let bytes = match &source {
-        PluginSource::Builtin(name) => builtin_policy(name)
-            .map(|(_, bytes)| bytes.to_vec())
-            .ok_or_else(|| PolicyError::NoBuiltin((*name).to_owned()))?,
-        PluginSource::Path(path) => {
-            std::fs::read(path).map_err(|error| PolicyError::Read { path: path.clone(), error })?
-        }
-    };
-    let settings = settings_from_toml(&config.settings).map_err(PolicyError::Config)?;
-    Ok(WasmPolicy::load(host, source, &bytes, settings, config.limits())?)
-}
 
 /// The policy side of the server: the plugin host, where the configuration
 /// came from (for reloads), and the active policy's configuration.
@@ -74,22 +46,8 @@ impl Policies {
         self.active.lock().map(|active| active.clone()).unwrap_or_default()
     }
 
-    /// What the engine falls back to after a quarantine: the built-in
-    /// `continuous`, under the configured limits.
-    pub fn fallback(&self) -> Box<dyn Fn() -> Option<Box<dyn SchedulingPolicy>> + Send> {
-        let host = self.host.clone();
-        let config = PolicyConfig { plugin: "continuous".into(), settings: toml::Table::new(), ..self.active() };
-        Box::new(move || match load_policy(&host, &config) {
-            Ok(policy) => Some(Box::new(policy) as Box<dyn SchedulingPolicy>),
-            Err(error) => {
-                tracing::error!(%error, "cannot load the fallback policy");
-                None
-            }
-        })
-    }
-
     /// Load `config`'s policy and make it the one `/props` reports.
-    pub fn load(&self, config: PolicyConfig) -> Result<WasmPolicy, PolicyError> {
+    pub fn load(&self, config: PolicyConfig) -> Result<WasmPolicy, PluginError> {
         let policy = load_policy(&self.host, &config)?;
         if let Ok(mut active) = self.active.lock() {
             *active = config;
@@ -99,28 +57,28 @@ impl Policies {
 
     /// The `[policy]` section as it stands now: the config file read again,
     /// with the command-line flags applied over it.
-    pub fn from_file(&self) -> Result<PolicyConfig, PolicyError> {
+    pub fn from_file(&self) -> Result<PolicyConfig, PluginError> {
         let mut config = match &self.config_file {
-            Some(path) => Config::load(path).map_err(|error| PolicyError::Config(error.to_string()))?,
+            Some(path) => Config::load(path).map_err(|error| PluginError::Config(error.to_string()))?,
             None => Config::default(),
         };
-        config.apply(&self.flags).map_err(PolicyError::Config)?;
+        config.apply(&self.flags).map_err(PluginError::Config)?;
         Ok(config.policy)
     }
 }
 
 /// Reload the policy from the config file and hand it to the engine (the
 /// SIGHUP action). Blocking: it compiles the plugin.
-pub fn reload_from_file(state: &AppState) -> Result<String, PolicyError> {
+pub fn reload_from_file(state: &AppState) -> Result<String, PluginError> {
     let policies = state.policies();
     let policy = policies.load(policies.from_file()?)?;
     install(state, policy)
 }
 
-fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PolicyError> {
+fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PluginError> {
     let name = policy.name().to_owned();
-    let ready = state.ready().map_err(|error| PolicyError::Config(error.message))?;
-    ready.engine.replace_policy(Box::new(policy), SWAP_WAIT).map_err(|error| PolicyError::Config(error.to_string()))?;
+    let ready = state.ready().map_err(|error| PluginError::Config(error.message))?;
+    ready.engine.replace_policy(Box::new(policy), SWAP_WAIT).map_err(|error| PluginError::Config(error.to_string()))?;
     tracing::info!(policy = name, "scheduling policy reloaded");
     Ok(name)
 }

@@ -81,6 +81,13 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
             "limits": { "fuel": policy.fuel, "deadline_ms": policy.deadline_ms, "memory_mb": policy.memory_mb },
             "settings": serde_json::to_value(&policy.settings).unwrap_or(Value::Null),
             "health": health_name(&ready.engine.health()),
+            "faults": ready.engine.faults().iter().map(|fault| json!({
+                "step": fault.step,
+                "policy": fault.policy,
+                "reason": fault.reason,
+                "detail": fault.detail,
+                "action": fault.action.name(),
+            })).collect::<Vec<_>>(),
         },
     })))
 }

@@ -43,6 +43,7 @@ use crate::config::{Config, RequestDefaults};
 use crate::engine::EngineHandle;
 use crate::model::chat_template::ChatTemplate;
 use crate::model::tokenizer::Tokenizer;
+use crate::startup::Serving;
 use admin::Policies;
 use auth::ApiKey;
 use error::ApiError;
@@ -74,6 +75,23 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// What the API serves from a started model.
+    pub fn new(serving: Serving, config: &Config) -> Self {
+        let Serving { model, engine, tokenizer, template } = serving;
+        let (hparams, file) = (model.hparams(), model.file());
+        let info = ModelInfo {
+            name: config.model.name(),
+            path: config.model.path(),
+            n_vocab: hparams.n_vocab,
+            n_ctx_train: hparams.n_ctx_train,
+            n_embd: hparams.n_embd,
+            n_params: file.tensors().iter().map(|tensor| tensor.elements()).sum(),
+            size: file.tensors().iter().map(|tensor| tensor.len as u64).sum(),
+            ftype: file.opt_u32("general.file_type").ok().flatten(),
+        };
+        Ready { engine, tokenizer, template, model: info }
+    }
+
     /// The limits requests are checked against.
     pub fn limits<'a>(&'a self, defaults: &'a RequestDefaults) -> params::Limits<'a> {
         let config = self.engine.config();

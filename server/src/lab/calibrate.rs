@@ -4,9 +4,10 @@
 
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
-use crate::model::transformer::{ForwardError, Scratch, Transformer};
-use sluice_kernels::pool::ThreadPool;
+use crate::model::{ForwardError, Model};
 
 use super::sim::{CostModel, StepWork};
 
@@ -23,8 +24,7 @@ const BLOCK_TOKENS: usize = 16;
 /// `context`) plus `decode` sequences of one token at cell `context`
 /// each, the median of `reps` runs.
 pub fn time_step(
-    model: &Transformer,
-    pool: &ThreadPool,
+    model: &Arc<dyn Model>,
     prefill: u32,
     decode: u32,
     context: u32,
@@ -33,7 +33,7 @@ pub fn time_step(
     let sequences = decode as usize + usize::from(prefill > 0);
     let cells = context as usize + prefill.max(1) as usize;
     let blocks_per_seq = cells.div_ceil(BLOCK_TOKENS);
-    let mut kv = model.kv_store(sequences * blocks_per_seq, BLOCK_TOKENS);
+    let mut model_context = Arc::clone(model).context(sequences * blocks_per_seq, BLOCK_TOKENS);
     let mut batch = Batch::default();
     let mut work = StepWork::default();
     let n_vocab = model.hparams().n_vocab as u32;
@@ -52,13 +52,12 @@ pub fn time_step(
             });
         }
     }
-    let mut scratch = Scratch::default();
     // The first pass warms caches and scratch buffers; it is not timed.
-    model.forward(&batch, &mut kv, pool, &mut scratch)?;
+    model_context.forward(&batch)?;
     let mut times: Vec<f64> = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
         let started = Instant::now();
-        model.forward(&batch, &mut kv, pool, &mut scratch)?;
+        model_context.forward(&batch)?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     times.sort_by(f64::total_cmp);

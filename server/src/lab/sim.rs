@@ -2,23 +2,26 @@
 //! component) schedules a workload on a model of the engine whose step
 //! times come from a [`CostModel`] calibrated on the real backend.
 //!
-//! It mirrors the engine's step (engine/core.rs): the same view, the same
-//! validation and fault handling (retry once on a fresh instance, then
-//! quarantine), a decode grant emits its token when the step starts, a
-//! prefill that finishes a prompt leaves the slot `ready` with its logits
-//! held. Time only advances by modelled step costs, so a run is a pure
-//! function of the workload, the policy and the cost model.
+//! It mirrors the engine's step: the same view, the engine's own policy
+//! supervisor (validation, retry on a fresh instance, quarantine, fail
+//! closed or fall back, stall detection), a decode grant emits its token
+//! when the step starts, a prefill that finishes a prompt leaves the slot
+//! `ready` with its logits held. Time only advances by modelled step costs,
+//! so a run is a pure function of the workload, the policy and the cost
+//! model.
 
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use sluice_plugin_api::rules::has_runnable_work;
+
 use super::stats::RequestRecord;
 use super::workload::TraceRequest;
 use crate::engine::policy::{
-    Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
+    Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepView, WaitingRequest,
 };
-use crate::engine::validate::{has_runnable_work, validate};
+use crate::engine::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 
 /// Milliseconds one step takes: a fixed part, a part per prefill token, a
 /// part per decode token, and a part per (query, key) pair of attention.
@@ -65,12 +68,12 @@ impl StepWork {
     }
 }
 
-/// The engine being simulated.
+/// The engine being simulated (the policy's fault rules are the
+/// supervisor's).
 #[derive(Clone, Copy, Debug)]
 pub struct EngineShape {
     pub slots: usize,
     pub token_budget: u32,
-    pub stall_steps: u32,
 }
 
 /// One stretch of a slot in one phase.
@@ -95,6 +98,9 @@ pub struct SimRun {
     pub queue: Vec<(f64, usize)>,
     /// The fault that quarantined the policy, if one did.
     pub fault: Option<String>,
+    /// Every fault and what the supervisor did about it, in order.
+    #[serde(skip)]
+    pub faults: Vec<FaultEvent>,
 }
 
 struct SimSlot {
@@ -129,13 +135,9 @@ struct Simulator<'a> {
     hash: u64,
 }
 
-/// Runs `trace` under `policy` until every request has ended.
-pub fn simulate(
-    policy: &mut dyn SchedulingPolicy,
-    trace: &[TraceRequest],
-    shape: EngineShape,
-    cost: CostModel,
-) -> SimRun {
+/// Runs `trace` under the policy `supervisor` runs until every request has
+/// ended (or the policy failed closed).
+pub fn simulate(supervisor: &mut Supervisor, trace: &[TraceRequest], shape: EngineShape, cost: CostModel) -> SimRun {
     let mut sim = Simulator {
         trace,
         adapter_groups: adapter_groups(trace),
@@ -159,7 +161,13 @@ pub fn simulate(
         queue: Vec::new(),
         hash: FNV_OFFSET,
     };
-    let fault = sim.run(policy).err();
+    let mut journal = Journal::default();
+    sim.run(supervisor, &mut journal);
+    let fault = journal
+        .0
+        .iter()
+        .find(|event| event.action != FaultAction::Retry)
+        .map(|event| format!("step {}: {}: {}", event.step, event.reason, event.detail));
     SimRun {
         records: sim.records,
         steps: sim.step,
@@ -167,6 +175,17 @@ pub fn simulate(
         timeline: sim.timeline,
         queue: sim.queue,
         fault,
+        faults: journal.0,
+    }
+}
+
+/// The simulator hears only about faults.
+#[derive(Default)]
+struct Journal(Vec<FaultEvent>);
+
+impl Observer for Journal {
+    fn fault(&mut self, event: &FaultEvent) {
+        self.0.push(event.clone());
     }
 }
 
@@ -184,9 +203,7 @@ fn fnv(hash: &mut u64, value: u64) {
 const IDLE_STEP_MS: f64 = 1.0;
 
 impl Simulator<'_> {
-    fn run(&mut self, policy: &mut dyn SchedulingPolicy) -> Result<(), String> {
-        let mut stalled = 0;
-        let mut consecutive_faults = 0;
+    fn run(&mut self, supervisor: &mut Supervisor, journal: &mut Journal) {
         loop {
             self.arrive();
             let view = self.view();
@@ -196,43 +213,29 @@ impl Simulator<'_> {
                         self.now = self.now.max(next.arrival_ms);
                         continue;
                     }
-                    None => return Ok(()),
+                    None => return,
                 }
             }
-            let decision = match policy.step(&view) {
-                Ok(decision) => validate(&view, &decision, 0).map(|()| decision).map_err(|e| e.to_string()),
-                Err(fault) => Err(fault.to_string()),
-            };
-            let decision = match decision {
-                Ok(decision) => decision,
-                Err(error) => {
-                    policy.reset();
-                    consecutive_faults += 1;
-                    if consecutive_faults >= 2 {
-                        let message = format!("step {}: {error}", self.step);
-                        self.fail_everything(&message);
-                        return Err(message);
-                    }
-                    continue;
-                }
-            };
-            consecutive_faults = 0;
+            let verdict = supervisor.decide(&view, journal);
+            if verdict == Verdict::Closed {
+                let message = supervisor.health().refusal().unwrap_or_default();
+                self.fail_everything(&message);
+                return;
+            }
             self.ended.clear();
             self.step += 1;
-            self.hash_decision(&decision);
-            if decision.admit.is_empty() && decision.prefill.is_empty() && decision.decode.is_empty() {
-                stalled += 1;
-                if stalled >= self.shape.stall_steps {
-                    let message = format!("stalled: granted nothing for {stalled} steps with work runnable");
-                    self.fail_everything(&message);
-                    return Err(message);
+            match verdict {
+                Verdict::Run(decision) => {
+                    self.hash_decision(&decision);
+                    self.apply(&decision);
+                    self.queue.push((self.now, self.waiting.len()));
                 }
-                self.now += IDLE_STEP_MS;
-                continue;
+                Verdict::Wait => {
+                    self.hash_decision(&Decision::default());
+                    self.now += IDLE_STEP_MS;
+                }
+                Verdict::Stalled | Verdict::Closed => self.hash_decision(&Decision::default()),
             }
-            stalled = 0;
-            self.apply(&decision);
-            self.queue.push((self.now, self.waiting.len()));
         }
     }
 
@@ -415,18 +418,22 @@ pub fn phase_name(phase: Phase) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::supervisor::{FaultRules, OnFault};
     use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
-    fn continuous() -> WasmPolicy {
+    fn continuous() -> Supervisor {
         let host = PluginHost::new().expect("host");
         let (_, bytes) = builtin_policy("continuous").expect("built in");
-        WasmPolicy::load(&host, PluginSource::Builtin("continuous"), bytes, Vec::new(), PluginLimits::default())
-            .expect("loads")
+        let policy =
+            WasmPolicy::load(&host, PluginSource::Builtin("continuous"), bytes, Vec::new(), PluginLimits::default())
+                .expect("loads");
+        let rules = FaultRules { on_fault: OnFault::FailClosed, stall_steps: 8 };
+        Supervisor::new(Box::new(policy), Box::new(|| None), rules)
     }
 
     const COST: CostModel =
         CostModel { base_ms: 2.0, prefill_token_ms: 0.1, decode_token_ms: 1.0, attention_kpair_ms: 0.0 };
-    const SHAPE: EngineShape = EngineShape { slots: 2, token_budget: 64, stall_steps: 8 };
+    const SHAPE: EngineShape = EngineShape { slots: 2, token_budget: 64 };
 
     fn request(arrival_ms: f64, prompt_tokens: u32, max_tokens: u32) -> TraceRequest {
         TraceRequest { arrival_ms, prompt_tokens, max_tokens, adapter: None, priority: 0, prompt: None }

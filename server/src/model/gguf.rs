@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use sluice_kernels::backend::SharedBytes;
 use sluice_kernels::quant::DType;
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -193,9 +195,19 @@ enum Storage {
     Owned(Vec<u8>),
 }
 
-/// An open GGUF file: metadata in memory, tensor data borrowed from the map.
+impl AsRef<[u8]> for Storage {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(map) => map,
+            Storage::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// An open GGUF file: metadata in memory, tensor data borrowed from the map
+/// (shared with the backend that computes on it).
 pub struct GgufFile {
-    storage: Storage,
+    storage: Arc<Storage>,
     pub version: u32,
     metadata: Vec<(String, MetaValue)>,
     index: HashMap<String, usize>,
@@ -232,10 +244,7 @@ impl GgufFile {
     }
 
     fn parse(storage: Storage) -> Result<Self, GgufError> {
-        let bytes: &[u8] = match &storage {
-            Storage::Mapped(map) => map,
-            Storage::Owned(bytes) => bytes,
-        };
+        let bytes: &[u8] = storage.as_ref();
         let mut reader = Reader { bytes, offset: 0 };
         let magic = reader.take("magic", 4)?;
         if magic != MAGIC {
@@ -317,14 +326,11 @@ impl GgufFile {
             }
         }
 
-        Ok(GgufFile { storage, version, metadata, index, tensors, tensor_index })
+        Ok(GgufFile { storage: Arc::new(storage), version, metadata, index, tensors, tensor_index })
     }
 
     fn bytes(&self) -> &[u8] {
-        match &self.storage {
-            Storage::Mapped(map) => map,
-            Storage::Owned(bytes) => bytes,
-        }
+        (*self.storage).as_ref()
     }
 
     /// All metadata entries in file order.
@@ -466,6 +472,13 @@ impl GgufFile {
     /// The bytes of a tensor (validated at parse time).
     pub fn data(&self, tensor: &TensorInfo) -> &[u8] {
         &self.bytes()[tensor.start..tensor.start + tensor.len]
+    }
+
+    /// The bytes of a tensor, held for as long as the caller keeps them
+    /// (a backend's resident weights).
+    pub fn shared_data(&self, tensor: &TensorInfo) -> Option<SharedBytes> {
+        let storage: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+        SharedBytes::new(storage, tensor.start..tensor.start + tensor.len)
     }
 
     /// An integer tensor's values; `None` for weight tensors.

@@ -1,38 +1,33 @@
 //! One sequence run straight on a model, without the scheduler: used by
 //! `sluice generate`, benchmarks and tests.
 
-use sluice_kernels::pool::ThreadPool;
+use std::sync::Arc;
 
 use super::batch::{Batch, BatchRow, Position, RowInput, text_position};
-use super::kv::KvStore;
-use super::transformer::{ForwardError, ForwardOutput, Scratch, Transformer};
+use super::{Context, ForwardError, ForwardOutput, Model};
 
 /// KV cells are grouped in blocks of this many tokens.
 pub const BLOCK_TOKENS: usize = 16;
 
 /// A single sequence with its own KV store.
-pub struct Session<'m> {
-    model: &'m Transformer,
-    kv: KvStore,
+pub struct Session {
+    context: Box<dyn Context>,
     table: Vec<u32>,
     /// Cells written so far.
     cells: u32,
     /// The rotary position of the next text token.
     next_pos: u32,
-    scratch: Scratch,
 }
 
-impl<'m> Session<'m> {
+impl Session {
     /// A session with room for `capacity` tokens.
-    pub fn new(model: &'m Transformer, capacity: usize) -> Self {
+    pub fn new(model: Arc<dyn Model>, capacity: usize) -> Self {
         let n_blocks = capacity.div_ceil(BLOCK_TOKENS).max(1);
         Session {
-            model,
-            kv: model.kv_store(n_blocks, BLOCK_TOKENS),
+            context: model.context(n_blocks, BLOCK_TOKENS),
             table: (0..n_blocks as u32).collect(),
             cells: 0,
             next_pos: 0,
-            scratch: Scratch::default(),
         }
     }
 
@@ -47,37 +42,31 @@ impl<'m> Session<'m> {
 
     /// Process `tokens` in chunks of at most `chunk`; return the logits of
     /// the last one.
-    pub fn prefill(&mut self, tokens: &[u32], chunk: usize, pool: &ThreadPool) -> Result<Vec<f32>, ForwardError> {
+    pub fn prefill(&mut self, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, ForwardError> {
         let mut logits = Vec::new();
         for (index, piece) in tokens.chunks(chunk.max(1)).enumerate() {
             let last = (index + 1) * chunk.max(1) >= tokens.len();
             let rows = piece.iter().map(|&token| (RowInput::Token(token), None)).collect::<Vec<_>>();
-            logits = self.run(&rows, &[], last, pool)?.logits;
+            logits = self.run(&rows, &[], last)?.logits;
         }
         Ok(logits)
     }
 
     /// Process one token; return its logits.
-    pub fn decode(&mut self, token: u32, pool: &ThreadPool) -> Result<Vec<f32>, ForwardError> {
-        Ok(self.run(&[(RowInput::Token(token), None)], &[], true, pool)?.logits)
+    pub fn decode(&mut self, token: u32) -> Result<Vec<f32>, ForwardError> {
+        Ok(self.run(&[(RowInput::Token(token), None)], &[], true)?.logits)
     }
 
     /// Process an embedding segment of `nx × ny` rows (row-major, n_embd
     /// each) positioned as an image; return the logits of its last row.
-    pub fn embed_image(
-        &mut self,
-        embeddings: &[f32],
-        nx: u32,
-        ny: u32,
-        pool: &ThreadPool,
-    ) -> Result<Vec<f32>, ForwardError> {
+    pub fn embed_image(&mut self, embeddings: &[f32], nx: u32, ny: u32) -> Result<Vec<f32>, ForwardError> {
         let (positions, next) = super::batch::image_positions(self.next_pos, nx, ny);
         let rows = positions
             .iter()
             .enumerate()
             .map(|(index, pos)| (RowInput::Embedding(index), Some(*pos)))
             .collect::<Vec<_>>();
-        let logits = self.run(&rows, embeddings, true, pool)?.logits;
+        let logits = self.run(&rows, embeddings, true)?.logits;
         self.next_pos = next;
         Ok(logits)
     }
@@ -89,7 +78,6 @@ impl<'m> Session<'m> {
         rows: &[(RowInput, Option<Position>)],
         embeddings: &[f32],
         last_logits: bool,
-        pool: &ThreadPool,
     ) -> Result<ForwardOutput, ForwardError> {
         let mut next_pos = self.next_pos;
         let batch_rows = rows
@@ -115,7 +103,7 @@ impl<'m> Session<'m> {
             embeddings: embeddings.to_vec(),
             ..Batch::default()
         };
-        let output = self.model.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
+        let output = self.context.forward(&batch)?;
         self.cells += rows.len() as u32;
         self.next_pos = next_pos;
         Ok(output)

@@ -9,12 +9,12 @@ macro_rules! builtin {
 }
 
 /// Built-in scheduling policies by name; `continuous` is the default and
-/// the fallback (specs/scheduling.md, "Built-in policies").
+/// the fallback (docs/scheduling.md, "Built-in policies").
 pub const BUILTIN_POLICIES: &[(&str, &[u8])] =
     &[builtin!("continuous"), builtin!("cohort"), builtin!("prefill-first"), builtin!("priority")];
 
 /// Built-in draft fixups by name; `mrope-temporal` runs on every draft
-/// unless `speculative.fixups` says otherwise (specs/dflash-mrope.md).
+/// unless `speculative.fixups` says otherwise (docs/draft-fixups.md).
 pub const BUILTIN_FIXUPS: &[(&str, &[u8])] = &[builtin!("mrope-temporal")];
 
 /// The component of a built-in fixup.

@@ -1,6 +1,6 @@
 //! Typed faults of a plugin call.
 
-use super::host::{MemoryCapExceeded, PluginLimits};
+use super::limits::{MemoryCapExceeded, PluginLimits};
 
 /// Why a plugin call produced no usable result. The instance that faulted is
 /// discarded; the next call runs on a fresh one.

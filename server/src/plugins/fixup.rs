@@ -5,7 +5,8 @@ use wasmtime::component::Linker;
 use super::component::{self, LoadError, PluginSource};
 use super::fault::PluginFault;
 use super::fixup_types::{Edit, ModelInfo};
-use super::host::{PluginHost, PluginLimits};
+use super::host::PluginHost;
+use super::limits::{PluginLimits, StoreState};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
@@ -30,7 +31,7 @@ pub enum FixupError {
 pub struct WasmFixup {
     name: String,
     host: PluginHost,
-    pre: DraftFixupPre<super::host::StoreState>,
+    pre: DraftFixupPre<StoreState>,
     limits: PluginLimits,
 }
 

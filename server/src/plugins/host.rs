@@ -4,38 +4,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, ResourceLimiter, Store};
+use wasmtime::{Config, Engine, Store};
 
 use super::fault::PluginFault;
+use super::limits::{PluginLimits, StoreState};
 
 /// How often the ticker advances the epoch; deadlines are whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(2);
-
-/// Per-call limits of a plugin (`[policy]` `fuel`, `deadline_ms`, `memory_mb`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PluginLimits {
-    /// Fuel units per call (roughly one per wasm instruction). Deterministic.
-    pub fuel: u64,
-    /// Wall-clock bound per call, in milliseconds.
-    pub deadline_ms: u64,
-    /// Cap on the instance's linear memory, in MiB.
-    pub memory_mb: u64,
-}
-
-impl Default for PluginLimits {
-    /// Generous for a policy step (about 100× what `continuous` spends on 64
-    /// slots + 64 waiting requests) yet small enough that a runaway call
-    /// ends within a few milliseconds.
-    fn default() -> Self {
-        PluginLimits { fuel: 10_000_000, deadline_ms: 50, memory_mb: 64 }
-    }
-}
-
-impl PluginLimits {
-    fn memory_bytes(&self) -> usize {
-        usize::try_from(self.memory_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
-    }
-}
 
 /// Compiles plugins and drives their deadlines. One per process; cheap to
 /// clone.
@@ -64,7 +39,7 @@ impl PluginHost {
     /// A store for one instance, with the memory cap installed and the
     /// call limits armed for instantiation.
     pub(super) fn store(&self, limits: PluginLimits) -> Result<Store<StoreState>, PluginFault> {
-        let mut store = Store::new(&self.engine, StoreState { memory_cap: limits.memory_bytes() });
+        let mut store = Store::new(&self.engine, StoreState::new(limits));
         store.limiter(|state| state);
         arm(&mut store, limits)?;
         Ok(store)
@@ -79,36 +54,6 @@ pub(super) fn arm(store: &mut Store<StoreState>, limits: PluginLimits) -> Result
     // +1: the current tick is already partly over.
     store.set_epoch_deadline(limits.deadline_ms.div_ceil(tick_ms) + 1);
     Ok(())
-}
-
-/// Host-side state of one instance.
-pub(super) struct StoreState {
-    memory_cap: usize,
-}
-
-/// The error a memory growth past the cap traps with.
-#[derive(Debug, thiserror::Error)]
-#[error("memory growth to {desired} bytes exceeds the cap of {cap} bytes")]
-pub(super) struct MemoryCapExceeded {
-    desired: usize,
-    cap: usize,
-}
-
-impl ResourceLimiter for StoreState {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
-            // Trap instead of letting `memory.grow` return -1: a guest that
-            // ignores the failure would otherwise spin until fuel runs out
-            // and the fault would be misreported.
-            return Err(wasmtime::Error::new(MemoryCapExceeded { desired, cap: self.memory_cap }));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        // Tables hold function references; a policy needs a handful.
-        Ok(desired <= 10_000)
-    }
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.

@@ -9,7 +9,8 @@
 //!
 //! * [`PluginHost`]: the shared compiler and epoch ticker.
 //! * [`WasmPolicy`]: a `scheduler`-world component behind the engine's
-//!   [`SchedulingPolicy`](crate::engine::policy::SchedulingPolicy) seam.
+//!   [`SchedulingPolicy`](crate::engine::policy::SchedulingPolicy) seam
+//!   (plugins depend on the engine's seam, never the other way).
 //! * [`WasmFixup`]: a `draft-fixup`-world component.
 
 mod builtin;
@@ -17,6 +18,7 @@ mod component;
 mod fault;
 mod fixup;
 mod host;
+mod limits;
 mod scheduler;
 mod settings;
 
@@ -24,17 +26,15 @@ pub use builtin::{BUILTIN_FIXUPS, BUILTIN_POLICIES, builtin_fixup, builtin_polic
 pub use component::{LoadError, PluginSource};
 pub use fault::PluginFault;
 pub use fixup::{FixupError, WasmFixup};
-pub use host::{PluginHost, PluginLimits};
+pub use host::PluginHost;
+pub use limits::PluginLimits;
 pub use scheduler::WasmPolicy;
 pub use settings::settings_from_toml;
 
-/// The step view and decision (the SDK's records, which plugins see too),
-/// and the settings of the `scheduler` world.
+/// The settings of the `scheduler` world (the step view and decision are
+/// the SDK's records: `crate::engine::policy`).
 pub mod policy_types {
     pub use super::scheduler::bindings::exports::sluice::plugin::policy::{Setting, SettingValue};
-    pub use sluice_plugin_api::{
-        Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepView, WaitingRequest,
-    };
 }
 
 /// Types of the `draft-fixup` world.

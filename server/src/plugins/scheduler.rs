@@ -1,13 +1,16 @@
-//! `scheduler`-world components behind the engine's policy seam.
+//! `scheduler`-world components behind the engine's policy seam: a
+//! [`WasmPolicy`] is a [`SchedulingPolicy`] whose sandbox faults become the
+//! engine's [`PolicyFault`]s.
 
 use wasmtime::Store;
 use wasmtime::component::Linker;
 
 use super::component::{self, LoadError, PluginSource};
 use super::fault::PluginFault;
-use super::host::{self, PluginHost, PluginLimits, StoreState};
-use super::policy_types::{Admit, Decision, Prefill, RequestInfo, Setting, StepView};
-use crate::engine::policy::SchedulingPolicy;
+use super::host::{self, PluginHost};
+use super::limits::{PluginLimits, StoreState};
+use super::policy_types::Setting;
+use crate::engine::policy::{Admit, Decision, PolicyFault, Prefill, RequestInfo, SchedulingPolicy, StepView};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
@@ -112,7 +115,25 @@ impl SchedulingPolicy for WasmPolicy {
         &self.name
     }
 
-    fn step(&mut self, view: &StepView) -> Result<Decision, PluginFault> {
+    fn step(&mut self, view: &StepView) -> Result<Decision, PolicyFault> {
+        self.decide(view).map_err(PolicyFault::from)
+    }
+
+    fn reset(&mut self) {
+        self.instance = None;
+    }
+}
+
+impl From<PluginFault> for PolicyFault {
+    fn from(fault: PluginFault) -> Self {
+        PolicyFault { reason: fault.reason(), detail: fault.to_string() }
+    }
+}
+
+impl WasmPolicy {
+    /// One `step` call in the sandbox, with the sandbox's own account of a
+    /// fault; a fault discards the instance.
+    pub fn decide(&mut self, view: &StepView) -> Result<Decision, PluginFault> {
         let limits = self.limits;
         let instance = match self.instance.as_mut() {
             Some(instance) => instance,
@@ -131,10 +152,6 @@ impl SchedulingPolicy for WasmPolicy {
             self.instance = None;
             PluginFault::classify(error, &limits)
         })
-    }
-
-    fn reset(&mut self) {
-        self.instance = None;
     }
 }
 

@@ -5,40 +5,37 @@
 
 use std::sync::Arc;
 
-use sluice_kernels::pool::ThreadPool;
-
 use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
 use crate::model::dflash::DflashParams;
-use crate::model::kv::KvStore;
-use crate::model::transformer::{ForwardError, Scratch, Transformer};
+use crate::model::{Context, ForwardError, Model};
 
 pub struct DflashDrafter {
-    target: Arc<Transformer>,
-    draft: Transformer,
+    target: Arc<dyn Model>,
+    draft: Arc<dyn Model>,
     params: DflashParams,
     /// Token that fills the block after the sampled one.
     mask_token: u32,
     /// For a reduced-vocabulary head: the target token of each head row.
     d2t: Option<Vec<u32>>,
-    kv: KvStore,
-    scratch: Scratch,
+    /// The draft's KV store and buffers.
+    context: Box<dyn Context>,
 }
 
 impl DflashDrafter {
     /// A drafter for a paired draft (see `pairing`), whose KV store mirrors
     /// the target's (`n_blocks` blocks of `block_tokens` cells).
-    pub(super) fn new(
-        target: Arc<Transformer>,
-        draft: Transformer,
+    pub fn new(
+        target: Arc<dyn Model>,
+        draft: Arc<dyn Model>,
         params: DflashParams,
         mask_token: u32,
         d2t: Option<Vec<u32>>,
         n_blocks: usize,
         block_tokens: usize,
     ) -> Self {
-        let kv = draft.kv_store(n_blocks, block_tokens);
-        DflashDrafter { target, draft, params, mask_token, d2t, kv, scratch: Scratch::default() }
+        let context = Arc::clone(&draft).context(n_blocks, block_tokens);
+        DflashDrafter { target, draft, params, mask_token, d2t, context }
     }
 
     /// Row `token`'s input embedding: the draft's own table, else the target's.
@@ -56,12 +53,7 @@ impl Drafter for DflashDrafter {
         &self.params.target_layers
     }
 
-    fn commit(
-        &mut self,
-        rows: &mut [CommittedRows<'_>],
-        taps: &[Vec<f32>],
-        pool: &ThreadPool,
-    ) -> Result<(), DraftError> {
+    fn commit(&mut self, rows: &mut [CommittedRows<'_>], taps: &[Vec<f32>]) -> Result<(), DraftError> {
         let n_embd = self.target.hparams().n_embd;
         if taps.len() != self.params.target_layers.len() {
             return Err(ForwardError::Kernel(format!(
@@ -104,9 +96,9 @@ impl Drafter for DflashDrafter {
         if !batch.rows.is_empty() {
             batch.embeddings = self
                 .draft
-                .fuse(&features, batch.rows.len(), pool)
+                .fuse(&features, batch.rows.len())
                 .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
-            self.draft.inject(&batch, &mut self.kv, pool, &mut self.scratch)?;
+            self.context.inject(&batch)?;
         }
         for committed in rows.iter_mut().filter(|committed| committed.state.cells >= committed.first_cell) {
             committed.state.cells = committed.first_cell + committed.batch_rows.len();
@@ -114,12 +106,7 @@ impl Drafter for DflashDrafter {
         Ok(())
     }
 
-    fn draft(
-        &mut self,
-        requests: &mut [DraftRequest<'_>],
-        settings: &DraftSettings,
-        pool: &ThreadPool,
-    ) -> Result<(), DraftError> {
+    fn draft(&mut self, requests: &mut [DraftRequest<'_>], settings: &DraftSettings) -> Result<(), DraftError> {
         let n_embd = self.target.hparams().n_embd;
         let mut batch = Batch { bidirectional: !self.params.causal, ..Batch::default() };
         let mut drafting = Vec::new();
@@ -157,10 +144,9 @@ impl Drafter for DflashDrafter {
         if drafting.is_empty() {
             return Ok(());
         }
-        let output = self.draft.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
+        let output = self.context.forward(&batch)?;
         let m = output.logit_rows.len();
-        let logits =
-            if self.draft.has_lm_head() { output.logits } else { self.target.lm_head(&output.hidden, m, pool) };
+        let logits = if self.draft.has_lm_head() { output.logits } else { self.target.lm_head(&output.hidden, m) };
         let n_vocab = logits.len() / m.max(1);
         let mut row = 0;
         for (index, n_rows) in drafting {
@@ -185,6 +171,6 @@ impl Drafter for DflashDrafter {
     }
 
     fn copy_block(&mut self, from: u32, to: u32) {
-        self.kv.copy_block(from, to);
+        self.context.copy_block(from, to);
     }
 }

@@ -1,4 +1,5 @@
-//! Draft decoding. A drafter proposes up to `n_max` tokens per decoding
+//! Draft decoding (docs/draft-fixups.md tells how a draft is paired with
+//! its target before it gets here). A drafter proposes up to `n_max` tokens per decoding
 //! slot; the target runs the slot's sampled token and the drafts in one pass
 //! and keeps each draft its own sampler picks (see `Engine::verify`), so the
 //! output is exactly what plain decoding gives, with the same random stream.
@@ -9,66 +10,13 @@
 //! and a drafter only tracks how many cells of a sequence it has written.
 
 mod dflash;
-pub mod pairing;
 mod simple;
-
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use sluice_kernels::pool::ThreadPool;
 
 pub use dflash::DflashDrafter;
 pub use simple::SimpleDrafter;
 
-use self::pairing::{DraftKind, pair};
-use super::EngineConfig;
-use crate::config::{SpecType, SpeculativeConfig};
+use crate::model::ForwardError;
 use crate::model::batch::Layout;
-use crate::model::gguf::GgufFile;
-use crate::model::transformer::{ForwardError, Transformer};
-use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
-
-/// The configured draft, paired with `target` (fixups run on `host` under
-/// `limits`, checks passed) before any of its context exists; `None`
-/// without a draft. An error names the draft file.
-pub fn load(
-    config: &SpeculativeConfig,
-    host: &PluginHost,
-    limits: PluginLimits,
-    target: &Arc<Transformer>,
-    engine: &EngineConfig,
-) -> Result<Option<Speculation>, (PathBuf, String)> {
-    let Some(path) = config.draft_model.clone() else { return Ok(None) };
-    let failed = |error: String| (path.clone(), error);
-    let requested = match config.kind {
-        SpecType::None => None,
-        SpecType::DraftSimple => Some(DraftKind::Simple),
-        SpecType::DraftDflash => Some(DraftKind::Dflash),
-    };
-    let fixups = config
-        .fixup_sources()
-        .map_err(&failed)?
-        .into_iter()
-        .map(|source| {
-            let bytes = match &source {
-                PluginSource::Builtin(name) => builtin_fixup(name).map(|(_, bytes)| bytes.to_vec()).unwrap_or_default(),
-                PluginSource::Path(file) => {
-                    std::fs::read(file).map_err(|error| failed(format!("fixup {}: {error}", file.display())))?
-                }
-            };
-            WasmFixup::load(host, source, &bytes, limits).map_err(|error| failed(error.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let file = GgufFile::open(&path).map_err(|error| failed(error.to_string()))?;
-    let paired = pair(target, file, requested, &fixups).map_err(|error| failed(error.to_string()))?;
-    let kind = paired.kind();
-    let (n_blocks, block_tokens) = engine.kv_blocks();
-    let drafter =
-        paired.into_drafter(Arc::clone(target), n_blocks, block_tokens).map_err(|error| failed(error.to_string()))?;
-    let settings = DraftSettings { n_max: config.n_max as usize, n_min: config.n_min as usize, p_min: config.p_min };
-    tracing::info!(kind = kind.name(), draft = %path.display(), n_max = settings.n_max, "speculative decoding on");
-    Ok(Some(Speculation { drafter, settings }))
-}
 
 /// Drafting limits (`[speculative]`, `--spec-draft-*`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -162,21 +110,11 @@ pub trait Drafter: Send {
     }
 
     /// Fill `drafts` of every request, one batched pass per draft depth.
-    fn draft(
-        &mut self,
-        requests: &mut [DraftRequest<'_>],
-        settings: &DraftSettings,
-        pool: &ThreadPool,
-    ) -> Result<(), DraftError>;
+    fn draft(&mut self, requests: &mut [DraftRequest<'_>], settings: &DraftSettings) -> Result<(), DraftError>;
 
     /// The target committed these rows; `taps` are that pass's outputs for
     /// [`Drafter::taps`] (n_rows × n_embd each).
-    fn commit(
-        &mut self,
-        _rows: &mut [CommittedRows<'_>],
-        _taps: &[Vec<f32>],
-        _pool: &ThreadPool,
-    ) -> Result<(), DraftError> {
+    fn commit(&mut self, _rows: &mut [CommittedRows<'_>], _taps: &[Vec<f32>]) -> Result<(), DraftError> {
         Ok(())
     }
 

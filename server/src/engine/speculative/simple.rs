@@ -1,25 +1,22 @@
 //! `draft-simple`: a small model of the target's family and vocabulary
 //! drafts greedily, one batched pass per draft depth.
 
-use sluice_kernels::pool::ThreadPool;
+use std::sync::Arc;
 
 use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
-use crate::model::kv::KvStore;
-use crate::model::transformer::{Scratch, Transformer};
+use crate::model::{Context, Model};
 
 pub struct SimpleDrafter {
-    model: Transformer,
-    kv: KvStore,
-    scratch: Scratch,
+    n_vocab: usize,
+    context: Box<dyn Context>,
 }
 
 impl SimpleDrafter {
     /// A drafter whose KV store mirrors the target's (`n_blocks` blocks of
     /// `block_tokens` cells).
-    pub fn new(model: Transformer, n_blocks: usize, block_tokens: usize) -> Self {
-        let kv = model.kv_store(n_blocks, block_tokens);
-        SimpleDrafter { model, kv, scratch: Scratch::default() }
+    pub fn new(model: Arc<dyn Model>, n_blocks: usize, block_tokens: usize) -> Self {
+        SimpleDrafter { n_vocab: model.hparams().n_vocab, context: model.context(n_blocks, block_tokens) }
     }
 }
 
@@ -28,12 +25,7 @@ impl Drafter for SimpleDrafter {
         "draft-simple"
     }
 
-    fn draft(
-        &mut self,
-        requests: &mut [DraftRequest<'_>],
-        settings: &DraftSettings,
-        pool: &ThreadPool,
-    ) -> Result<(), DraftError> {
+    fn draft(&mut self, requests: &mut [DraftRequest<'_>], settings: &DraftSettings) -> Result<(), DraftError> {
         // Requests still drafting; the first pass also catches the draft
         // up on everything the target has (the prompt, accepted drafts).
         // Image rows are the target's embeddings, which a separate draft
@@ -60,8 +52,8 @@ impl Drafter for SimpleDrafter {
                     });
                 }
             }
-            let output = self.model.forward(&batch, &mut self.kv, pool, &mut self.scratch)?;
-            let n_vocab = self.model.hparams().n_vocab;
+            let output = self.context.forward(&batch)?;
+            let n_vocab = self.n_vocab;
             let mut still = Vec::with_capacity(drafting.len());
             for (out, &index) in drafting.iter().enumerate() {
                 let request = &mut requests[index];
@@ -82,6 +74,6 @@ impl Drafter for SimpleDrafter {
     }
 
     fn copy_block(&mut self, from: u32, to: u32) {
-        self.kv.copy_block(from, to);
+        self.context.copy_block(from, to);
     }
 }

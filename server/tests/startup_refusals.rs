@@ -77,3 +77,16 @@ fn a_bad_config_names_file_line_and_key() {
     assert!(stderr.contains(&format!("{}:", config.display())), "{stderr}");
     assert!(stderr.contains("line 3") && stderr.contains("unknown field `deadline`"), "{stderr}");
 }
+
+#[test]
+fn a_device_this_build_cannot_run_on_stops_the_start_with_the_reason() {
+    // The model path is the default model's; the device refuses before any
+    // weight is read, so the file need not exist.
+    let (code, stderr) = serve(&["--device", "cuda:0", "--port", "0", "-m", "/nonexistent/model.gguf"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("device cuda:0: ") && stderr.contains("use --device cpu"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let (code, stderr) = serve(&["--device", "tpu"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("`model.device`: \"tpu\" is not a device"), "{stderr}");
+}

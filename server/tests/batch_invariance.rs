@@ -2,9 +2,12 @@
 //! alone or batched with others, whatever the prefill chunk size, thread
 //! count or the KV blocks it lands in.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use sluice::model::batch::{Batch, BatchRow, RowInput, text_position};
-use sluice::model::transformer::{Scratch, Transformer};
-use sluice_kernels::pool::ThreadPool;
+use sluice::model::{Context, Model, Transformer};
+use sluice_kernels::backend::CpuBackend;
 use sluice_tests::models::default_model;
 
 const BLOCK_TOKENS: usize = 16;
@@ -21,23 +24,23 @@ struct Run<'a> {
 /// Prefill every prompt in chunks (all sequences share each step's batch),
 /// then decode greedily together. Returns, per sequence, the bits of the
 /// logits after the prompt and after each decode step.
-fn run(model: &Transformer, config: Run) -> Vec<Vec<Vec<u32>>> {
-    let pool = ThreadPool::new(config.threads);
+fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
+    let backend = Arc::new(CpuBackend::new(config.threads));
+    let model: Arc<dyn Model> = Arc::new(Transformer::load(path, backend).expect("default model loads"));
     let blocks_per_seq = 8;
     let n_seqs = config.prompts.len();
-    let mut kv = model.kv_store(n_seqs * blocks_per_seq, BLOCK_TOKENS);
+    let mut context = Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS);
     let mut tables: Vec<Vec<u32>> =
         (0..n_seqs).map(|seq| ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()).collect();
     if config.reversed_blocks {
         tables.reverse();
     }
-    let mut scratch = Scratch::default();
     let mut done = vec![0usize; n_seqs];
     let mut last_token: Vec<u32> = vec![0; n_seqs];
     let mut out: Vec<Vec<Vec<u32>>> = vec![Vec::new(); n_seqs];
     let step_outputs =
-        |batch: Batch, kv: &mut _, scratch: &mut Scratch, out: &mut Vec<Vec<Vec<u32>>>, last: &mut Vec<u32>| {
-            let output = model.forward(&batch, kv, &pool, scratch).expect("forward");
+        |batch: Batch, context: &mut Box<dyn Context>, out: &mut Vec<Vec<Vec<u32>>>, last: &mut Vec<u32>| {
+            let output = context.forward(&batch).expect("forward");
             let n_vocab = model.hparams().n_vocab;
             for (index, &row) in output.logit_rows.iter().enumerate() {
                 let logits = &output.logits[index * n_vocab..(index + 1) * n_vocab];
@@ -65,7 +68,7 @@ fn run(model: &Transformer, config: Run) -> Vec<Vec<Vec<u32>>> {
             done[seq] = end;
         }
         let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
-        step_outputs(batch, &mut kv, &mut scratch, &mut out, &mut last_token);
+        step_outputs(batch, &mut context, &mut out, &mut last_token);
     }
     for step in 0..DECODE_STEPS {
         let rows = (0..n_seqs)
@@ -81,14 +84,14 @@ fn run(model: &Transformer, config: Run) -> Vec<Vec<Vec<u32>>> {
             })
             .collect();
         let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
-        step_outputs(batch, &mut kv, &mut scratch, &mut out, &mut last_token);
+        step_outputs(batch, &mut context, &mut out, &mut last_token);
     }
     out
 }
 
 #[test]
 fn logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
-    let model = Transformer::load(&default_model()).expect("default model loads");
+    let model = default_model();
     let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % 49152).collect();
     let others: Vec<Vec<u32>> =
         (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % 49152).collect()).collect();

@@ -11,8 +11,8 @@
 use sluice::engine::sampling::top_probs;
 use sluice::model::gguf::GgufFile;
 use sluice::model::session::Session;
-use sluice::model::transformer::Transformer;
-use sluice_kernels::pool::ThreadPool;
+use sluice::startup::load_model;
+use sluice_kernels::backend::Device;
 use sluice_kernels::quant::dequantize_row;
 use sluice_tests::models::default_model;
 
@@ -129,8 +129,8 @@ fn forward_agrees_with_an_f64_reference() {
     let path = default_model();
     let tokens = [504u32, 3575, 282, 4649, 314];
     let reference = reference_logits(&path, &tokens);
-    let model = Transformer::load(&path).expect("loads");
-    let ours = Session::new(&model, 16).prefill(&tokens, 16, &ThreadPool::new(2)).expect("prefill");
+    let model = load_model(&path, Device::Cpu, 2).expect("loads");
+    let ours = Session::new(model, 16).prefill(&tokens, 16).expect("prefill");
     let max = reference.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let log_sum = reference.iter().map(|l| (l - max).exp()).sum::<f64>().ln() + max;
     let mut worst: f64 = 0.0;

@@ -5,8 +5,7 @@
 //! Every runtime case asserts the exact fault kind and that the next call
 //! works on a fresh instance.
 
-use sluice::engine::policy::SchedulingPolicy;
-use sluice::plugins::policy_types::{Decision, StepView};
+use sluice::engine::policy::{Decision, StepView};
 use sluice::plugins::{LoadError, PluginFault, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy};
 
 use sluice_tests::plugin_fixtures::{BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module};
@@ -45,17 +44,17 @@ fn calls_seen(decision: Decision) -> Vec<u32> {
 fn assert_faults_then_recovers(hostile: &str, limits: PluginLimits, expected: PluginFault) {
     let host = PluginHost::new().expect("host starts");
     let mut policy = load(&host, &scheduler(hostile), limits).expect("fixture loads");
-    assert_eq!(policy.step(&view(0)).map(calls_seen), Ok(vec![1]));
-    assert_eq!(policy.step(&view(1)), Err(expected));
-    assert_eq!(policy.step(&view(2)).map(calls_seen), Ok(vec![1]), "fresh instance after the fault");
-    assert_eq!(policy.step(&view(3)).map(calls_seen), Ok(vec![2]), "the fresh instance keeps its state");
+    assert_eq!(policy.decide(&view(0)).map(calls_seen), Ok(vec![1]));
+    assert_eq!(policy.decide(&view(1)), Err(expected));
+    assert_eq!(policy.decide(&view(2)).map(calls_seen), Ok(vec![1]), "fresh instance after the fault");
+    assert_eq!(policy.decide(&view(3)).map(calls_seen), Ok(vec![2]), "the fresh instance keeps its state");
 }
 
 #[test]
 fn a_benign_fixture_counts_its_calls() {
     let host = PluginHost::new().expect("host starts");
     let mut policy = load(&host, &scheduler(BENIGN), limits()).expect("fixture loads");
-    let seen: Vec<_> = (0..3).map(|step| policy.step(&view(step * 2)).map(calls_seen)).collect();
+    let seen: Vec<_> = (0..3).map(|step| policy.decide(&view(step * 2)).map(calls_seen)).collect();
     assert_eq!(seen, vec![Ok(vec![1]), Ok(vec![2]), Ok(vec![3])]);
 }
 
@@ -90,20 +89,20 @@ fn a_decision_pointing_out_of_bounds_is_malformed() {
         (i64.store (i32.const 72) (i64.const 0)) (i64.store (i32.const 80) (i64.const 0)) (return (i32.const 64))";
     let host = PluginHost::new().expect("host starts");
     let mut policy = load(&host, &scheduler(out_of_bounds), limits()).expect("fixture loads");
-    assert_eq!(policy.step(&view(0)).map(calls_seen), Ok(vec![1]));
-    match policy.step(&view(1)) {
+    assert_eq!(policy.decide(&view(0)).map(calls_seen), Ok(vec![1]));
+    match policy.decide(&view(1)) {
         Err(PluginFault::Malformed(message)) => assert!(message.contains("out of bounds"), "{message}"),
         other => panic!("expected a malformed-result fault, got {other:?}"),
     }
-    assert_eq!(policy.step(&view(2)).map(calls_seen), Ok(vec![1]));
+    assert_eq!(policy.decide(&view(2)).map(calls_seen), Ok(vec![1]));
 }
 
 #[test]
 fn a_result_pointer_outside_memory_is_malformed() {
     let host = PluginHost::new().expect("host starts");
     let mut policy = load(&host, &scheduler("(return (i32.const 0x7ffffff0))"), limits()).expect("fixture loads");
-    assert!(matches!(policy.step(&view(1)), Err(PluginFault::Malformed(_))));
-    assert_eq!(policy.step(&view(2)).map(calls_seen), Ok(vec![1]));
+    assert!(matches!(policy.decide(&view(1)), Err(PluginFault::Malformed(_))));
+    assert_eq!(policy.decide(&view(2)).map(calls_seen), Ok(vec![1]));
 }
 
 #[test]

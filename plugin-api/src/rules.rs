@@ -1,49 +1,70 @@
-//! Host validation of a policy's decision (specs/scheduling.md). A decision
-//! that breaks any rule is refused whole: nothing of it is applied.
+//! The host's rules for a decision (docs/scheduling.md, "Host validation"):
+//! the one definition the host applies to every decision and plugin authors
+//! can run in their native tests. A decision that breaks any rule is refused
+//! whole: nothing of it is applied.
 
 use std::collections::HashSet;
+use std::fmt;
 
-use super::policy::{Decision, Phase, StepView};
+use crate::{Decision, Phase, StepView};
 
 /// The rule a decision broke.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalid {
-    #[error("admits request {0}, which is not waiting")]
+    /// Admits a request that is not waiting.
     NotWaiting(u64),
-    #[error("admits into slot {0}, which is not free")]
+    /// Admits into a slot that is not free.
     SlotNotFree(u32),
-    #[error("admits request {0} twice")]
+    /// Admits one request twice.
     RequestTwice(u64),
-    #[error("admits two requests into slot {0}")]
+    /// Admits two requests into one slot.
     SlotTwice(u32),
-    #[error("prefills slot {0}, which is not prefilling")]
+    /// Prefills a slot that is not prefilling (nor admitted in this decision).
     NotPrefilling(u32),
-    #[error("prefills slot {slot} with {tokens} tokens; 1..={remaining} remain")]
+    /// Prefills zero tokens, or more than the prompt has left.
     PrefillSize { slot: u32, tokens: u32, remaining: u32 },
-    #[error("prefills slot {0} twice")]
+    /// Prefills one slot twice.
     PrefillTwice(u32),
-    #[error("decodes slot {0}, which is neither ready nor decoding")]
+    /// Decodes a slot that is neither ready nor decoding.
     NotDecodable(u32),
-    #[error("decodes slot {0} twice")]
+    /// Decodes one slot twice.
     DecodeTwice(u32),
-    #[error("both prefills and decodes slot {0}")]
+    /// Prefills and decodes the same slot.
     PrefillAndDecode(u32),
-    #[error("grants {used} tokens, over the budget of {budget}")]
+    /// Grants more tokens than the step's budget.
     OverBudget { used: u64, budget: u32 },
 }
 
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::NotWaiting(id) => write!(f, "admits request {id}, which is not waiting"),
+            Invalid::SlotNotFree(slot) => write!(f, "admits into slot {slot}, which is not free"),
+            Invalid::RequestTwice(id) => write!(f, "admits request {id} twice"),
+            Invalid::SlotTwice(slot) => write!(f, "admits two requests into slot {slot}"),
+            Invalid::NotPrefilling(slot) => write!(f, "prefills slot {slot}, which is not prefilling"),
+            Invalid::PrefillSize { slot, tokens, remaining } => {
+                write!(f, "prefills slot {slot} with {tokens} tokens; 1..={remaining} remain")
+            }
+            Invalid::PrefillTwice(slot) => write!(f, "prefills slot {slot} twice"),
+            Invalid::NotDecodable(slot) => write!(f, "decodes slot {slot}, which is neither ready nor decoding"),
+            Invalid::DecodeTwice(slot) => write!(f, "decodes slot {slot} twice"),
+            Invalid::PrefillAndDecode(slot) => write!(f, "both prefills and decodes slot {slot}"),
+            Invalid::OverBudget { used, budget } => write!(f, "grants {used} tokens, over the budget of {budget}"),
+        }
+    }
+}
+
+impl std::error::Error for Invalid {}
+
 /// Check `decision` against `view`. `extra_per_decode` is the draft tokens
-/// the engine adds to each decode grant.
+/// the host adds to each decode grant (0 for plugin authors: drafts are the
+/// host's business and come out of what the grants leave).
 pub fn validate(view: &StepView, decision: &Decision, extra_per_decode: u32) -> Result<(), Invalid> {
     let mut admitted_requests = HashSet::new();
     let mut admitted_slots = HashSet::new();
     // slot → prompt tokens remaining, for slots that may prefill.
-    let mut prefillable: Vec<(u32, u32)> = view
-        .occupied
-        .iter()
-        .filter(|slot| slot.phase == Phase::Prefilling)
-        .map(|slot| (slot.slot, slot.request.prompt_remaining()))
-        .collect();
+    let mut prefillable = view.prefilling();
     for admit in &decision.admit {
         let waiting = view
             .waiting
@@ -101,17 +122,23 @@ pub fn validate(view: &StepView, decision: &Decision, extra_per_decode: u32) -> 
     Ok(())
 }
 
-/// Whether a step had runnable work: something waiting with a free slot,
-/// or any occupied slot (every phase can always make progress).
+/// Whether a step has runnable work: something waiting with a free slot, or
+/// any occupied slot (every phase can always make progress). The host asks
+/// the policy only then.
 pub fn has_runnable_work(view: &StepView) -> bool {
     !view.occupied.is_empty() || (!view.waiting.is_empty() && !view.free_slots.is_empty())
+}
+
+/// Tokens a decision spends: prefill tokens plus one per decode slot.
+pub fn tokens_used(decision: &Decision) -> u32 {
+    decision.prefill.iter().map(|chunk| chunk.tokens).sum::<u32>() + decision.decode.len() as u32
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_plugin_api::testing::{ViewBuilder, request};
-    use sluice_plugin_api::{Admit, Prefill};
+    use crate::testing::{ViewBuilder, request};
+    use crate::{Admit, Prefill};
 
     fn view() -> StepView {
         ViewBuilder::new(4, 100)
@@ -184,6 +211,10 @@ mod tests {
         // 70 prefill tokens + 2 decodes with 14 draft tokens each = 100.
         assert_eq!(validate(&view(), &full, 14), Ok(()));
         assert_eq!(validate(&view(), &full, 15), Err(Invalid::OverBudget { used: 102, budget: 100 }));
+        assert_eq!(
+            Invalid::OverBudget { used: 102, budget: 100 }.to_string(),
+            "grants 102 tokens, over the budget of 100"
+        );
     }
 
     #[test]

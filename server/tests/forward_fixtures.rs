@@ -4,8 +4,8 @@
 use serde_json::Value;
 use sluice::engine::sampling::top_probs;
 use sluice::model::session::Session;
-use sluice::model::transformer::Transformer;
-use sluice_kernels::pool::ThreadPool;
+use sluice::startup::load_model;
+use sluice_kernels::backend::Device;
 use sluice_tests::models::default_model;
 
 /// Where two correct implementations may pick different tokens: the
@@ -20,8 +20,7 @@ const NEAR_TIE: f64 = 0.02;
 const LOGPROB_TOLERANCE: f64 = 0.05;
 
 fn fixture() -> Value {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/smollm2-llamacpp.json"))
-        .expect("fixture present");
+    let text = std::fs::read_to_string(sluice_tests::fixture("smollm2-llamacpp.json")).expect("fixture present");
     serde_json::from_str(&text).expect("fixture is JSON")
 }
 
@@ -31,8 +30,7 @@ fn ids(value: &Value) -> Vec<u32> {
 
 #[test]
 fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
-    let model = Transformer::load(&default_model()).expect("default model loads");
-    let pool = ThreadPool::new(2);
+    let model = load_model(&default_model(), Device::Cpu, 2).expect("default model loads");
     let fixture = fixture();
     let mut compared_steps = 0;
     let mut worst = 0.0f64;
@@ -40,8 +38,8 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
         let prompt = ids(&completion["prompt_tokens"]);
         let expected = ids(&completion["tokens"]);
         let steps = completion["steps"].as_array().expect("steps");
-        let mut session = Session::new(&model, prompt.len() + expected.len() + 1);
-        let mut logits = session.prefill(&prompt, 64, &pool).expect("prefill");
+        let mut session = Session::new(std::sync::Arc::clone(&model), prompt.len() + expected.len() + 1);
+        let mut logits = session.prefill(&prompt, 64).expect("prefill");
         for (index, step) in steps.iter().enumerate() {
             let top: Vec<(u32, f64)> = step["top"]
                 .as_array()
@@ -73,7 +71,7 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
                 completion["prompt"]
             );
             if index + 1 < steps.len() {
-                logits = session.decode(expected[index], &pool).expect("decode");
+                logits = session.decode(expected[index]).expect("decode");
             }
         }
     }

@@ -1,18 +1,51 @@
 //! Pairing a draft with its target, before any of the draft's context (KV,
-//! buffers, batches) exists: run the `draft-fixup` plugins on the draft's
-//! metadata (in memory only), resolve and re-validate its rotary settings,
-//! check that the two models fit together, and only then build the drafter.
-//! Every refusal is an error that stops the server from starting.
+//! buffers, batches) exists (docs/draft-fixups.md): run the `draft-fixup`
+//! plugins on the draft's metadata (in memory only), resolve and re-validate
+//! its rotary settings, check that the two models fit together, and only
+//! then build the drafter. Every refusal is an error that stops the server
+//! from starting.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{DflashDrafter, Drafter, SimpleDrafter};
+use super::plugins::load_fixups;
+use crate::config::{SpecType, SpeculativeConfig};
+use crate::engine::EngineConfig;
+use crate::engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
 use crate::model::dflash::DflashParams;
 use crate::model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
 use crate::model::hparams::{Architecture, HParams, HParamsError};
-use crate::model::transformer::{LoadError, Transformer};
+use crate::model::{LoadError, Model};
 use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
-use crate::plugins::{FixupError, WasmFixup};
+use crate::plugins::{FixupError, PluginHost, PluginLimits, WasmFixup};
+
+/// The configured draft, paired with `target` (fixups run on `host` under
+/// `limits`, checks passed) before any of its context exists; `None`
+/// without a draft. An error names the draft file.
+pub fn load_speculation(
+    config: &SpeculativeConfig,
+    host: &PluginHost,
+    limits: PluginLimits,
+    target: &Arc<dyn Model>,
+    engine: &EngineConfig,
+) -> Result<Option<Speculation>, (PathBuf, String)> {
+    let Some(path) = config.draft_model.clone() else { return Ok(None) };
+    let failed = |error: String| (path.clone(), error);
+    let requested = match config.kind {
+        SpecType::None => None,
+        SpecType::DraftSimple => Some(DraftKind::Simple),
+        SpecType::DraftDflash => Some(DraftKind::Dflash),
+    };
+    let fixups = load_fixups(host, config, limits).map_err(|error| failed(error.to_string()))?;
+    let file = GgufFile::open(&path).map_err(|error| failed(error.to_string()))?;
+    let paired = pair(target.as_ref(), file, requested, &fixups).map_err(|error| failed(error.to_string()))?;
+    let kind = paired.kind();
+    let (n_blocks, block_tokens) = engine.kv_blocks();
+    let drafter = paired.into_drafter(target, n_blocks, block_tokens).map_err(|error| failed(error.to_string()))?;
+    let settings = DraftSettings { n_max: config.n_max as usize, n_min: config.n_min as usize, p_min: config.p_min };
+    tracing::info!(kind = kind.name(), draft = %path.display(), n_max = settings.n_max, "speculative decoding on");
+    Ok(Some(Speculation { drafter, settings }))
+}
 
 /// The two kinds of drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +111,12 @@ impl PairedDraft {
         &self.hparams
     }
 
-    /// Create the draft's context: load its network and a KV store that
-    /// mirrors the target's (`n_blocks` × `block_tokens`).
+    /// Create the draft's context: load its network on the target's
+    /// backend and a KV store that mirrors the target's (`n_blocks` ×
+    /// `block_tokens`).
     pub fn into_drafter(
         self,
-        target: Arc<Transformer>,
+        target: &Arc<dyn Model>,
         n_blocks: usize,
         block_tokens: usize,
     ) -> Result<Box<dyn Drafter>, PairingError> {
@@ -96,12 +130,12 @@ impl PairedDraft {
             .tensor("d2t")
             .and_then(|d2t| self.file.integers(d2t))
             .map(|ids| ids.into_iter().map(|id| id as u32).collect());
-        let draft = Transformer::from_file(self.file)?;
+        let draft = target.load_sibling(self.file)?;
         tracing::info!(kind = self.kind.name(), n_blocks, block_tokens, "draft context created");
         Ok(match params {
             Some(params) => {
                 let mask = params.mask_token.unwrap_or_default();
-                Box::new(DflashDrafter::new(target, draft, params, mask, d2t, n_blocks, block_tokens))
+                Box::new(DflashDrafter::new(Arc::clone(target), draft, params, mask, d2t, n_blocks, block_tokens))
             }
             None => Box::new(SimpleDrafter::new(draft, n_blocks, block_tokens)),
         })
@@ -111,7 +145,7 @@ impl PairedDraft {
 /// Run `fixups` on `draft` and check it against `target`. `requested` is
 /// the configured kind, if any (otherwise the draft's architecture decides).
 pub fn pair(
-    target: &Transformer,
+    target: &dyn Model,
     mut draft: GgufFile,
     requested: Option<DraftKind>,
     fixups: &[WasmFixup],
@@ -169,8 +203,8 @@ fn mismatch(message: String) -> PairingError {
     PairingError::Mismatch(message)
 }
 
-/// The DFlash pairing rules (specs/dflash-mrope.md, "Check at pairing").
-fn check_dflash(target: &Transformer, draft: &GgufFile, hparams: &HParams) -> Result<(), PairingError> {
+/// The DFlash pairing rules (docs/draft-fixups.md, "Checks at pairing").
+fn check_dflash(target: &dyn Model, draft: &GgufFile, hparams: &HParams) -> Result<(), PairingError> {
     let target_hp = target.hparams();
     if target_hp.rope.is_multimodal() && !hparams.rope.is_multimodal() {
         return Err(mismatch(format!(

@@ -7,20 +7,21 @@ use std::sync::Arc;
 use sluice::config::PolicyConfig;
 use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
-use sluice::engine::speculative::pairing::{DraftKind, PairedDraft, PairingError, model_info, pair};
 use sluice::engine::speculative::{DraftSettings, Speculation};
 use sluice::engine::{EngineConfig, EngineHandle};
-use sluice::http::admin::load_policy;
 use sluice::model::gguf::GgufFile;
 use sluice::model::hparams::RopeStyle;
 use sluice::model::session::Session;
 use sluice::model::tokenizer::Tokenizer;
-use sluice::model::transformer::Transformer;
+use sluice::model::{Model, Transformer};
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
+use sluice::startup::{DraftKind, PairedDraft, PairingError, load_policy, model_info, pair};
+use sluice_kernels::backend::CpuBackend;
 use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
 
-fn model(builder: &GgufBuilder) -> Transformer {
-    Transformer::from_file(GgufFile::from_bytes(builder.build()).expect("parses")).expect("loads")
+fn model(builder: &GgufBuilder) -> Arc<dyn Model> {
+    let file = GgufFile::from_bytes(builder.build()).expect("parses");
+    Arc::new(Transformer::from_file(file, Arc::new(CpuBackend::new(2))).expect("loads"))
 }
 
 fn mrope_target() -> GgufBuilder {
@@ -48,7 +49,7 @@ fn mrope_temporal() -> WasmFixup {
 }
 
 fn paired(target: &GgufBuilder, draft: &GgufBuilder) -> Result<PairedDraft, PairingError> {
-    pair(&model(target), GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
+    pair(&*model(target), GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
 }
 
 fn refusal(target: &GgufBuilder, draft: &GgufBuilder) -> String {
@@ -156,12 +157,12 @@ fn pairing_checks_fail_closed_with_the_reason() {
     // Without the fixup, a legacy draft of an M-RoPE target is refused at
     // start rather than failing at the first image.
     let unfixed =
-        pair(&model(&mrope_target()), GgufFile::from_bytes(legacy_draft().build()).expect("parses"), None, &[]);
+        pair(&*model(&mrope_target()), GgufFile::from_bytes(legacy_draft().build()).expect("parses"), None, &[]);
     let refused = unfixed.err().expect("refused").to_string();
     assert!(refused.contains("uses M-RoPE but the draft has 1-D positions"), "{refused}");
 
     let wrong_kind = pair(
-        &model(&text_target()),
+        &*model(&text_target()),
         GgufFile::from_bytes(legacy_draft().build()).expect("parses"),
         Some(DraftKind::Simple),
         &[],
@@ -177,7 +178,7 @@ fn pairing_checks_fail_closed_with_the_reason() {
     let mut other_tokens = TinyModel::recipe("qwen3", 4);
     other_tokens.tokens = Some((0..32).map(|id| if id == 7 { "seven".into() } else { format!("t{id}") }).collect());
     let simple =
-        pair(&model(&text_target()), GgufFile::from_bytes(other_tokens.build().build()).expect("parses"), None, &[]);
+        pair(&*model(&text_target()), GgufFile::from_bytes(other_tokens.build().build()).expect("parses"), None, &[]);
     assert!(
         simple
             .err()
@@ -208,14 +209,14 @@ fn run_engine(
     slots: usize,
     together: bool,
 ) -> Outputs {
-    let target = Arc::new(model(target));
+    let target = model(target);
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
-    let config = EngineConfig { slots, ctx: 256, threads: 2, ..EngineConfig::default() };
+    let config = EngineConfig { slots, ctx: 256, ..EngineConfig::default() };
     let speculation = draft.map(|draft| {
-        let paired = pair(&target, GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
+        let paired = pair(&*target, GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
             .expect("paired");
         let (n_blocks, block_tokens) = config.kv_blocks();
-        let drafter = paired.into_drafter(Arc::clone(&target), n_blocks, block_tokens).expect("drafter");
+        let drafter = paired.into_drafter(&target, n_blocks, block_tokens).expect("drafter");
         Speculation { drafter, settings: DraftSettings { n_max: 6, n_min: 0, p_min: 0.0 } }
     });
     let host = PluginHost::new().expect("host");
@@ -341,38 +342,36 @@ fn a_legacy_dflash_draft_follows_an_mrope_target_past_an_image() {
     }
 
     // The engine places the image as a plain session does.
-    let model = model(&target);
-    let pool = sluice_kernels::pool::ThreadPool::new(1);
     let request = image_request(0.0, 1);
-    let mut session = Session::new(&model, 64);
-    session.prefill(&request.prompt[..5], 8, &pool).expect("text");
-    session.embed_image(&request.images[0].embeddings, 4, 3, &pool).expect("image");
-    let mut logits = session.prefill(&request.prompt[17..], 8, &pool).expect("text after");
+    let mut session = Session::new(model(&target), 64);
+    session.prefill(&request.prompt[..5], 8).expect("text");
+    session.embed_image(&request.images[0].embeddings, 4, 3).expect("image");
+    let mut logits = session.prefill(&request.prompt[17..], 8).expect("text after");
     let mut greedy = Vec::new();
     for _ in 0..32 {
         let token = sluice::engine::speculative::most_likely(&logits).0;
         greedy.push(token);
-        logits = session.decode(token, &pool).expect("decode");
+        logits = session.decode(token).expect("decode");
     }
     assert_eq!(run_engine(&target, None, &[request], 1, true).tokens[0], greedy);
 }
 
 #[test]
 fn images_are_refused_by_models_without_mrope_and_must_match_their_placeholders() {
-    let text = Arc::new(model(&text_target()));
+    let text = model(&text_target());
     let tokenizer = Arc::new(Tokenizer::from_gguf(text.file()).expect("tokenizer"));
     let host = PluginHost::new().expect("host");
     let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
-    let config = EngineConfig { slots: 1, ctx: 128, threads: 1, ..EngineConfig::default() };
+    let config = EngineConfig { slots: 1, ctx: 128, ..EngineConfig::default() };
     let engine =
         EngineHandle::start(text, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
     let refused = engine.submit(image_request(0.0, 1)).expect_err("refused").to_string();
     assert!(refused.contains("no M-RoPE positions"), "{refused}");
 
-    let target = Arc::new(model(&mrope_target()));
+    let target = model(&mrope_target());
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
     let policy = load_policy(&host, &PolicyConfig::default()).expect("continuous");
-    let config = EngineConfig { slots: 1, ctx: 128, threads: 1, ..EngineConfig::default() };
+    let config = EngineConfig { slots: 1, ctx: 128, ..EngineConfig::default() };
     let engine =
         EngineHandle::start(target, tokenizer, Box::new(policy), Box::new(|| None), config, None).expect("engine");
     let mut moved = image_request(0.0, 1);
@@ -395,7 +394,7 @@ fn a_fixup_that_traps_or_edits_outside_the_draft_refuses_the_pair() {
     };
     let pair_with = |fixup: WasmFixup| {
         let draft = GgufFile::from_bytes(legacy_draft().build()).expect("parses");
-        match pair(&model(&text_target()), draft, None, &[fixup]) {
+        match pair(&*model(&text_target()), draft, None, &[fixup]) {
             Ok(_) => panic!("the pair was accepted"),
             Err(error) => error.to_string(),
         }

@@ -19,7 +19,7 @@ fn tokenizer() -> &'static Tokenizer {
 fn fixture() -> &'static Value {
     static FIXTURE: OnceLock<Value> = OnceLock::new();
     FIXTURE.get_or_init(|| {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/smollm2-llamacpp.json");
+        let path = sluice_tests::fixture("smollm2-llamacpp.json");
         let text = std::fs::read_to_string(path).expect("fixture readable");
         serde_json::from_str(&text).expect("fixture is JSON")
     })

@@ -1,4 +1,4 @@
-//! The cohort barrier through the real engine over HTTP (specs/scheduling.md,
+//! The cohort barrier through the real engine over HTTP (docs/scheduling.md,
 //! cases (a)–(c) and (e)–(h); (d) needs LoRA adapters and is covered by the
 //! plugin's native tests). Phase transitions come from the engine's phase
 //! log (`sluice::phase` at debug level), so each case asserts the order in

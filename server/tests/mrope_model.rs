@@ -3,15 +3,18 @@
 
 use sluice::model::batch::{Batch, BatchRow, Position, RowInput, image_positions, text_position};
 use sluice::model::gguf::GgufFile;
+use std::sync::Arc;
+
 use sluice::model::session::Session;
-use sluice::model::transformer::{Scratch, Transformer};
-use sluice_kernels::pool::ThreadPool;
+use sluice::model::{Model, Transformer};
+use sluice_kernels::backend::CpuBackend;
 use sluice_tests::gguf_writer::{Rng, TinyModel};
 
-fn tiny(arch: &'static str, sections: Option<[i32; 4]>) -> Transformer {
+fn tiny(arch: &'static str, sections: Option<[i32; 4]>) -> Arc<dyn Model> {
     // head_dim 8 → n_rot 8 → 4 rotary pairs.
     let shape = TinyModel { arch, sections, ..TinyModel::llama(11) };
-    Transformer::from_file(GgufFile::from_bytes(shape.build().build()).expect("valid gguf")).expect("model loads")
+    let file = GgufFile::from_bytes(shape.build().build()).expect("valid gguf");
+    Arc::new(Transformer::from_file(file, Arc::new(CpuBackend::new(1))).expect("model loads"))
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {
@@ -19,9 +22,8 @@ fn bits(values: &[f32]) -> Vec<u32> {
 }
 
 /// Run rows with explicit positions on one sequence; logits of the last row.
-fn run_rows(model: &Transformer, rows: &[(RowInput, Position)], embeddings: &[f32]) -> Vec<f32> {
-    let pool = ThreadPool::new(1);
-    let mut kv = model.kv_store(4, 16);
+fn run_rows(model: &Arc<dyn Model>, rows: &[(RowInput, Position)], embeddings: &[f32]) -> Vec<f32> {
+    let mut context = Arc::clone(model).context(4, 16);
     let batch = Batch {
         rows: rows
             .iter()
@@ -38,7 +40,7 @@ fn run_rows(model: &Transformer, rows: &[(RowInput, Position)], embeddings: &[f3
         embeddings: embeddings.to_vec(),
         ..Batch::default()
     };
-    model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward").logits
+    context.forward(&batch).expect("forward").logits
 }
 
 #[test]
@@ -47,12 +49,11 @@ fn image_segments_get_spec_positions_and_text_resumes_after_the_jump() {
     let n_embd = model.hparams().n_embd;
     let (nx, ny) = (3u32, 2u32);
     let embeddings = Rng::new(5).vec((nx * ny) as usize * n_embd, 0.5);
-    let pool = ThreadPool::new(1);
 
-    let mut session = Session::new(&model, 32);
-    session.prefill(&[1, 2, 3], 8, &pool).expect("text before");
-    session.embed_image(&embeddings, nx, ny, &pool).expect("image");
-    let after = session.decode(4, &pool).expect("text after");
+    let mut session = Session::new(Arc::clone(&model), 32);
+    session.prefill(&[1, 2, 3], 8).expect("text before");
+    session.embed_image(&embeddings, nx, ny).expect("image");
+    let after = session.decode(4).expect("text after");
 
     // The same rows with the positions of the spec written out by hand.
     let mut rows: Vec<(RowInput, Position)> =
@@ -93,8 +94,7 @@ fn mrope_with_one_temporal_section_equals_neox_on_text() {
 fn hidden_state_taps_expose_layer_inputs() {
     let model = tiny("llama", None);
     let hp = model.hparams().clone();
-    let pool = ThreadPool::new(1);
-    let mut kv = model.kv_store(2, 16);
+    let mut context = Arc::clone(&model).context(2, 16);
     let rows = [3u32, 1, 4]
         .iter()
         .enumerate()
@@ -107,7 +107,7 @@ fn hidden_state_taps_expose_layer_inputs() {
         })
         .collect();
     let batch = Batch { rows, block_tables: vec![vec![0, 1]], taps: vec![0, 1, hp.n_layer], ..Batch::default() };
-    let output = model.forward(&batch, &mut kv, &pool, &mut Scratch::default()).expect("forward");
+    let output = context.forward(&batch).expect("forward");
     assert_eq!(output.taps.len(), 3);
     assert!(output.taps.iter().all(|tap| tap.len() == 3 * hp.n_embd));
     // Layer 0's input is the embedding of each token.
@@ -124,5 +124,5 @@ fn hidden_state_taps_expose_layer_inputs() {
     assert_ne!(output.taps[1], output.taps[0]);
     assert_ne!(output.taps[2], output.taps[1]);
     let out_of_range = Batch { taps: vec![hp.n_layer + 1], ..batch };
-    assert!(model.forward(&out_of_range, &mut kv, &pool, &mut Scratch::default()).is_err());
+    assert!(context.forward(&out_of_range).is_err());
 }

@@ -7,13 +7,19 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::json;
-use sluice::config::PolicyConfig;
+use sluice::config::{OnFault, PolicyConfig};
+use sluice::engine::supervisor::Supervisor;
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::stats::{Percentiles, RequestRecord, Slo, Summary};
 use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_trace, to_jsonl};
 use sluice::plugins::PluginHost;
+use sluice::startup::{fallback, fault_rules, load_policy};
+
+mod bench;
+
+pub use bench::{BenchCalibrateArgs, BenchServeArgs, bench_calibrate, bench_serve};
 
 #[derive(clap::Args)]
 pub struct LabArgs {
@@ -47,6 +53,10 @@ pub struct LabArgs {
     /// Steps without a grant before a policy counts as stalled.
     #[arg(long, default_value_t = 64)]
     stall_steps: u32,
+    /// After two faults in a row: fail-closed, or fallback to continuous
+    /// (as `[policy] on_fault`).
+    #[arg(long, default_value = "fail-closed", value_parser = ["fail-closed", "fallback"])]
+    on_fault: String,
     /// The step-cost model from `sluice bench calibrate`.
     #[arg(long, value_name = "FILE", default_value = "target/lab/cost-model.json")]
     cost_model: PathBuf,
@@ -90,14 +100,14 @@ pub fn lab(args: LabArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     std::fs::write(args.out.join("trace.jsonl"), to_jsonl(&trace))?;
     let slo = Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms };
-    let shape = EngineShape { slots: args.slots, token_budget: args.batch_tokens, stall_steps: args.stall_steps };
+    let shape = EngineShape { slots: args.slots, token_budget: args.batch_tokens };
     let host = PluginHost::new()?;
     let mut runs = Vec::new();
     for spec in &args.policies {
-        let config = policy_config(spec)?;
-        let mut policy =
-            sluice::http::admin::load_policy(&host, &config).with_context(|| format!("policy `{spec}`"))?;
-        let run = simulate(&mut policy, &trace, shape, cost);
+        let config = policy_config(spec, &args)?;
+        let policy = load_policy(&host, &config).with_context(|| format!("policy `{spec}`"))?;
+        let mut supervisor = Supervisor::new(Box::new(policy), fallback(&host, &config), fault_rules(&config));
+        let run = simulate(&mut supervisor, &trace, shape, cost);
         let picture = timeline_svg(&format!("{spec}: slot phases (simulated)"), args.slots, &run.timeline);
         std::fs::write(args.out.join(format!("timeline-{}.svg", file_stem(spec))), picture)?;
         runs.push(PolicyRun {
@@ -161,11 +171,18 @@ fn read_cost_model(path: &Path) -> anyhow::Result<CostModel> {
     serde_json::from_str(&text).with_context(|| format!("{}: not a cost model", path.display()))
 }
 
-/// `NAME|PATH[,KEY=VALUE...]` as a policy configuration; values are TOML
-/// (`500`, `true`, `"text"`) or bare strings.
-fn policy_config(spec: &str) -> anyhow::Result<PolicyConfig> {
+/// `NAME|PATH[,KEY=VALUE...]` as a policy configuration, with the fault
+/// rules of `args`; values are TOML (`500`, `true`, `"text"`) or bare
+/// strings.
+fn policy_config(spec: &str, args: &LabArgs) -> anyhow::Result<PolicyConfig> {
     let mut parts = spec.split(',');
-    let mut config = PolicyConfig { plugin: parts.next().unwrap_or_default().to_owned(), ..PolicyConfig::default() };
+    let on_fault = if args.on_fault == "fallback" { OnFault::Fallback } else { OnFault::FailClosed };
+    let mut config = PolicyConfig {
+        plugin: parts.next().unwrap_or_default().to_owned(),
+        on_fault,
+        stall_steps: args.stall_steps,
+        ..PolicyConfig::default()
+    };
     for pair in parts {
         let (key, value) =
             pair.split_once('=').with_context(|| format!("--policy {spec}: `{pair}` is not KEY=VALUE"))?;
@@ -211,7 +228,8 @@ fn live_run(args: &LabArgs, policy: &PolicyConfig, trace: &[TraceRequest]) -> an
     };
     let policy_table = toml::Table::from_iter([
         ("plugin".to_owned(), toml::Value::String(plugin)),
-        ("stall_steps".to_owned(), toml::Value::Integer(i64::from(args.stall_steps))),
+        ("stall_steps".to_owned(), toml::Value::Integer(i64::from(policy.stall_steps))),
+        ("on_fault".to_owned(), toml::Value::String(policy.on_fault.as_str().to_owned())),
         ("settings".to_owned(), toml::Value::Table(policy.settings.clone())),
     ]);
     let config = toml::to_string(&toml::Table::from_iter([("policy".to_owned(), toml::Value::Table(policy_table))]))?;

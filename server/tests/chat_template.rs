@@ -16,7 +16,7 @@ fn default_model_files() -> (GgufFile, Tokenizer) {
 
 #[test]
 fn fixture_conversations_render_byte_identically() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/smollm2-llamacpp.json");
+    let path = sluice_tests::fixture("smollm2-llamacpp.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture readable")).expect("JSON");
     let cases = fixture["templates"].as_array().expect("templates[]");
     assert!(cases.len() >= 2, "fixture has {} templates", cases.len());

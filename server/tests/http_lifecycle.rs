@@ -303,6 +303,11 @@ fn a_fallback_policy_reports_degraded_and_serves() {
     let (_, props) = server.get("/props");
     assert_eq!(props["policy"]["name"], "continuous");
     assert_eq!(props["policy"]["health"], "degraded");
+    // The fault journal: a retry on a fresh instance, then the fallback.
+    let faults = props["policy"]["faults"].as_array().expect("faults[]");
+    let actions: Vec<&str> = faults.iter().filter_map(|fault| fault["action"].as_str()).collect();
+    assert_eq!(actions, ["retry", "fallback"], "{props}");
+    assert!(faults.iter().all(|fault| fault["reason"] == "invalid" && fault["step"] == 0), "{props}");
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 

@@ -1,0 +1,341 @@
+//! The CPU backend: host memory, the SIMD kernels of this crate and a fixed
+//! thread pool. Weights are computed on where the model file maps them.
+//!
+//! Batch invariance: every operation computes each row with the same
+//! per-row kernels in the same order whatever else is in the buffer, and
+//! the pool's work split never changes a row's arithmetic, so a row's
+//! results are the same bits alone or batched, for any thread count.
+
+use std::sync::Mutex;
+
+use half::f16;
+
+use super::{AttentionRow, Backend, BackendError, Embed, KvShape, MatrixSource, SharedBytes};
+use crate::matmul::{QuantMatrix, matmul};
+use crate::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles, RopePos};
+use crate::pool::ThreadPool;
+use crate::quant::SimdLevel;
+
+/// Host memory and `n` threads.
+pub struct CpuBackend {
+    pool: ThreadPool,
+    /// One attention scratch buffer per pool thread.
+    attention_scratch: Vec<Mutex<Vec<f32>>>,
+}
+
+impl CpuBackend {
+    /// A backend computing on `threads` threads (at least one).
+    pub fn new(threads: usize) -> Self {
+        let pool = ThreadPool::new(threads.max(1));
+        let attention_scratch = (0..pool.n_threads()).map(|_| Mutex::default()).collect();
+        CpuBackend { pool, attention_scratch }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+}
+
+/// A weight matrix where the model file maps it.
+pub struct CpuMatrix {
+    bytes: SharedBytes,
+    /// The shape, checked against the bytes once.
+    dtype: crate::quant::DType,
+    n_out: usize,
+    n_in: usize,
+}
+
+impl CpuMatrix {
+    fn view(&self) -> QuantMatrix<'_> {
+        QuantMatrix::checked_at_load(self.dtype, self.bytes.as_slice(), self.n_out, self.n_in)
+    }
+}
+
+/// Per layer, a pool of fixed-size blocks of f16 keys and values.
+pub struct CpuKv {
+    shape: KvShape,
+    /// Per layer: (keys, values), each `n_blocks × block_tokens × kv_dim`.
+    layers: Vec<(Vec<f16>, Vec<f16>)>,
+}
+
+impl CpuKv {
+    fn block_len(&self) -> usize {
+        self.shape.block_tokens * self.shape.kv_dim
+    }
+}
+
+impl Backend for CpuBackend {
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type Rows = Vec<f32>;
+    type Angles = Vec<RopeAngles>;
+    type Kv = CpuKv;
+
+    fn describe(&self) -> String {
+        format!("cpu ({}, {} threads)", SimdLevel::detected().name(), self.threads())
+    }
+
+    fn matrix(&self, source: MatrixSource) -> Result<CpuMatrix, BackendError> {
+        let MatrixSource { dtype, bytes, n_out, n_in } = source;
+        QuantMatrix::new(dtype, bytes.as_slice(), n_out, n_in)?;
+        Ok(CpuMatrix { bytes, dtype, n_out, n_in })
+    }
+
+    fn vector(&self, values: &[f32]) -> Vec<f32> {
+        values.to_vec()
+    }
+
+    fn kv(&self, shape: KvShape) -> CpuKv {
+        let len = shape.n_blocks * shape.block_tokens * shape.kv_dim;
+        let layers = (0..shape.n_layer).map(|_| (vec![f16::ZERO; len], vec![f16::ZERO; len])).collect();
+        CpuKv { shape, layers }
+    }
+
+    fn copy_kv_block(&self, kv: &mut CpuKv, from: u32, to: u32) {
+        let block_len = kv.block_len();
+        let (from, to) = (from as usize * block_len, to as usize * block_len);
+        for (keys, values) in &mut kv.layers {
+            keys.copy_within(from..from + block_len, to);
+            values.copy_within(from..from + block_len, to);
+        }
+    }
+
+    fn upload(&self, values: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(values);
+    }
+
+    fn download(&self, rows: &Vec<f32>) -> Vec<f32> {
+        rows.clone()
+    }
+
+    fn download_owned(&self, rows: Vec<f32>) -> Vec<f32> {
+        rows
+    }
+
+    fn embed(
+        &self,
+        table: Option<&CpuMatrix>,
+        inputs: &[Embed<'_>],
+        width: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        resize(out, inputs.len() * width);
+        let table = table.map(CpuMatrix::view);
+        for (input, dst) in inputs.iter().zip(out.chunks_exact_mut(width)) {
+            match (*input, &table) {
+                (Embed::Token(token), Some(table)) if (token as usize) < table.n_out() && table.n_in() == width => {
+                    table.dequantize_row(token as usize, dst)
+                }
+                (Embed::Token(token), _) => {
+                    return Err(BackendError::Embed(format!("token {token} has no row of width {width}")));
+                }
+                (Embed::Values(values), _) if values.len() == width => dst.copy_from_slice(values),
+                (Embed::Values(values), _) => {
+                    return Err(BackendError::Embed(format!("{} values for a row of {width}", values.len())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn dequantize_row(&self, matrix: &CpuMatrix, row: usize, out: &mut [f32]) -> Result<(), BackendError> {
+        if row >= matrix.n_out || out.len() != matrix.n_in {
+            return Err(BackendError::Embed(format!(
+                "row {row} of width {} from a matrix of {} rows of {}",
+                out.len(),
+                matrix.n_out,
+                matrix.n_in
+            )));
+        }
+        matrix.view().dequantize_row(row, out);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, out: &mut Vec<f32>) {
+        resize(out, x.len());
+        for (input, output) in x.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
+            ops::rms_norm(input, weight, eps, output);
+        }
+    }
+
+    fn rms_norm_in_place(&self, x: &mut Vec<f32>, weight: &Vec<f32>, eps: f32) {
+        x.chunks_exact_mut(weight.len()).for_each(|piece| ops::rms_norm_in_place(piece, weight, eps));
+    }
+
+    fn matmul(&self, weights: &CpuMatrix, x: &Vec<f32>, m: usize, out: &mut Vec<f32>) {
+        resize(out, m * weights.n_out);
+        matmul(&weights.view(), &x[..m * weights.n_in], m, out, &self.pool);
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) {
+        x.chunks_exact_mut(bias.len()).for_each(|row| ops::add_in_place(row, bias));
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) {
+        ops::add_in_place(x, y);
+    }
+
+    fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) {
+        resize(out, gate.len());
+        ops::swiglu(gate, up, out);
+    }
+
+    fn gather(&self, x: &Vec<f32>, rows: &[usize], width: usize, out: &mut Vec<f32>) {
+        out.clear();
+        for &row in rows {
+            out.extend_from_slice(&x[row * width..(row + 1) * width]);
+        }
+    }
+
+    fn rope_angles(&self, rope: &Rope, positions: &[RopePos], out: &mut Vec<RopeAngles>) {
+        out.resize_with(positions.len(), RopeAngles::default);
+        for (&pos, angles) in positions.iter().zip(out.iter_mut()) {
+            rope.angles(pos, angles);
+        }
+    }
+
+    fn rope(&self, rope: &Rope, angles: &Vec<RopeAngles>, x: &mut Vec<f32>) {
+        let Some(width) = x.len().checked_div(angles.len()) else { return };
+        for (row, angles) in x.chunks_exact_mut(width).zip(angles) {
+            rope.apply(angles, row);
+        }
+    }
+
+    fn store_kv(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, slots: &[usize]) {
+        let kv_dim = kv.shape.kv_dim;
+        let (keys, values) = &mut kv.layers[layer];
+        for (row, &slot) in slots.iter().enumerate() {
+            let at = slot * kv_dim;
+            ops::f32_to_f16_row(&k[row * kv_dim..(row + 1) * kv_dim], &mut keys[at..at + kv_dim]);
+            ops::f32_to_f16_row(&v[row * kv_dim..(row + 1) * kv_dim], &mut values[at..at + kv_dim]);
+        }
+    }
+
+    fn attend(
+        &self,
+        kv: &CpuKv,
+        layer: usize,
+        q: &Vec<f32>,
+        rows: &[AttentionRow<'_>],
+        heads: HeadShape,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let q_dim = heads.q_len();
+        resize(out, rows.len() * q_dim);
+        let (keys, values) = &kv.layers[layer];
+        let block_tokens = kv.shape.block_tokens;
+        // Rows are independent: threads take every n-th row (later rows of
+        // a prompt attend to more positions, so interleaving keeps the
+        // shares even). Each row's result is the same whichever thread
+        // computes it.
+        let outputs: Vec<Mutex<&mut [f32]>> = out.chunks_exact_mut(q_dim).map(Mutex::new).collect();
+        let failure: Mutex<Option<ops::OpsError>> = Mutex::new(None);
+        let scratch = &self.attention_scratch;
+        self.pool.run(|thread, n_threads| {
+            let Ok(mut scratch) = scratch[thread].lock() else { return };
+            for (index, row) in rows.iter().enumerate().skip(thread).step_by(n_threads) {
+                let Ok(mut out) = outputs[index].lock() else { return };
+                let pages = KvPages {
+                    k: keys,
+                    v: values,
+                    pages: PageTable { blocks: row.blocks, block_tokens },
+                    hidden: row.hidden,
+                };
+                let attended = ops::attend(
+                    &q[index * q_dim..(index + 1) * q_dim],
+                    pages,
+                    row.visible,
+                    heads,
+                    scale,
+                    &mut out,
+                    &mut scratch,
+                );
+                if let (Err(error), Ok(mut failure)) = (attended, failure.lock()) {
+                    failure.get_or_insert(error);
+                }
+            }
+        });
+        drop(outputs);
+        match failure.into_inner().ok().flatten() {
+            Some(error) => Err(error.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Cleared and zero-filled to `len`: every operation's output starts the same.
+fn resize(buffer: &mut Vec<f32>, len: usize) {
+    buffer.clear();
+    buffer.resize(len, 0.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::quant::DType;
+
+    fn f32_matrix(backend: &CpuBackend, rows: &[[f32; 3]]) -> CpuMatrix {
+        let bytes: Vec<u8> = rows.iter().flatten().flat_map(|value| value.to_le_bytes()).collect();
+        let len = bytes.len();
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(bytes);
+        let source = MatrixSource {
+            dtype: DType::F32,
+            bytes: SharedBytes::new(owner, 0..len).expect("in bounds"),
+            n_out: rows.len(),
+            n_in: 3,
+        };
+        backend.matrix(source).expect("valid matrix")
+    }
+
+    #[test]
+    fn embeddings_come_from_the_table_or_the_caller() {
+        let backend = CpuBackend::new(1);
+        let table = f32_matrix(&backend, &[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]);
+        let mut out = Vec::new();
+        let inputs = [Embed::Token(1), Embed::Values(&[7.0, 8.0, 9.0]), Embed::Token(0)];
+        backend.embed(Some(&table), &inputs, 3, &mut out).expect("valid inputs");
+        assert_eq!(out, [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0, 3.0]);
+        assert!(backend.embed(Some(&table), &[Embed::Token(2)], 3, &mut out).is_err(), "past the table");
+        assert!(backend.embed(None, &[Embed::Token(0)], 3, &mut out).is_err(), "no table");
+        assert!(backend.embed(None, &[Embed::Values(&[1.0])], 3, &mut out).is_err(), "short values");
+        let mut row = [0.0; 3];
+        backend.dequantize_row(&table, 1, &mut row).expect("in range");
+        assert_eq!(row, [4.0, 5.0, 6.0]);
+        assert!(backend.dequantize_row(&table, 2, &mut row).is_err());
+    }
+
+    #[test]
+    fn a_matrix_must_match_its_bytes() {
+        let backend = CpuBackend::new(1);
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(vec![0u8; 20]);
+        let source = MatrixSource {
+            dtype: DType::F32,
+            bytes: SharedBytes::new(owner, 0..20).expect("in bounds"),
+            n_out: 2,
+            n_in: 3,
+        };
+        assert!(backend.matrix(source).is_err(), "20 bytes are not 2 rows of 3 f32");
+    }
+
+    #[test]
+    fn kv_blocks_copy_across_every_layer() {
+        let backend = CpuBackend::new(1);
+        let shape = KvShape { n_layer: 2, kv_dim: 2, n_blocks: 3, block_tokens: 2 };
+        let mut kv = backend.kv(shape);
+        let k = vec![1.0, 2.0, 3.0, 4.0];
+        let v = vec![5.0, 6.0, 7.0, 8.0];
+        for layer in 0..2 {
+            backend.store_kv(&mut kv, layer, &k, &v, &[0, 1]);
+        }
+        backend.copy_kv_block(&mut kv, 0, 2);
+        for (keys, values) in &kv.layers {
+            let keys: Vec<f32> = keys[8..12].iter().map(|x| x.to_f32()).collect();
+            let values: Vec<f32> = values[8..12].iter().map(|x| x.to_f32()).collect();
+            assert_eq!((keys, values), (k.clone(), v.clone()));
+        }
+    }
+}

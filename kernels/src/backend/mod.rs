@@ -1,0 +1,220 @@
+//! The compute seam between a model's forward pass and the device that runs
+//! it (docs/architecture.md, "model ↔ backend").
+//!
+//! A [`Backend`] owns everything device-specific: where weights live, the
+//! activation buffers, the paged f16 KV store, the threads. Model code is
+//! written once against the operations below (embedding lookup, RMSNorm,
+//! matmul over quantized weights, RoPE, KV writes, paged attention, SwiGLU,
+//! residual adds) and reads results back to the host only where the host
+//! needs them (logits for sampling, hidden-state taps for DFlash). Buffers
+//! are opaque to the model, so a device backend keeps activations resident
+//! between operations.
+//!
+//! Guarantees are per backend: [`CpuBackend`] is batch-invariant (a row's
+//! results never depend on the other rows, the chunking, the paging or the
+//! thread count) and computes what llama.cpp's CPU backend computes.
+
+mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+mod device;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::ops::{HeadShape, OpsError, Rope, RopePos};
+use crate::quant::{DType, KernelError};
+
+pub use cpu::{CpuBackend, CpuKv};
+pub use device::Device;
+
+/// Bytes that stay where they are while anyone holds them, such as a
+/// model file's memory map: the CPU backend computes on them in place.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `owner`'s bytes; `None` if it is out of bounds.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Option<Self> {
+        ((*owner).as_ref().get(range.clone()).is_some()).then_some(SharedBytes { owner, range })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // In bounds: checked in `new`, and the owner's bytes never change.
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+/// A weight matrix as a model file stores it: `n_out` rows of `n_in`
+/// elements of `dtype`.
+#[derive(Clone)]
+pub struct MatrixSource {
+    pub dtype: DType,
+    pub bytes: SharedBytes,
+    pub n_out: usize,
+    pub n_in: usize,
+}
+
+/// The shape of a paged KV store: per layer, `n_blocks` blocks of
+/// `block_tokens` cells of `kv_dim` keys and as many values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layer: usize,
+    pub kv_dim: usize,
+    pub n_blocks: usize,
+    pub block_tokens: usize,
+}
+
+impl KvShape {
+    /// The cell index (in `0..n_blocks × block_tokens`) that holds cell
+    /// `cell` of a sequence whose blocks are `table`; `None` when the table
+    /// does not reach it or names a block past the store.
+    pub fn slot(&self, table: &[u32], cell: usize) -> Option<usize> {
+        let block = *table.get(cell.checked_div(self.block_tokens)?)? as usize;
+        (block < self.n_blocks).then(|| block * self.block_tokens + cell % self.block_tokens)
+    }
+}
+
+/// The input of one batch row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Embed<'a> {
+    /// A row of the embedding table.
+    Token(u32),
+    /// Values given by the caller (an image's embeddings, fused features).
+    Values(&'a [f32]),
+}
+
+/// What one query row attends to in its sequence's KV.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionRow<'a> {
+    /// The sequence's blocks, in position order.
+    pub blocks: &'a [u32],
+    /// Cells `0..visible` are attended to…
+    pub visible: usize,
+    /// …except these (sorted, disjoint).
+    pub hidden: &'a [Range<usize>],
+}
+
+/// Why a backend refused an operation or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error("embedding: {0}")]
+    Embed(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The operations a decoder forward pass needs, on one device.
+///
+/// Buffers are rows of f32 in row-major order; an operation sizes its
+/// output. Operations that take a width (`rms_norm`'s weight length, a
+/// matrix's `n_in`) treat a buffer as whole rows of it.
+pub trait Backend: Send + Sync + 'static {
+    /// A weight matrix resident on the device.
+    type Matrix: Send + Sync;
+    /// A small f32 parameter vector (a norm's weights, a bias).
+    type Vector: Send + Sync;
+    /// Activations.
+    type Rows: Default + Send;
+    /// Per-row rotary angles, computed once per pass and used by every layer.
+    type Angles: Default + Send;
+    /// A paged f16 KV store.
+    type Kv: Send;
+
+    /// One line for the log: the device and how it computes.
+    fn describe(&self) -> String;
+
+    /// Make a weight matrix resident.
+    fn matrix(&self, source: MatrixSource) -> Result<Self::Matrix, BackendError>;
+    fn vector(&self, values: &[f32]) -> Self::Vector;
+    fn kv(&self, shape: KvShape) -> Self::Kv;
+    /// Copy one block of every layer (copy-on-write of a shared tail).
+    fn copy_kv_block(&self, kv: &mut Self::Kv, from: u32, to: u32);
+
+    /// Host values into a buffer.
+    fn upload(&self, values: &[f32], out: &mut Self::Rows);
+    /// A buffer's values on the host.
+    fn download(&self, rows: &Self::Rows) -> Vec<f32>;
+    /// [`Backend::download`] of a buffer no longer needed (no copy where
+    /// the buffer already is host memory).
+    fn download_owned(&self, rows: Self::Rows) -> Vec<f32>;
+
+    /// One row per input: a row of `table` or the given values (`width`
+    /// each). Token ids must be rows of `table`.
+    fn embed(
+        &self,
+        table: Option<&Self::Matrix>,
+        inputs: &[Embed<'_>],
+        width: usize,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError>;
+    /// Row `row` of `matrix`, decoded, on the host (`out.len()` = n_in).
+    fn dequantize_row(&self, matrix: &Self::Matrix, row: usize, out: &mut [f32]) -> Result<(), BackendError>;
+
+    /// RMSNorm of every row of `x` (rows as long as `weight`) into `out`.
+    fn rms_norm(&self, x: &Self::Rows, weight: &Self::Vector, eps: f32, out: &mut Self::Rows);
+    /// RMSNorm of every `weight`-long piece of `x` in place (per-head norms).
+    fn rms_norm_in_place(&self, x: &mut Self::Rows, weight: &Self::Vector, eps: f32);
+    /// `out = x · weightsᵀ` for the `m` rows of `x`.
+    fn matmul(&self, weights: &Self::Matrix, x: &Self::Rows, m: usize, out: &mut Self::Rows);
+    /// `bias` added to every row of `x`.
+    fn add_bias(&self, x: &mut Self::Rows, bias: &Self::Vector);
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Rows, y: &Self::Rows);
+    /// `out = silu(gate) · up`.
+    fn swiglu(&self, gate: &Self::Rows, up: &Self::Rows, out: &mut Self::Rows);
+    /// Rows `rows` of `x` (`width` each), in that order.
+    fn gather(&self, x: &Self::Rows, rows: &[usize], width: usize, out: &mut Self::Rows);
+
+    /// The rotary angles of one row per position.
+    fn rope_angles(&self, rope: &Rope, positions: &[RopePos], out: &mut Self::Angles);
+    /// Rotate every row of `x` (one per angle set) in place.
+    fn rope(&self, rope: &Rope, angles: &Self::Angles, x: &mut Self::Rows);
+
+    /// Write row i of `k` and `v` into cell `slots[i]` of `layer`
+    /// (see [`KvShape::slot`]), rounded to f16.
+    fn store_kv(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Rows, v: &Self::Rows, slots: &[usize]);
+    /// Attention of each query row of `q` over its [`AttentionRow`] in
+    /// `layer`, into `out` (the shape of `q`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        kv: &Self::Kv,
+        layer: usize,
+        q: &Self::Rows,
+        rows: &[AttentionRow<'_>],
+        heads: HeadShape,
+        scale: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_block_table_and_stop_at_its_end() {
+        let shape = KvShape { n_layer: 1, kv_dim: 8, n_blocks: 4, block_tokens: 16 };
+        assert_eq!(shape.slot(&[2, 0], 0), Some(32));
+        assert_eq!(shape.slot(&[2, 0], 17), Some(1));
+        assert_eq!(shape.slot(&[2, 0], 32), None);
+        assert_eq!(shape.slot(&[9], 0), None, "a block past the store");
+        let empty = KvShape { block_tokens: 0, ..shape };
+        assert_eq!(empty.slot(&[0], 0), None);
+    }
+
+    #[test]
+    fn shared_bytes_refuse_ranges_past_their_owner() {
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(vec![1u8, 2, 3, 4]);
+        assert_eq!(SharedBytes::new(Arc::clone(&owner), 1..3).map(|bytes| bytes.as_slice().to_vec()), Some(vec![2, 3]));
+        assert!(SharedBytes::new(owner, 2..5).is_none());
+    }
+}

@@ -1,0 +1,333 @@
+//! The configuration's schema: every section and key with its default
+//! (`config/sluice.toml` documents the same values).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::plugins::PluginLimits;
+
+/// The model `sluice serve` loads when neither the file nor `-m` names one
+/// (relative to the working directory; `cargo xtask` fetches it there).
+pub const DEFAULT_MODEL: &str = "target/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    /// `[engine]`: slots, context and batching (the engine's settings are
+    /// these plus the policy's fault rules, joined at start).
+    pub engine: EngineSection,
+    #[serde(default)]
+    pub defaults: RequestDefaults,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    #[serde(default)]
+    pub speculative: SpeculativeConfig,
+    #[serde(default)]
+    pub lora: Vec<LoraConfig>,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[server]`: the HTTP listener.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0 picks any free port (the log says which).
+    pub port: u16,
+    /// When set, every endpoint but `/health` needs this key.
+    pub api_key: Option<String>,
+    /// Threads serving HTTP (tokenizing, templating, JSON); 0 = one per core.
+    pub threads_http: usize,
+    /// Serve `/metrics` (501 otherwise).
+    pub metrics: bool,
+    /// Serve `/slots` (501 otherwise).
+    pub slots: bool,
+    /// Seconds of silence before an SSE stream gets a `:` comment; 0 = never.
+    pub sse_ping_interval: u64,
+    /// `Access-Control-Allow-Origin`: "*" echoes the request's origin (with
+    /// credentials), "localhost" echoes only local origins, anything else is
+    /// sent as it is.
+    pub cors_origins: String,
+    pub limits: ServerLimits,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            threads_http: 0,
+            metrics: true,
+            slots: true,
+            sse_ping_interval: 30,
+            cors_origins: "*".into(),
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+/// `[server.limits]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerLimits {
+    /// Largest request body accepted; larger ones get 413.
+    pub body_bytes: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits { body_bytes: 16 << 20 }
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// The GGUF file; relative paths are relative to the config file.
+    pub path: Option<PathBuf>,
+    /// The name the API reports (default: the file name).
+    pub alias: Option<String>,
+    /// A Jinja chat template, or `chatml`, used instead of the model's own.
+    pub chat_template: Option<String>,
+    /// Kernel threads; 0 = one per core.
+    pub threads: usize,
+    /// Where the model runs: `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { path: None, alias: None, chat_template: None, threads: 0, device: "cpu".into() }
+    }
+}
+
+impl ModelConfig {
+    /// The model file to load.
+    pub fn path(&self) -> PathBuf {
+        self.path.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL))
+    }
+
+    /// The model's name in responses: the alias, else the file name.
+    pub fn name(&self) -> String {
+        if let Some(alias) = &self.alias {
+            return alias.clone();
+        }
+        let path = self.path();
+        path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())
+    }
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Sequences decoded together (llama-server `-np`).
+    pub slots: usize,
+    /// Context of each slot in tokens (llama-server `-c`); 0 = the model's
+    /// training context.
+    pub ctx: usize,
+    /// Most tokens one step may process (llama-server `-b`).
+    pub batch_tokens: usize,
+    /// Tokens per KV-cache block.
+    pub kv_block_tokens: usize,
+    /// Share prompt prefixes between requests.
+    pub prefix_cache: bool,
+    /// Most requests waiting for a slot; more are refused with 503.
+    pub queue_limit: usize,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection {
+            slots: 4,
+            ctx: 4096,
+            batch_tokens: 512,
+            kv_block_tokens: 16,
+            prefix_cache: true,
+            queue_limit: 256,
+        }
+    }
+}
+
+/// `[defaults]`: what a request gets for fields it leaves out.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestDefaults {
+    /// Tokens to generate; -1 = until a stop or the context is full.
+    pub n_predict: i64,
+    pub temperature: f32,
+    /// -1 = a random seed per request.
+    pub seed: i64,
+    /// Reuse cached prompt prefixes.
+    pub cache_prompt: bool,
+}
+
+impl Default for RequestDefaults {
+    fn default() -> Self {
+        RequestDefaults { n_predict: -1, temperature: 0.8, seed: -1, cache_prompt: true }
+    }
+}
+
+/// `[policy]`: which scheduling policy runs and under which limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A built-in policy name or a path to a `.wasm` component (relative
+    /// paths are relative to the config file).
+    pub plugin: String,
+    /// What happens when the policy faults twice in a row.
+    pub on_fault: OnFault,
+    /// Steps in a row without any grant while work is runnable before the
+    /// policy is considered stalled.
+    pub stall_steps: u32,
+    /// Fuel units per call.
+    pub fuel: u64,
+    /// Wall-clock bound per call, in milliseconds.
+    pub deadline_ms: u64,
+    /// Cap on the plugin's memory, in MiB.
+    pub memory_mb: u64,
+    /// `[policy.settings]`, passed to the policy's `configure`.
+    pub settings: toml::Table,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            plugin: "continuous".into(),
+            on_fault: OnFault::FailClosed,
+            stall_steps: 64,
+            fuel: PluginLimits::default().fuel,
+            deadline_ms: PluginLimits::default().deadline_ms,
+            memory_mb: PluginLimits::default().memory_mb,
+            settings: toml::Table::new(),
+        }
+    }
+}
+
+/// `policy.on_fault`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFault {
+    /// End every request with an error and refuse new ones until reloaded.
+    FailClosed,
+    /// Switch to the embedded `continuous` policy and report "degraded".
+    Fallback,
+}
+
+impl OnFault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFault::FailClosed => "fail-closed",
+            OnFault::Fallback => "fallback",
+        }
+    }
+}
+
+/// `[speculative]`: draft decoding.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpeculativeConfig {
+    #[serde(rename = "type")]
+    pub kind: SpecType,
+    /// The draft model (GGUF); relative to the config file.
+    pub draft_model: Option<PathBuf>,
+    /// Most tokens drafted per step.
+    pub n_max: u32,
+    /// Fewest drafted tokens worth verifying.
+    pub n_min: u32,
+    /// Drafting stops below this draft probability.
+    pub p_min: f32,
+    /// `draft-fixup` plugins run on the draft's metadata, in order: built-in
+    /// names or `.wasm` paths (relative to the config file). Unset means
+    /// `["mrope-temporal"]`; `[]` runs none.
+    pub fixups: Option<Vec<String>>,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        SpeculativeConfig {
+            kind: SpecType::None,
+            draft_model: None,
+            // llama-server's defaults.
+            n_max: 3,
+            n_min: 0,
+            p_min: 0.0,
+            fixups: None,
+        }
+    }
+}
+
+/// The fixup run on every draft unless `speculative.fixups` says otherwise.
+pub const DEFAULT_FIXUP: &str = "mrope-temporal";
+
+/// `speculative.type` (llama-server's `--spec-type` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecType {
+    None,
+    DraftSimple,
+    /// `dflash` (or llama-server's `draft-dflash`).
+    #[serde(alias = "dflash")]
+    DraftDflash,
+}
+
+impl SpecType {
+    pub(super) fn parse(name: &str) -> Option<Self> {
+        match name {
+            "none" => Some(SpecType::None),
+            "draft-simple" => Some(SpecType::DraftSimple),
+            "dflash" | "draft-dflash" => Some(SpecType::DraftDflash),
+            _ => None,
+        }
+    }
+}
+
+/// `[[lora]]`: one adapter loaded at start.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// The adapter (GGUF); relative to the config file.
+    pub path: PathBuf,
+    /// Global scale until `POST /lora-adapters` changes it.
+    #[serde(default = "one")]
+    pub scale: f32,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter, e.g. `info` or `sluice=debug`.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into(), format: LogFormat::Text }
+    }
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}

@@ -1,0 +1,249 @@
+//! The config's tests: defaults, every section, errors with file, line and
+//! key, flags over the file.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::plugins::{PluginLimits, PluginSource};
+
+#[test]
+fn defaults_select_continuous_and_fail_closed() {
+    let config = Config::parse("").expect("empty config is valid");
+    assert_eq!(config.policy.source(), Ok(PluginSource::Builtin("continuous")));
+    assert_eq!(config.policy.on_fault, OnFault::FailClosed);
+    assert_eq!(config.policy.stall_steps, 64);
+    assert_eq!(config.policy.limits(), PluginLimits::default());
+}
+
+#[test]
+fn limits_and_settings_are_read() {
+    let config = Config::parse(
+        "[policy]\nplugin = \"my/policy.wasm\"\non_fault = \"fallback\"\nfuel = 5\ndeadline_ms = 7\nmemory_mb = 3\n[policy.settings]\nmax_members = 4\n",
+    )
+    .expect("valid");
+    assert_eq!(config.policy.source(), Ok(PluginSource::Path("my/policy.wasm".into())));
+    assert_eq!(config.policy.on_fault, OnFault::Fallback);
+    assert_eq!(config.policy.limits(), PluginLimits { fuel: 5, deadline_ms: 7, memory_mb: 3 });
+    assert_eq!(config.policy.settings.get("max_members"), Some(&toml::Value::Integer(4)));
+}
+
+#[test]
+fn errors_name_line_and_key() {
+    let unknown = Config::parse("[policy]\nplugin = \"continuous\"\nfule = 5\n").unwrap_err();
+    assert!(unknown.contains("line 3") && unknown.contains("unknown field `fule`"), "{unknown}");
+    let wrong_type = Config::parse("[policy]\n\nfuel = \"lots\"\n").unwrap_err();
+    assert!(wrong_type.contains("line 3") && wrong_type.contains("fuel"), "{wrong_type}");
+    let bad_fault = Config::parse("[policy]\non_fault = \"retry\"\n").unwrap_err();
+    assert!(bad_fault.contains("line 2") && bad_fault.contains("fail-closed"), "{bad_fault}");
+    let zero = Config::parse("[policy]\nmemory_mb = 0\n").unwrap_err();
+    assert_eq!(zero, "`policy.memory_mb` must be at least 1");
+    let unknown_builtin = Config::parse("[policy]\nplugin = \"fastest\"\n").unwrap_err();
+    assert!(unknown_builtin.contains("\"fastest\" is neither a built-in policy (continuous"), "{unknown_builtin}");
+}
+
+#[test]
+fn relative_plugin_paths_resolve_against_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("sluice-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("sluice.toml");
+    std::fs::write(&file, "[policy]\nplugin = \"plugins/mine.wasm\"\n").expect("write config");
+    let config = Config::load(&file).expect("valid");
+    assert_eq!(config.policy.source(), Ok(PluginSource::Path(dir.join("plugins/mine.wasm"))));
+    let missing = Config::load(&dir.join("absent.toml")).unwrap_err().to_string();
+    assert!(missing.contains("absent.toml: cannot read"), "{missing}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn every_section_parses_with_its_defaults() {
+    let config = Config::parse("").expect("valid");
+    assert_eq!(config.server, ServerConfig::default());
+    assert_eq!((config.server.host.as_str(), config.server.port), ("127.0.0.1", 8080));
+    assert_eq!(config.model.path(), PathBuf::from(DEFAULT_MODEL));
+    assert_eq!(config.engine, EngineSection::default());
+    assert_eq!(config.defaults, RequestDefaults::default());
+    assert_eq!(config.speculative, SpeculativeConfig::default());
+    assert!(config.lora.is_empty());
+    assert_eq!(config.log.format, LogFormat::Text);
+    assert_eq!(config.check_supported(), Ok(()));
+    assert_eq!(config.model.device, "cpu");
+    // What the engine makes of these defaults: startup's tests.
+}
+
+#[test]
+fn the_shipped_config_is_valid_and_points_at_the_default_model() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/sluice.toml");
+    let config = Config::load(&file).expect("config/sluice.toml is valid");
+    let model = config.model.path();
+    assert!(model.ends_with("../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"), "{}", model.display());
+    assert_eq!(config.engine, EngineSection::default());
+    assert_eq!(config.server, ServerConfig::default());
+    assert_eq!(config.defaults, RequestDefaults::default());
+    assert_eq!(config.check_supported(), Ok(()));
+}
+
+#[test]
+fn all_sections_are_read() {
+    let text = r#"
+[server]
+host = "0.0.0.0"
+port = 0
+api_key = "secret"
+threads_http = 3
+metrics = false
+slots = false
+sse_ping_interval = 5
+[server.limits]
+body_bytes = 1024
+[model]
+path = "m.gguf"
+alias = "tiny"
+chat_template = "chatml"
+threads = 2
+[engine]
+slots = 2
+ctx = 0
+batch_tokens = 64
+kv_block_tokens = 32
+prefix_cache = false
+queue_limit = 9
+[defaults]
+n_predict = 16
+temperature = 0.0
+seed = 42
+cache_prompt = false
+[speculative]
+type = "draft-simple"
+draft_model = "draft.gguf"
+n_max = 8
+n_min = 2
+p_min = 0.5
+fixups = ["mrope-temporal", "plugins/extra.wasm"]
+[[lora]]
+path = "a.gguf"
+[[lora]]
+path = "b.gguf"
+scale = 0.5
+[log]
+level = "sluice=debug"
+format = "json"
+"#;
+    let config = Config::parse(text).expect("valid");
+    assert_eq!(config.server.limits.body_bytes, 1024);
+    assert_eq!(config.server.api_key.as_deref(), Some("secret"));
+    assert_eq!(config.model.name(), "tiny");
+    assert_eq!(config.engine.ctx, 0);
+    assert_eq!(config.defaults.seed, 42);
+    assert_eq!(config.speculative.kind, SpecType::DraftSimple);
+    assert_eq!(config.lora[1], LoraConfig { path: "b.gguf".into(), scale: 0.5 });
+    assert_eq!(config.log.format, LogFormat::Json);
+    assert_eq!(
+        config.speculative.fixup_sources(),
+        Ok(vec![PluginSource::Builtin("mrope-temporal"), PluginSource::Path("plugins/extra.wasm".into())])
+    );
+    assert_eq!(SpeculativeConfig::default().fixup_sources(), Ok(vec![PluginSource::Builtin("mrope-temporal")]));
+    assert!(config.check_supported().unwrap_err().contains("a.gguf"));
+}
+
+#[test]
+fn validation_errors_name_file_line_and_key() {
+    let dir = std::env::temp_dir().join(format!("sluice-config-lines-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "[server]\nport = 1\n\n[engine]\nctx = 10\nslots = 0\n").expect("write config");
+    let error = Config::load(&file).unwrap_err().to_string();
+    assert_eq!(error, format!("{}: line 6: `engine.slots` must be at least 1", file.display()));
+    std::fs::write(&file, "[speculative]\nn_max = 1\nn_min = 2\n").expect("write config");
+    let error = Config::load(&file).unwrap_err().to_string();
+    assert!(error.contains("line 3: `speculative.n_min` (2) must not exceed"), "{error}");
+    std::fs::write(&file, "[[lora]]\nscale = 2.0\n").expect("write config");
+    let error = Config::load(&file).unwrap_err().to_string();
+    assert!(error.contains("missing field `path`"), "{error}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+    for (text, key) in [
+        ("[engine]\nbatch_tokens = 0\n", "`engine.batch_tokens` must be at least 1"),
+        ("[server]\napi_key = \"\"\n", "`server.api_key` must not be empty"),
+        ("[defaults]\nn_predict = -2\n", "`defaults.n_predict` must be -1"),
+        ("[defaults]\nseed = 4294967296\n", "`defaults.seed` must be -1"),
+        ("[speculative]\ntype = \"draft-simple\"\n", "needs `speculative.draft_model`"),
+        ("[speculative]\nfixups = [\"mrope\"]\n", "`speculative.fixups` entry \"mrope\" is neither"),
+        ("[log]\nlevel = \"sluice=loud\"\n", "`log.level`"),
+        ("[model]\ndevice = \"gpu\"\n", "`model.device`: \"gpu\" is not a device"),
+    ] {
+        let error = Config::parse(text).unwrap_err();
+        assert!(error.contains(key), "{text}: {error}");
+    }
+    let wrong = Config::parse("[speculative]\ntype = \"ngram-simple\"\n").unwrap_err();
+    assert!(wrong.contains("line 2") && wrong.contains("draft-simple"), "{wrong}");
+}
+
+#[test]
+fn relative_model_paths_resolve_against_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("sluice-config-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("sluice.toml");
+    std::fs::write(&file, "[model]\npath = \"models/m.gguf\"\n[[lora]]\npath = \"/abs/a.gguf\"\n").expect("write");
+    let config = Config::load(&file).expect("valid");
+    assert_eq!(config.model.path(), dir.join("models/m.gguf"));
+    assert_eq!(config.lora[0].path, PathBuf::from("/abs/a.gguf"));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn flags_override_the_file() {
+    let mut config = Config::parse("[engine]\nslots = 2\n[server]\nslots = true\n").expect("valid");
+    let flags = Overrides {
+        parallel: Some(1),
+        port: Some(0),
+        n_predict: Some(8),
+        seed: Some(7),
+        no_slots: true,
+        no_cache_prompt: true,
+        model: Some("x.gguf".into()),
+        device: Some("cuda:1".into()),
+        ..Overrides::default()
+    };
+    config.apply(&flags).expect("valid flags");
+    assert_eq!((config.engine.slots, config.server.port, config.server.slots), (1, 0, false));
+    assert_eq!((config.defaults.n_predict, config.defaults.seed, config.defaults.cache_prompt), (8, 7, false));
+    assert_eq!(config.model.path(), PathBuf::from("x.gguf"));
+    assert_eq!(config.model.device, "cuda:1");
+    let bad = Overrides { n_predict: Some(-3), ..Overrides::default() };
+    assert!(config.apply(&bad).unwrap_err().contains("defaults.n_predict"));
+    let scaled = Overrides { lora_scaled: vec!["a.gguf:0.5,b.gguf:1".into()], ..Overrides::default() };
+    let mut config = Config::default();
+    config.apply(&scaled).expect("valid");
+    assert_eq!(config.lora.len(), 2);
+    assert_eq!(config.lora[0].scale, 0.5);
+    let broken = Overrides { lora_scaled: vec!["a.gguf".into()], ..Overrides::default() };
+    assert!(config.apply(&broken).unwrap_err().contains("FILE:SCALE"));
+}
+
+#[test]
+fn flags_parse_with_llama_server_names() {
+    use clap::{Args, FromArgMatches};
+    let command = Overrides::augment_args(clap::Command::new("serve"));
+    command.clone().debug_assert();
+    let args = ["serve", "-m", "m.gguf", "-n", "-1", "--temp", "0.5", "--seed", "-1", "--no-slots", "--lora", "a.gguf"];
+    let args = llama_style_args(["sluice"].into_iter().chain(args).map(OsString::from)).split_off(1);
+    let matches = command.clone().try_get_matches_from(args).expect("flags parse");
+    let flags = Overrides::from_arg_matches(&matches).expect("flags convert");
+    assert_eq!((flags.model, flags.n_predict, flags.seed), (Some("m.gguf".into()), Some(-1), Some(-1)));
+    assert_eq!((flags.temp, flags.no_slots, flags.lora.len()), (Some(0.5), true, 1));
+    let args = ["serve", "-np", "0"].map(OsString::from);
+    assert!(command.try_get_matches_from(llama_style_args(args)).is_err(), "at least one slot");
+}
+
+#[test]
+fn llama_server_spellings_are_rewritten_after_serve() {
+    let args = ["sluice", "serve", "-np", "4", "-md", "d.gguf", "--ctx_size=128", "--n_predict", "-n", "5"];
+    let rewritten = llama_style_args(args.iter().map(OsString::from));
+    let rewritten: Vec<&str> = rewritten.iter().map(|arg| arg.to_str().expect("utf-8")).collect();
+    assert_eq!(
+        rewritten,
+        ["sluice", "serve", "--parallel", "4", "--model-draft", "d.gguf", "--ctx-size=128", "--n-predict", "-n", "5"]
+    );
+    let other = llama_style_args(["sluice", "generate", "-np"].iter().map(OsString::from));
+    assert_eq!(other, ["sluice", "generate", "-np"].map(OsString::from));
+}

@@ -1,0 +1,134 @@
+//! What the engine thread and its handles share: the engine's settings, the
+//! commands the handles send, and the state the engine publishes for the
+//! HTTP layer.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, mpsc};
+
+use tokio::sync::mpsc as events;
+
+use super::metrics::Metrics;
+use super::policy::{Phase, SchedulingPolicy};
+use super::request::{Event, GenerationRequest, RequestId};
+use super::supervisor::{FaultEvent, FaultRules, Health};
+
+/// The engine's settings (`startup` builds them from `[engine]` and the
+/// policy's fault rules).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Sequences decoded together (llama-server `-np`).
+    pub slots: usize,
+    /// Context of each slot in tokens (llama-server `-c`, as with its
+    /// unified KV cache: every slot may use all of it).
+    pub ctx: usize,
+    /// Most tokens one step may process (llama-server `-b`).
+    pub batch_tokens: usize,
+    /// Tokens per KV-cache block.
+    pub kv_block_tokens: usize,
+    /// Share prompt prefixes between requests.
+    pub prefix_cache: bool,
+    /// Most requests waiting for a slot; more are refused with 503.
+    pub queue_limit: usize,
+    /// How the policy's faults are handled.
+    pub faults: FaultRules,
+}
+
+impl EngineConfig {
+    /// KV blocks and cells per block: room for every slot's whole context,
+    /// plus one block per slot for a partial tail shared copy-on-write.
+    pub fn kv_blocks(&self) -> (usize, usize) {
+        let block_tokens = self.kv_block_tokens.max(1);
+        ((self.slots * self.ctx).div_ceil(block_tokens) + self.slots, block_tokens)
+    }
+}
+
+impl Default for EngineConfig {
+    /// llama-server's defaults where it has them (and `config/sluice.toml`'s).
+    fn default() -> Self {
+        EngineConfig {
+            slots: 4,
+            ctx: 4096,
+            batch_tokens: 512,
+            kv_block_tokens: 16,
+            prefix_cache: true,
+            queue_limit: 256,
+            faults: FaultRules::default(),
+        }
+    }
+}
+
+/// What a handle asks of the engine thread.
+pub(super) enum Command {
+    Submit {
+        id: RequestId,
+        request: Box<GenerationRequest>,
+        events: events::UnboundedSender<Event>,
+    },
+    Cancel(RequestId),
+    /// Swap the policy; the sender hears once the swap is done.
+    ReplacePolicy(Box<dyn SchedulingPolicy>, mpsc::Sender<()>),
+}
+
+/// A slot as `/slots` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotInfo {
+    pub id: u32,
+    pub n_ctx: usize,
+    pub phase: Option<Phase>,
+    pub request_id: Option<RequestId>,
+    pub prompt_tokens: usize,
+    pub prompt_done: usize,
+    pub prompt_cached: usize,
+    pub generated: usize,
+    pub max_tokens: Option<usize>,
+    pub priority: i32,
+    pub adapter_group: u32,
+}
+
+/// How many recent policy faults the engine keeps for `/props`.
+pub const FAULT_JOURNAL: usize = 32;
+
+/// State the engine publishes for the HTTP layer.
+#[derive(Debug)]
+pub struct Shared {
+    pub metrics: Metrics,
+    pub health: Mutex<Health>,
+    pub slots: Mutex<Vec<SlotInfo>>,
+    pub policy_name: Mutex<String>,
+    pub waiting: AtomicU64,
+    /// The last [`FAULT_JOURNAL`] policy faults and what was done about them.
+    pub faults: Mutex<VecDeque<FaultEvent>>,
+}
+
+impl Shared {
+    pub(super) fn new(policy_name: &str) -> Self {
+        Shared {
+            metrics: Metrics::default(),
+            health: Mutex::new(Health::Ok),
+            slots: Mutex::new(Vec::new()),
+            policy_name: Mutex::new(policy_name.to_owned()),
+            waiting: AtomicU64::new(0),
+            faults: Mutex::new(VecDeque::with_capacity(FAULT_JOURNAL)),
+        }
+    }
+
+    /// Publish the policy deciding now and the health.
+    pub(super) fn set_policy(&self, name: &str, health: &Health) {
+        if let Ok(mut current) = self.policy_name.lock() {
+            name.clone_into(&mut current);
+        }
+        if let Ok(mut current) = self.health.lock() {
+            current.clone_from(health);
+        }
+    }
+
+    pub(super) fn record_fault(&self, event: &FaultEvent) {
+        if let Ok(mut faults) = self.faults.lock() {
+            if faults.len() == FAULT_JOURNAL {
+                faults.pop_front();
+            }
+            faults.push_back(event.clone());
+        }
+    }
+}

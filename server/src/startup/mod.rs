@@ -1,0 +1,12 @@
+//! Everything start-up and reloads share: reading a plugin source once
+//! (policies, fallbacks, fixups), loading a model on its device, pairing a
+//! draft with its target, and starting the engine. `main.rs`, the HTTP
+//! server, its admin endpoints, the lab and the benchmarks all come here.
+
+mod draft;
+mod model;
+mod plugins;
+
+pub use draft::{AppliedEdit, DraftKind, PairedDraft, PairingError, load_speculation, model_info, pair};
+pub use model::{Serving, StartError, engine_config, load_model, serve_model};
+pub use plugins::{PluginError, World, fallback, fault_rules, load_fixup, load_fixups, load_policy, read_plugin};

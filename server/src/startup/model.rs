@@ -1,0 +1,207 @@
+//! Loading a model on the configured device, its tokenizer and chat
+//! template, and starting the engine on it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_kernels::backend::{CpuBackend, Device};
+
+use super::draft::load_speculation;
+use super::plugins::{fallback, fault_rules};
+use crate::config::{Config, threads_or_cores};
+use crate::engine::policy::SchedulingPolicy;
+use crate::engine::{EngineConfig, EngineHandle};
+use crate::model::chat_template::{ChatTemplate, TemplateError};
+use crate::model::tokenizer::Tokenizer;
+use crate::model::{LoadError, Model, Transformer};
+use crate::plugins::PluginHost;
+
+/// ChatML, for `chat_template = "chatml"` and models without a template
+/// (llama-server's fallback too).
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + \
+                      '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Why the model or the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{}: cannot load the model: {error}", path.display())]
+    Model { path: PathBuf, error: String },
+    #[error("device {device}: {reason}")]
+    Device { device: Device, reason: String },
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("{}: cannot use the draft model: {error}", path.display())]
+    Draft { path: PathBuf, error: String },
+    #[error("cannot start the engine: {0}")]
+    Engine(std::io::Error),
+}
+
+/// A model file loaded onto `device`, computing on `threads` threads (0 =
+/// one per core).
+pub fn load_model(path: &Path, device: Device, threads: usize) -> Result<Arc<dyn Model>, StartError> {
+    let failed = |error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() };
+    match device {
+        Device::Cpu => {
+            let backend = Arc::new(CpuBackend::new(threads_or_cores(threads)));
+            Ok(Arc::new(Transformer::load(path, backend).map_err(failed)?))
+        }
+        Device::Cuda(index) => Err(StartError::Device { device, reason: cuda_unavailable(index) }),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_unavailable(_index: u32) -> String {
+    "this sluice was built without CUDA support (cargo feature `cuda`); use --device cpu".into()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_unavailable(index: u32) -> String {
+    match sluice_kernels::backend::cuda::probe(index) {
+        Ok(name) => format!("{name} found, but this build has no CUDA kernels yet; use --device cpu"),
+        Err(reason) => format!("{reason}; use --device cpu"),
+    }
+}
+
+/// The engine's settings: `[engine]`, the policy's fault rules, and the
+/// context clamped to what the model was trained for (0 = all of it).
+pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
+    let engine = &config.engine;
+    let mut ctx = if engine.ctx == 0 { n_ctx_train } else { engine.ctx };
+    if ctx > n_ctx_train {
+        tracing::warn!(
+            ctx,
+            n_ctx_train,
+            "the context is larger than the model was trained for; using the training context"
+        );
+        ctx = n_ctx_train;
+    }
+    EngineConfig {
+        slots: engine.slots,
+        ctx,
+        batch_tokens: engine.batch_tokens,
+        kv_block_tokens: engine.kv_block_tokens,
+        prefix_cache: engine.prefix_cache,
+        queue_limit: engine.queue_limit,
+        faults: fault_rules(&config.policy),
+    }
+}
+
+/// A model being served: its engine, tokenizer and chat template.
+pub struct Serving {
+    pub model: Arc<dyn Model>,
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+}
+
+/// Load the configured model (paging its weights in), its tokenizer,
+/// template and draft, and start the engine with `policy`. Blocking.
+pub fn serve_model(
+    config: &Config,
+    host: &PluginHost,
+    policy: Box<dyn SchedulingPolicy>,
+) -> Result<Serving, StartError> {
+    let path = config.model.path();
+    let device =
+        config.model.device.parse().map_err(|reason| StartError::Model { path: path.clone(), error: reason })?;
+    let model = load_model(&path, device, config.model.threads)?;
+    tracing::info!(backend = model.backend(), "model on its device");
+    read_weights(model.as_ref());
+    let tokenizer = Tokenizer::from_gguf(model.file())
+        .map_err(|error| StartError::Model { path: path.clone(), error: format!("tokenizer: {error}") })?;
+    let tokenizer = Arc::new(tokenizer);
+    let template = chat_template(config.model.chat_template.as_deref(), model.as_ref(), &tokenizer)?;
+    let engine_config = engine_config(config, model.hparams().n_ctx_train);
+    let speculation = load_speculation(&config.speculative, host, config.policy.limits(), &model, &engine_config)
+        .map_err(|(path, error)| StartError::Draft { path, error })?;
+    let engine = EngineHandle::start(
+        Arc::clone(&model),
+        Arc::clone(&tokenizer),
+        policy,
+        fallback(host, &config.policy),
+        engine_config,
+        speculation,
+    )
+    .map_err(StartError::Engine)?;
+    Ok(Serving { model, engine, tokenizer, template })
+}
+
+/// Pages the weights in before serving, with a progress bar on a terminal
+/// (log lines at each quarter otherwise), so the first requests do not
+/// stall on a cold page cache.
+fn read_weights(model: &dyn Model) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(0).with_style(
+            indicatif::ProgressStyle::with_template("loading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        model.file().prefault(|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        bar.finish_and_clear();
+        return;
+    }
+    let mut next_quarter = 1;
+    model.file().prefault(|done, total| {
+        while next_quarter <= 4 && done * 4 >= total * next_quarter {
+            tracing::info!(percent = next_quarter * 25, bytes = done, "loading weights");
+            next_quarter += 1;
+        }
+    });
+}
+
+/// The configured template (Jinja source or `chatml`), else the model's,
+/// else ChatML.
+fn chat_template(
+    configured: Option<&str>,
+    model: &dyn Model,
+    tokenizer: &Tokenizer,
+) -> Result<ChatTemplate, StartError> {
+    let source = match configured {
+        Some("chatml") => Some(CHATML),
+        Some(source) if source.contains("{{") || source.contains("{%") => Some(source),
+        Some(name) => {
+            return Err(StartError::Template(format!(
+                "{name:?} is neither a Jinja template nor a known template name (chatml)"
+            )));
+        }
+        None => None,
+    };
+    match ChatTemplate::from_gguf(model.file(), tokenizer, source) {
+        Err(TemplateError::Missing) => {
+            tracing::warn!("the model has no chat template; using ChatML");
+            ChatTemplate::from_gguf(model.file(), tokenizer, Some(CHATML))
+                .map_err(|error| StartError::Template(error.to_string()))
+        }
+        loaded => loaded.map_err(|error| StartError::Template(error.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{FaultRules, OnFault};
+
+    #[test]
+    fn the_engine_gets_the_config_defaults_and_a_clamped_context() {
+        let config = Config::parse("").expect("valid");
+        let engine = engine_config(&config, 8192);
+        assert_eq!((engine.slots, engine.ctx, engine.faults.on_fault), (4, 4096, OnFault::FailClosed));
+        assert_eq!(engine, EngineConfig::default(), "the config's defaults are the engine's");
+        assert_eq!(engine_config(&config, 2048).ctx, 2048, "clamped to the training context");
+        let all =
+            Config::parse("[engine]\nctx = 0\n[policy]\non_fault = \"fallback\"\nstall_steps = 5\n").expect("valid");
+        let engine = engine_config(&all, 2048);
+        assert_eq!(engine.ctx, 2048);
+        assert_eq!(engine.faults, FaultRules { on_fault: OnFault::Fallback, stall_steps: 5 });
+    }
+
+    #[test]
+    fn a_device_this_build_cannot_use_is_a_start_error() {
+        let error = load_model(Path::new("unused.gguf"), Device::Cuda(0), 1).err().expect("no CUDA backend");
+        assert!(error.to_string().starts_with("device cuda:0: "), "{error}");
+        assert!(error.to_string().ends_with("use --device cpu"), "{error}");
+    }
+}
