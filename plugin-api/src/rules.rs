@@ -57,9 +57,9 @@ impl fmt::Display for Invalid {
 
 impl std::error::Error for Invalid {}
 
-/// Check `decision` against `view`. `extra_per_decode` is the draft tokens
-/// the host adds to each decode grant (0 for plugin authors: drafts are the
-/// host's business and come out of what the grants leave).
+/// Check `decision` against `view`. `extra_per_decode` counts tokens a host
+/// would add to every decode grant; sluice passes 0, since its drafts only
+/// take what the grants leave of the budget.
 pub fn validate(view: &StepView, decision: &Decision, extra_per_decode: u32) -> Result<(), Invalid> {
     let mut admitted_requests = HashSet::new();
     let mut admitted_slots = HashSet::new();
@@ -129,9 +129,11 @@ pub fn has_runnable_work(view: &StepView) -> bool {
     !view.occupied.is_empty() || (!view.waiting.is_empty() && !view.free_slots.is_empty())
 }
 
-/// Tokens a decision spends: prefill tokens plus one per decode slot.
+/// Tokens a decision spends: prefill tokens plus one per decode slot
+/// (saturating: a hostile decision may name more than a `u32` holds).
 pub fn tokens_used(decision: &Decision) -> u32 {
-    decision.prefill.iter().map(|chunk| chunk.tokens).sum::<u32>() + decision.decode.len() as u32
+    let prefill = decision.prefill.iter().fold(0u32, |sum, chunk| sum.saturating_add(chunk.tokens));
+    prefill.saturating_add(u32::try_from(decision.decode.len()).unwrap_or(u32::MAX))
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Config, LogConfig, LogFormat, Overrides, SpeculativeConfig, llama_style_args, threads_or_cores};
+use sluice::config::{Config, LogConfig, LogFormat, Overrides, llama_style_args, threads_or_cores};
 use sluice::engine::policy::SchedulingPolicy;
 use sluice::http::server::Launch;
-use sluice::plugins::PluginHost;
-use sluice::startup::{load_fixup, load_policy};
+use sluice::plugins::{PluginHost, PluginSource, builtin_fixup};
+use sluice::startup::{check_device, load_fixup, load_policy};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "LLM inference server with sandboxed, hot-swappable scheduling")]
@@ -146,6 +146,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.apply(&args.flags).map_err(anyhow::Error::msg)?;
     config.check_supported().map_err(anyhow::Error::msg)?;
     init_logging(&config.log)?;
+    check_device(&config)?;
     let host = PluginHost::new()?;
     let policy = load_policy(&host, &config.policy)?;
     eprintln!("policy `{}` loaded", policy.name());
@@ -188,10 +189,11 @@ fn check_plugin(plugin: &str, world: World, config: Option<&Path>) -> anyhow::Re
             println!("{plugin}: accepted as a scheduler policy (sluice:plugin@0.1.0)");
         }
         World::DraftFixup => {
-            let listed = SpeculativeConfig { fixups: Some(vec![plugin.to_owned()]), ..SpeculativeConfig::default() };
-            for source in listed.fixup_sources().map_err(anyhow::Error::msg)? {
-                load_fixup(&host, source, config.policy.limits())?;
-            }
+            let source = match builtin_fixup(plugin) {
+                Some((name, _)) => PluginSource::Builtin(name),
+                None => PluginSource::Path(PathBuf::from(plugin)),
+            };
+            load_fixup(&host, source, config.policy.limits())?;
             println!("{plugin}: accepted as a draft fixup (sluice:plugin@0.1.0)");
         }
     }

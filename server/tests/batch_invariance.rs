@@ -29,7 +29,7 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
     let model: Arc<dyn Model> = Arc::new(Transformer::load(path, backend).expect("default model loads"));
     let blocks_per_seq = 8;
     let n_seqs = config.prompts.len();
-    let mut context = Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS);
+    let mut context = Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS).expect("a context");
     let mut tables: Vec<Vec<u32>> =
         (0..n_seqs).map(|seq| ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()).collect();
     if config.reversed_blocks {

@@ -38,7 +38,8 @@ fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
         let prompt = ids(&completion["prompt_tokens"]);
         let expected = ids(&completion["tokens"]);
         let steps = completion["steps"].as_array().expect("steps");
-        let mut session = Session::new(std::sync::Arc::clone(&model), prompt.len() + expected.len() + 1);
+        let mut session =
+            Session::new(std::sync::Arc::clone(&model), prompt.len() + expected.len() + 1).expect("a session");
         let mut logits = session.prefill(&prompt, 64).expect("prefill");
         for (index, step) in steps.iter().enumerate() {
             let top: Vec<(u32, f64)> = step["top"]

@@ -23,7 +23,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 
 /// Run rows with explicit positions on one sequence; logits of the last row.
 fn run_rows(model: &Arc<dyn Model>, rows: &[(RowInput, Position)], embeddings: &[f32]) -> Vec<f32> {
-    let mut context = Arc::clone(model).context(4, 16);
+    let mut context = Arc::clone(model).context(4, 16).expect("a context");
     let batch = Batch {
         rows: rows
             .iter()
@@ -50,7 +50,7 @@ fn image_segments_get_spec_positions_and_text_resumes_after_the_jump() {
     let (nx, ny) = (3u32, 2u32);
     let embeddings = Rng::new(5).vec((nx * ny) as usize * n_embd, 0.5);
 
-    let mut session = Session::new(Arc::clone(&model), 32);
+    let mut session = Session::new(Arc::clone(&model), 32).expect("a session");
     session.prefill(&[1, 2, 3], 8).expect("text before");
     session.embed_image(&embeddings, nx, ny).expect("image");
     let after = session.decode(4).expect("text after");
@@ -94,7 +94,7 @@ fn mrope_with_one_temporal_section_equals_neox_on_text() {
 fn hidden_state_taps_expose_layer_inputs() {
     let model = tiny("llama", None);
     let hp = model.hparams().clone();
-    let mut context = Arc::clone(&model).context(2, 16);
+    let mut context = Arc::clone(&model).context(2, 16).expect("a context");
     let rows = [3u32, 1, 4]
         .iter()
         .enumerate()

@@ -343,7 +343,7 @@ fn a_legacy_dflash_draft_follows_an_mrope_target_past_an_image() {
 
     // The engine places the image as a plain session does.
     let request = image_request(0.0, 1);
-    let mut session = Session::new(model(&target), 64);
+    let mut session = Session::new(model(&target), 64).expect("a session");
     session.prefill(&request.prompt[..5], 8).expect("text");
     session.embed_image(&request.images[0].embeddings, 4, 3).expect("image");
     let mut logits = session.prefill(&request.prompt[17..], 8).expect("text after");

@@ -80,8 +80,8 @@ fn a_bad_config_names_file_line_and_key() {
 
 #[test]
 fn a_device_this_build_cannot_run_on_stops_the_start_with_the_reason() {
-    // The model path is the default model's; the device refuses before any
-    // weight is read, so the file need not exist.
+    // The device is refused before anything listens or any weight is read,
+    // so the model file need not exist.
     let (code, stderr) = serve(&["--device", "cuda:0", "--port", "0", "-m", "/nonexistent/model.gguf"]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("device cuda:0: ") && stderr.contains("use --device cpu"), "{stderr}");

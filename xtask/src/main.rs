@@ -83,35 +83,48 @@ fn cargo() -> Command {
     cargo
 }
 
-/// The features every check builds the host workspace with: the lab too
+/// The features the checks build the host workspace with: the lab too
 /// (`sluice serve` alone links none of it), and the CUDA device probe.
-const ALL_FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
+const CHECK_FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
+/// The features the tests run with (the CUDA probe has nothing to probe on
+/// a CI machine; the checks above compile it).
+const TEST_FEATURES: [&str; 2] = ["--features", "sluice/lab"];
 
 fn test() -> anyhow::Result<()> {
     let started = Instant::now();
-    plugins::plugins(plugins::PluginsArgs::check())?;
-    models::fetch_model()?;
-    eprintln!("xtask: formatting (cargo fmt --check)");
-    run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]))?;
-    eprintln!("xtask: clippy, warnings denied (all features, then `sluice serve`'s default build)");
     let plugins_native = ["--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"];
-    run(cargo()
-        .args(["clippy", "--locked", "--workspace", "--all-targets"])
-        .args(ALL_FEATURES)
-        .args(["--", "-D", "warnings"]))?;
-    run(cargo().args(["clippy", "--locked", "--package", "sluice", "--", "-D", "warnings"]))?;
-    run(cargo().args(["clippy", "--locked", "--all-targets"]).args(plugins_native).args(["--", "-D", "warnings"]))?;
-    eprintln!("xtask: docs, warnings denied");
-    run(cargo()
-        .args(["doc", "--locked", "--workspace", "--no-deps"])
-        .args(ALL_FEATURES)
-        .env("RUSTDOCFLAGS", "-D warnings"))?;
-    eprintln!("xtask: plugin unit tests (native)");
-    run(cargo().args(["test", "--locked"]).args(plugins_native))?;
-    eprintln!("xtask: host workspace tests (release)");
-    run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]).args(ALL_FEATURES))?;
+    stage("plugins/dist/ against a fresh pinned build", || plugins::plugins(plugins::PluginsArgs::check()))?;
+    stage("the default model", || models::fetch_model().map(drop))?;
+    stage("formatting (cargo fmt --check)", || {
+        run(cargo().args(["fmt", "--all", "--check"]))?;
+        run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]))
+    })?;
+    stage("clippy, warnings denied (all features, `sluice serve`'s default build, the plugins)", || {
+        let deny = ["--", "-D", "warnings"];
+        run(cargo().args(["clippy", "--locked", "--workspace", "--all-targets"]).args(CHECK_FEATURES).args(deny))?;
+        run(cargo().args(["clippy", "--locked", "--package", "sluice"]).args(deny))?;
+        run(cargo().args(["clippy", "--locked", "--all-targets"]).args(plugins_native).args(deny))
+    })?;
+    stage("docs, warnings denied", || {
+        run(cargo()
+            .args(["doc", "--locked", "--workspace", "--no-deps"])
+            .args(CHECK_FEATURES)
+            .env("RUSTDOCFLAGS", "-D warnings"))
+    })?;
+    stage("plugin unit tests (native)", || run(cargo().args(["test", "--locked"]).args(plugins_native)))?;
+    stage("host workspace tests (release)", || {
+        run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]).args(TEST_FEATURES))
+    })?;
     eprintln!("xtask: all tests passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Run one stage of `test`, saying what it is and how long it took.
+fn stage(name: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    eprintln!("xtask: {name}");
+    let started = Instant::now();
+    work()?;
+    eprintln!("xtask: {name}: done in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -6,13 +6,14 @@
 //! the pool's work split never changes a row's arithmetic, so a row's
 //! results are the same bits alone or batched, for any thread count.
 
+use std::ops::Range;
 use std::sync::Mutex;
 
 use half::f16;
 
-use super::{AttentionRow, Backend, BackendError, Embed, KvShape, MatrixSource, SharedBytes};
+use super::{Backend, BackendError, Embed, KvShape, MatrixSource, PassLayout, PassRow, SharedBytes};
 use crate::matmul::{QuantMatrix, matmul};
-use crate::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles, RopePos};
+use crate::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
 use crate::quant::SimdLevel;
 
@@ -64,11 +65,21 @@ impl CpuKv {
     }
 }
 
+/// A pass's layout in host memory, its buffers kept from pass to pass.
+#[derive(Default)]
+pub struct CpuPass {
+    angles: Vec<RopeAngles>,
+    rows: Vec<PassRow>,
+    /// Per sequence: its blocks and hidden cells.
+    blocks: Vec<Vec<u32>>,
+    hidden: Vec<Vec<Range<usize>>>,
+}
+
 impl Backend for CpuBackend {
     type Matrix = CpuMatrix;
     type Vector = Vec<f32>;
     type Rows = Vec<f32>;
-    type Angles = Vec<RopeAngles>;
+    type Pass = CpuPass;
     type Kv = CpuKv;
 
     fn describe(&self) -> String {
@@ -81,14 +92,18 @@ impl Backend for CpuBackend {
         Ok(CpuMatrix { bytes, dtype, n_out, n_in })
     }
 
-    fn vector(&self, values: &[f32]) -> Vec<f32> {
-        values.to_vec()
+    fn vector(&self, values: &[f32]) -> Result<Vec<f32>, BackendError> {
+        Ok(values.to_vec())
     }
 
-    fn kv(&self, shape: KvShape) -> CpuKv {
-        let len = shape.n_blocks * shape.block_tokens * shape.kv_dim;
+    fn kv(&self, shape: KvShape) -> Result<CpuKv, BackendError> {
+        let len = shape
+            .n_blocks
+            .checked_mul(shape.block_tokens)
+            .and_then(|cells| cells.checked_mul(shape.kv_dim))
+            .ok_or_else(|| BackendError::Unavailable(format!("a KV store of {shape:?} is too large to address")))?;
         let layers = (0..shape.n_layer).map(|_| (vec![f16::ZERO; len], vec![f16::ZERO; len])).collect();
-        CpuKv { shape, layers }
+        Ok(CpuKv { shape, layers })
     }
 
     fn copy_kv_block(&self, kv: &mut CpuKv, from: u32, to: u32) {
@@ -100,17 +115,43 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn upload(&self, values: &[f32], out: &mut Vec<f32>) {
+    fn upload(&self, values: &[f32], out: &mut Vec<f32>) -> Result<(), BackendError> {
         out.clear();
         out.extend_from_slice(values);
+        Ok(())
     }
 
-    fn download(&self, rows: &Vec<f32>) -> Vec<f32> {
-        rows.clone()
+    fn download(&self, rows: &Vec<f32>) -> Result<Vec<f32>, BackendError> {
+        Ok(rows.clone())
     }
 
-    fn download_owned(&self, rows: Vec<f32>) -> Vec<f32> {
-        rows
+    fn download_owned(&self, rows: Vec<f32>) -> Result<Vec<f32>, BackendError> {
+        Ok(rows)
+    }
+
+    fn prepare(&self, rope: &Rope, layout: &PassLayout<'_>, out: &mut CpuPass) -> Result<(), BackendError> {
+        if let Some(row) = layout.rows.iter().find(|row| row.seq >= layout.sequences.len()) {
+            return Err(BackendError::Input(format!(
+                "a row of sequence {} in a pass of {} sequences",
+                row.seq,
+                layout.sequences.len()
+            )));
+        }
+        out.angles.resize_with(layout.rows.len(), RopeAngles::default);
+        for (row, angles) in layout.rows.iter().zip(out.angles.iter_mut()) {
+            rope.angles(row.pos, angles);
+        }
+        out.rows.clear();
+        out.rows.extend_from_slice(layout.rows);
+        out.blocks.resize_with(layout.sequences.len(), Vec::new);
+        out.hidden.resize_with(layout.sequences.len(), Vec::new);
+        for ((sequence, blocks), hidden) in layout.sequences.iter().zip(&mut out.blocks).zip(&mut out.hidden) {
+            blocks.clear();
+            blocks.extend_from_slice(sequence.blocks);
+            hidden.clear();
+            hidden.extend_from_slice(sequence.hidden);
+        }
+        Ok(())
     }
 
     fn embed(
@@ -128,27 +169,14 @@ impl Backend for CpuBackend {
                     table.dequantize_row(token as usize, dst)
                 }
                 (Embed::Token(token), _) => {
-                    return Err(BackendError::Embed(format!("token {token} has no row of width {width}")));
+                    return Err(BackendError::Input(format!("token {token} has no embedding row of width {width}")));
                 }
                 (Embed::Values(values), _) if values.len() == width => dst.copy_from_slice(values),
                 (Embed::Values(values), _) => {
-                    return Err(BackendError::Embed(format!("{} values for a row of {width}", values.len())));
+                    return Err(BackendError::Input(format!("{} values for a row of {width}", values.len())));
                 }
             }
         }
-        Ok(())
-    }
-
-    fn dequantize_row(&self, matrix: &CpuMatrix, row: usize, out: &mut [f32]) -> Result<(), BackendError> {
-        if row >= matrix.n_out || out.len() != matrix.n_in {
-            return Err(BackendError::Embed(format!(
-                "row {row} of width {} from a matrix of {} rows of {}",
-                out.len(),
-                matrix.n_out,
-                matrix.n_in
-            )));
-        }
-        matrix.view().dequantize_row(row, out);
         Ok(())
     }
 
@@ -188,25 +216,18 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rope_angles(&self, rope: &Rope, positions: &[RopePos], out: &mut Vec<RopeAngles>) {
-        out.resize_with(positions.len(), RopeAngles::default);
-        for (&pos, angles) in positions.iter().zip(out.iter_mut()) {
-            rope.angles(pos, angles);
-        }
-    }
-
-    fn rope(&self, rope: &Rope, angles: &Vec<RopeAngles>, x: &mut Vec<f32>) {
-        let Some(width) = x.len().checked_div(angles.len()) else { return };
-        for (row, angles) in x.chunks_exact_mut(width).zip(angles) {
+    fn rope(&self, rope: &Rope, pass: &CpuPass, x: &mut Vec<f32>) {
+        let Some(width) = x.len().checked_div(pass.angles.len()) else { return };
+        for (row, angles) in x.chunks_exact_mut(width).zip(&pass.angles) {
             rope.apply(angles, row);
         }
     }
 
-    fn store_kv(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, slots: &[usize]) {
+    fn store_kv(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, pass: &CpuPass) {
         let kv_dim = kv.shape.kv_dim;
         let (keys, values) = &mut kv.layers[layer];
-        for (row, &slot) in slots.iter().enumerate() {
-            let at = slot * kv_dim;
+        for (row, pass_row) in pass.rows.iter().enumerate() {
+            let at = pass_row.slot * kv_dim;
             ops::f32_to_f16_row(&k[row * kv_dim..(row + 1) * kv_dim], &mut keys[at..at + kv_dim]);
             ops::f32_to_f16_row(&v[row * kv_dim..(row + 1) * kv_dim], &mut values[at..at + kv_dim]);
         }
@@ -217,13 +238,13 @@ impl Backend for CpuBackend {
         kv: &CpuKv,
         layer: usize,
         q: &Vec<f32>,
-        rows: &[AttentionRow<'_>],
+        pass: &CpuPass,
         heads: HeadShape,
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         let q_dim = heads.q_len();
-        resize(out, rows.len() * q_dim);
+        resize(out, pass.rows.len() * q_dim);
         let (keys, values) = &kv.layers[layer];
         let block_tokens = kv.shape.block_tokens;
         // Rows are independent: threads take every n-th row (later rows of
@@ -235,13 +256,13 @@ impl Backend for CpuBackend {
         let scratch = &self.attention_scratch;
         self.pool.run(|thread, n_threads| {
             let Ok(mut scratch) = scratch[thread].lock() else { return };
-            for (index, row) in rows.iter().enumerate().skip(thread).step_by(n_threads) {
+            for (index, row) in pass.rows.iter().enumerate().skip(thread).step_by(n_threads) {
                 let Ok(mut out) = outputs[index].lock() else { return };
                 let pages = KvPages {
                     k: keys,
                     v: values,
-                    pages: PageTable { blocks: row.blocks, block_tokens },
-                    hidden: row.hidden,
+                    pages: PageTable { blocks: &pass.blocks[row.seq], block_tokens },
+                    hidden: &pass.hidden[row.seq],
                 };
                 let attended = ops::attend(
                     &q[index * q_dim..(index + 1) * q_dim],
@@ -276,6 +297,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::backend::PassSequence;
     use crate::quant::DType;
 
     fn f32_matrix(backend: &CpuBackend, rows: &[[f32; 3]]) -> CpuMatrix {
@@ -302,10 +324,6 @@ mod tests {
         assert!(backend.embed(Some(&table), &[Embed::Token(2)], 3, &mut out).is_err(), "past the table");
         assert!(backend.embed(None, &[Embed::Token(0)], 3, &mut out).is_err(), "no table");
         assert!(backend.embed(None, &[Embed::Values(&[1.0])], 3, &mut out).is_err(), "short values");
-        let mut row = [0.0; 3];
-        backend.dequantize_row(&table, 1, &mut row).expect("in range");
-        assert_eq!(row, [4.0, 5.0, 6.0]);
-        assert!(backend.dequantize_row(&table, 2, &mut row).is_err());
     }
 
     #[test]
@@ -322,14 +340,31 @@ mod tests {
     }
 
     #[test]
+    fn a_layout_naming_a_missing_sequence_is_refused() {
+        let backend = CpuBackend::new(1);
+        let rope = Rope::new(2, 2, 10000.0, 1.0, ops::RopeKind::Neox).expect("valid rope");
+        let rows = [PassRow { pos: [0; 4], slot: 0, seq: 1, visible: 1 }];
+        let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &[0], hidden: &[] }] };
+        let error = backend.prepare(&rope, &layout, &mut CpuPass::default()).expect_err("sequence 1 is not there");
+        assert_eq!(error.to_string(), "a row of sequence 1 in a pass of 1 sequences");
+        let shape = KvShape { n_layer: 1, kv_dim: usize::MAX, n_blocks: 2, block_tokens: 16 };
+        assert!(backend.kv(shape).is_err(), "too large to address");
+    }
+
+    #[test]
     fn kv_blocks_copy_across_every_layer() {
         let backend = CpuBackend::new(1);
         let shape = KvShape { n_layer: 2, kv_dim: 2, n_blocks: 3, block_tokens: 2 };
-        let mut kv = backend.kv(shape);
+        let mut kv = backend.kv(shape).expect("a small store");
         let k = vec![1.0, 2.0, 3.0, 4.0];
         let v = vec![5.0, 6.0, 7.0, 8.0];
+        let rope = Rope::new(2, 2, 10000.0, 1.0, ops::RopeKind::Neox).expect("valid rope");
+        let rows = [0, 1].map(|slot| PassRow { pos: [slot as u32; 4], slot, seq: 0, visible: slot + 1 });
+        let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &[0], hidden: &[] }] };
+        let mut pass = CpuPass::default();
+        backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
         for layer in 0..2 {
-            backend.store_kv(&mut kv, layer, &k, &v, &[0, 1]);
+            backend.store_kv(&mut kv, layer, &k, &v, &pass);
         }
         backend.copy_kv_block(&mut kv, 0, 2);
         for (keys, values) in &kv.layers {

@@ -6,6 +6,17 @@ use cudarc::driver::result;
 
 /// The name of CUDA device `index`, or why there is none to use.
 pub fn probe(index: u32) -> Result<String, String> {
+    // cudarc panics when the driver lacks a function it looks up: that is an
+    // answer too, and is reported like the others (quietly: the start-up
+    // error says it).
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let probed = std::panic::catch_unwind(|| ask_the_driver(index));
+    std::panic::set_hook(hook);
+    probed.unwrap_or_else(|_| Err("the CUDA driver lacks a function this build needs".into()))
+}
+
+fn ask_the_driver(index: u32) -> Result<String, String> {
     // SAFETY: only tries to open the driver library by its usual names; no
     // symbol is called and nothing is kept.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {

@@ -1,5 +1,5 @@
 //! The compute seam between a model's forward pass and the device that runs
-//! it (docs/architecture.md, "model ↔ backend").
+//! it (docs/architecture.md, "The Backend seam").
 //!
 //! A [`Backend`] owns everything device-specific: where weights live, the
 //! activation buffers, the paged f16 KV store, the threads. Model code is
@@ -8,7 +8,8 @@
 //! residual adds) and reads results back to the host only where the host
 //! needs them (logits for sampling, hidden-state taps for DFlash). Buffers
 //! are opaque to the model, so a device backend keeps activations resident
-//! between operations.
+//! between operations, and what the layers of a pass share (positions, KV
+//! cells, block tables) is prepared once per pass.
 //!
 //! Guarantees are per backend: [`CpuBackend`] is batch-invariant (a row's
 //! results never depend on the other rows, the chunking, the paging or the
@@ -87,15 +88,35 @@ pub enum Embed<'a> {
     Values(&'a [f32]),
 }
 
-/// What one query row attends to in its sequence's KV.
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionRow<'a> {
-    /// The sequence's blocks, in position order.
-    pub blocks: &'a [u32],
-    /// Cells `0..visible` are attended to…
+/// One row of a forward pass, as every layer sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassRow {
+    /// Its rotary position.
+    pub pos: RopePos,
+    /// The KV cell it writes (see [`KvShape::slot`]).
+    pub slot: usize,
+    /// Its sequence: an index into [`PassLayout::sequences`].
+    pub seq: usize,
+    /// It attends to its sequence's cells `0..visible`…
     pub visible: usize,
-    /// …except these (sorted, disjoint).
+}
+
+/// One sequence of a forward pass.
+#[derive(Clone, Copy, Debug)]
+pub struct PassSequence<'a> {
+    /// Its blocks, in position order.
+    pub blocks: &'a [u32],
+    /// …except these cells (sorted, disjoint).
     pub hidden: &'a [Range<usize>],
+}
+
+/// What the layers of one pass share: where each row sits and what it
+/// attends to. A backend prepares it once per pass ([`Backend::prepare`]),
+/// so a device backend moves it to the device once, not once per layer.
+#[derive(Clone, Copy, Debug)]
+pub struct PassLayout<'a> {
+    pub rows: &'a [PassRow],
+    pub sequences: &'a [PassSequence<'a>],
 }
 
 /// Why a backend refused an operation or could not start.
@@ -105,8 +126,11 @@ pub enum BackendError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Ops(#[from] OpsError),
-    #[error("embedding: {0}")]
-    Embed(String),
+    /// A row input that does not fit: a token past the table, values of
+    /// the wrong width, a sequence index past the layout.
+    #[error("{0}")]
+    Input(String),
+    /// The device cannot be used, or ran out of memory.
     #[error("{0}")]
     Unavailable(String),
 }
@@ -115,7 +139,9 @@ pub enum BackendError {
 ///
 /// Buffers are rows of f32 in row-major order; an operation sizes its
 /// output. Operations that take a width (`rms_norm`'s weight length, a
-/// matrix's `n_in`) treat a buffer as whole rows of it.
+/// matrix's `n_in`) treat a buffer as whole rows of it. What allocates can
+/// fail; the arithmetic itself cannot fail on the CPU, and a device
+/// backend reports an asynchronous failure at the next download.
 pub trait Backend: Send + Sync + 'static {
     /// A weight matrix resident on the device.
     type Matrix: Send + Sync;
@@ -123,8 +149,8 @@ pub trait Backend: Send + Sync + 'static {
     type Vector: Send + Sync;
     /// Activations.
     type Rows: Default + Send;
-    /// Per-row rotary angles, computed once per pass and used by every layer.
-    type Angles: Default + Send;
+    /// A pass's [`PassLayout`] and rotary angles, prepared for the device.
+    type Pass: Default + Send;
     /// A paged f16 KV store.
     type Kv: Send;
 
@@ -133,18 +159,21 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Make a weight matrix resident.
     fn matrix(&self, source: MatrixSource) -> Result<Self::Matrix, BackendError>;
-    fn vector(&self, values: &[f32]) -> Self::Vector;
-    fn kv(&self, shape: KvShape) -> Self::Kv;
+    fn vector(&self, values: &[f32]) -> Result<Self::Vector, BackendError>;
+    fn kv(&self, shape: KvShape) -> Result<Self::Kv, BackendError>;
     /// Copy one block of every layer (copy-on-write of a shared tail).
     fn copy_kv_block(&self, kv: &mut Self::Kv, from: u32, to: u32);
 
     /// Host values into a buffer.
-    fn upload(&self, values: &[f32], out: &mut Self::Rows);
+    fn upload(&self, values: &[f32], out: &mut Self::Rows) -> Result<(), BackendError>;
     /// A buffer's values on the host.
-    fn download(&self, rows: &Self::Rows) -> Vec<f32>;
+    fn download(&self, rows: &Self::Rows) -> Result<Vec<f32>, BackendError>;
     /// [`Backend::download`] of a buffer no longer needed (no copy where
     /// the buffer already is host memory).
-    fn download_owned(&self, rows: Self::Rows) -> Vec<f32>;
+    fn download_owned(&self, rows: Self::Rows) -> Result<Vec<f32>, BackendError>;
+
+    /// Prepare a pass: the rotary angles of every row and its layout.
+    fn prepare(&self, rope: &Rope, layout: &PassLayout<'_>, out: &mut Self::Pass) -> Result<(), BackendError>;
 
     /// One row per input: a row of `table` or the given values (`width`
     /// each). Token ids must be rows of `table`.
@@ -155,8 +184,6 @@ pub trait Backend: Send + Sync + 'static {
         width: usize,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError>;
-    /// Row `row` of `matrix`, decoded, on the host (`out.len()` = n_in).
-    fn dequantize_row(&self, matrix: &Self::Matrix, row: usize, out: &mut [f32]) -> Result<(), BackendError>;
 
     /// RMSNorm of every row of `x` (rows as long as `weight`) into `out`.
     fn rms_norm(&self, x: &Self::Rows, weight: &Self::Vector, eps: f32, out: &mut Self::Rows);
@@ -173,15 +200,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Rows `rows` of `x` (`width` each), in that order.
     fn gather(&self, x: &Self::Rows, rows: &[usize], width: usize, out: &mut Self::Rows);
 
-    /// The rotary angles of one row per position.
-    fn rope_angles(&self, rope: &Rope, positions: &[RopePos], out: &mut Self::Angles);
-    /// Rotate every row of `x` (one per angle set) in place.
-    fn rope(&self, rope: &Rope, angles: &Self::Angles, x: &mut Self::Rows);
-
-    /// Write row i of `k` and `v` into cell `slots[i]` of `layer`
-    /// (see [`KvShape::slot`]), rounded to f16.
-    fn store_kv(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Rows, v: &Self::Rows, slots: &[usize]);
-    /// Attention of each query row of `q` over its [`AttentionRow`] in
+    /// Rotate every row of `x` (one per row of the pass) in place.
+    fn rope(&self, rope: &Rope, pass: &Self::Pass, x: &mut Self::Rows);
+    /// Write row i of `k` and `v` into the pass's row i's KV cell of
+    /// `layer`, rounded to f16.
+    fn store_kv(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Rows, v: &Self::Rows, pass: &Self::Pass);
+    /// Attention of each query row of `q` over what its pass row sees in
     /// `layer`, into `out` (the shape of `q`).
     #[allow(clippy::too_many_arguments)]
     fn attend(
@@ -189,7 +213,7 @@ pub trait Backend: Send + Sync + 'static {
         kv: &Self::Kv,
         layer: usize,
         q: &Self::Rows,
-        rows: &[AttentionRow<'_>],
+        pass: &Self::Pass,
         heads: HeadShape,
         scale: f32,
         out: &mut Self::Rows,

@@ -43,14 +43,14 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
 
     let mut prefill_tps = Vec::new();
     for _ in 0..reps {
-        let mut session = Session::new(Arc::clone(&model), tokens.len());
+        let mut session = Session::new(Arc::clone(&model), tokens.len())?;
         let started = Instant::now();
         session.prefill(&tokens, tokens.len())?;
         prefill_tps.push(tokens.len() as f64 / started.elapsed().as_secs_f64());
     }
     let mut decode_tps = Vec::new();
     for _ in 0..reps {
-        let mut session = Session::new(Arc::clone(&model), 16 + args.decode);
+        let mut session = Session::new(Arc::clone(&model), 16 + args.decode)?;
         let mut logits = session.prefill(&tokens[..16.min(tokens.len())], 16)?;
         let started = Instant::now();
         for _ in 0..args.decode {
@@ -61,7 +61,7 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     }
     let (prefill, decode) = (median(&mut prefill_tps), median(&mut decode_tps));
     println!("model: {}", args.model.display());
-    println!("backend: {}", model.backend());
+    println!("backend: {}", model.describe());
     println!("pp{}: {prefill:.1} tokens/s", args.prefill);
     println!("tg{}: {decode:.1} tokens/s", args.decode);
     if args.json {

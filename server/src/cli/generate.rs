@@ -68,7 +68,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         Tokenizer::from_gguf(model.file()).with_context(|| format!("tokenizer of {}", args.model.display()))?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
-    let mut session = Session::new(std::sync::Arc::clone(&model), prompt.len() + args.n_predict);
+    let mut session = Session::new(std::sync::Arc::clone(&model), prompt.len() + args.n_predict)?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -119,7 +119,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         forwards,
         decode.as_secs_f64() * 1e3,
         forwards as f64 / decode.as_secs_f64().max(1e-9),
-        model.backend(),
+        model.describe(),
     );
     Ok(())
 }

@@ -214,8 +214,8 @@ impl Default for PolicyConfig {
     }
 }
 
-/// `policy.on_fault`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// `policy.on_fault` (and the lab's `--on-fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFault {
     /// End every request with an error and refuse new ones until reloaded.

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use sluice_kernels::backend::BackendError;
 use sluice_plugin_api::rules::has_runnable_work;
 
 use super::batch::{Assembled, Work, assemble};
@@ -96,16 +97,18 @@ impl Observer for Watch<'_> {
 }
 
 impl Engine {
+    /// An engine on `models`; fails when the model's KV store cannot be
+    /// allocated on its device.
     pub(super) fn new(
         Models { model, tokenizer, speculation }: Models,
         supervisor: Supervisor,
         config: EngineConfig,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
-    ) -> Self {
+    ) -> Result<Self, BackendError> {
         let (n_blocks, block_tokens) = config.kv_blocks();
-        Engine {
-            context: Arc::clone(&model).context(n_blocks, block_tokens),
+        Ok(Engine {
+            context: Arc::clone(&model).context(n_blocks, block_tokens)?,
             speculation,
             blocks: BlockManager::new(n_blocks, block_tokens),
             slots: (0..config.slots).map(|_| None).collect(),
@@ -120,7 +123,7 @@ impl Engine {
             config,
             shared,
             commands,
-        }
+        })
     }
 
     pub(super) fn run(mut self) {
@@ -313,7 +316,7 @@ impl Engine {
         }
         let mut decoding = Vec::new();
         for &slot in &decision.decode {
-            if matches!(self.emit(slot as usize, None), Emitted::Continue) {
+            if self.sample(slot as usize) {
                 decoding.push(slot as usize);
             }
         }
@@ -392,20 +395,20 @@ impl Engine {
         Metrics::add(&self.shared.metrics.requests_processing, 1);
     }
 
-    /// Sample the slot's next token from its held logits and emit it
-    /// (see [`Emitter::emit`]); a request that ends is ended here.
-    fn emit(&mut self, slot: usize, draft: Option<u32>) -> Emitted {
-        let Some(active) = self.slots[slot].as_mut() else {
-            return Emitted::Ended(Ending { reason: EndReason::Cancelled, event: None });
-        };
+    /// Sample the slot's next token from its held logits and emit it (see
+    /// [`Emitter::emit`]); a request that ends is ended here. Whether the
+    /// token goes on to the model.
+    fn sample(&mut self, slot: usize) -> bool {
+        let Some(active) = self.slots[slot].as_mut() else { return false };
         let mut emitter = emitter!(self);
-        match emitter.emit(slot, active, draft) {
+        match emitter.emit(slot, active, None) {
+            Emitted::Continue => true,
             Emitted::Ended(ending) => {
-                let reason = ending.reason;
                 self.end_slot(slot, ending);
-                Emitted::Ended(Ending { reason, event: None })
+                false
             }
-            emitted => emitted,
+            // Only a draft can be rejected.
+            Emitted::Rejected => false,
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use sluice_kernels::backend::BackendError;
 use tokio::sync::mpsc as events;
 
 use super::core::{Engine, Models};
@@ -16,6 +17,15 @@ use super::state::{Command, EngineConfig, Shared, SlotInfo};
 use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
 use crate::model::Model;
 use crate::model::tokenizer::Tokenizer;
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineStartError {
+    #[error("cannot create the model's context: {0}")]
+    Context(#[from] BackendError),
+    #[error("cannot start the engine thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
 
 /// Why a request was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +66,7 @@ impl EngineHandle {
         fallback: FallbackPolicy,
         config: EngineConfig,
         speculation: Option<Speculation>,
-    ) -> std::io::Result<Self> {
+    ) -> Result<Self, EngineStartError> {
         let (commands, receiver) = mpsc::channel();
         let shared = Arc::new(Shared::new(policy.name()));
         let hparams = model.hparams();
@@ -64,7 +74,7 @@ impl EngineHandle {
         let speculative = speculation.is_some();
         let models = Models { model, tokenizer, speculation };
         let supervisor = Supervisor::new(policy, fallback, config.faults);
-        let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver);
+        let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver)?;
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
         Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width, speculative })
     }

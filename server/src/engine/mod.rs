@@ -24,6 +24,6 @@ mod state;
 pub mod supervisor;
 pub mod text;
 
-pub use handle::{EngineHandle, SubmitError};
-pub use state::{EngineConfig, FAULT_JOURNAL, Shared, SlotInfo};
+pub use handle::{EngineHandle, EngineStartError, SubmitError};
+pub use state::{EngineConfig, Shared, SlotInfo};
 pub use supervisor::{FallbackPolicy, FaultAction, FaultEvent, FaultRules, Health, OnFault};

@@ -87,7 +87,7 @@ pub struct SlotInfo {
 }
 
 /// How many recent policy faults the engine keeps for `/props`.
-pub const FAULT_JOURNAL: usize = 32;
+const FAULT_JOURNAL: usize = 32;
 
 /// State the engine publishes for the HTTP layer.
 #[derive(Debug)]
@@ -97,7 +97,8 @@ pub struct Shared {
     pub slots: Mutex<Vec<SlotInfo>>,
     pub policy_name: Mutex<String>,
     pub waiting: AtomicU64,
-    /// The last [`FAULT_JOURNAL`] policy faults and what was done about them.
+    /// The most recent policy faults (`FAULT_JOURNAL` of them) and what was
+    /// done about them.
     pub faults: Mutex<VecDeque<FaultEvent>>,
 }
 

@@ -33,7 +33,7 @@ pub fn time_step(
     let sequences = decode as usize + usize::from(prefill > 0);
     let cells = context as usize + prefill.max(1) as usize;
     let blocks_per_seq = cells.div_ceil(BLOCK_TOKENS);
-    let mut model_context = Arc::clone(model).context(sequences * blocks_per_seq, BLOCK_TOKENS);
+    let mut model_context = Arc::clone(model).context(sequences * blocks_per_seq, BLOCK_TOKENS)?;
     let mut batch = Batch::default();
     let mut work = StepWork::default();
     let n_vocab = model.hparams().n_vocab as u32;

@@ -179,6 +179,11 @@ pub fn simulate(supervisor: &mut Supervisor, trace: &[TraceRequest], shape: Engi
     }
 }
 
+/// What a run reports of the fault that quarantined its policy.
+fn quarantine_message(event: &FaultEvent) -> String {
+    format!("step {}: {}", event.step, event.detail)
+}
+
 /// The simulator hears only about faults.
 #[derive(Default)]
 struct Journal(Vec<FaultEvent>);
@@ -218,7 +223,7 @@ impl Simulator<'_> {
             }
             let verdict = supervisor.decide(&view, journal);
             if verdict == Verdict::Closed {
-                let message = supervisor.health().refusal().unwrap_or_default();
+                let message = journal.0.last().map(quarantine_message).unwrap_or_default();
                 self.fail_everything(&message);
                 return;
             }
@@ -234,6 +239,7 @@ impl Simulator<'_> {
                     self.hash_decision(&Decision::default());
                     self.now += IDLE_STEP_MS;
                 }
+                // `Closed` was handled above.
                 Verdict::Stalled | Verdict::Closed => self.hash_decision(&Decision::default()),
             }
         }

@@ -18,6 +18,8 @@ pub mod transformer;
 
 use std::sync::Arc;
 
+use sluice_kernels::backend::BackendError;
+
 pub use forward::{ForwardError, ForwardOutput};
 pub use transformer::{LoadError, Transformer};
 
@@ -33,29 +35,20 @@ pub trait Model: Send + Sync {
     fn file(&self) -> &GgufFile;
 
     /// The backend it computes on, for the log.
-    fn backend(&self) -> String;
+    fn describe(&self) -> String;
 
     /// A context for running sequences: a KV store of `n_blocks` blocks of
     /// `block_tokens` cells, and the buffers of a pass.
-    fn context(self: Arc<Self>, n_blocks: usize, block_tokens: usize) -> Box<dyn Context>;
+    fn context(self: Arc<Self>, n_blocks: usize, block_tokens: usize) -> Result<Box<dyn Context>, BackendError>;
 
-    /// Another model (a draft) loaded onto the same backend and threads.
+    /// Another model (a draft) loaded onto the same backend and threads; a
+    /// DFlash draft without an embedding table or LM head of its own uses
+    /// this model's.
     fn load_sibling(&self, file: GgufFile) -> Result<Arc<dyn Model>, LoadError>;
 
-    /// Write token `token`'s embedding row into `dst` (n_embd); `false` if
-    /// the model has no embeddings or the token is out of range.
-    fn embed(&self, token: u32, dst: &mut [f32]) -> bool;
-
-    /// Whether the model has its own LM head.
-    fn has_lm_head(&self) -> bool;
-
-    /// Logits of `m` final-normed hidden rows (n_embd each) through this
-    /// model's LM head; empty if it has none.
-    fn lm_head(&self, hidden: &[f32], m: usize) -> Vec<f32>;
-
     /// A DFlash draft's fused context features for `n` rows of
-    /// concatenated target taps; `None` for other models.
-    fn fuse(&self, taps: &[f32], n: usize) -> Option<Vec<f32>>;
+    /// concatenated target taps.
+    fn fuse(&self, taps: &[f32], n: usize) -> Result<Vec<f32>, ForwardError>;
 }
 
 /// A model's KV store and working buffers.

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use sluice_kernels::backend::BackendError;
+
 use super::batch::{Batch, BatchRow, Position, RowInput, text_position};
 use super::{Context, ForwardError, ForwardOutput, Model};
 
@@ -21,14 +23,14 @@ pub struct Session {
 
 impl Session {
     /// A session with room for `capacity` tokens.
-    pub fn new(model: Arc<dyn Model>, capacity: usize) -> Self {
+    pub fn new(model: Arc<dyn Model>, capacity: usize) -> Result<Self, BackendError> {
         let n_blocks = capacity.div_ceil(BLOCK_TOKENS).max(1);
-        Session {
-            context: model.context(n_blocks, BLOCK_TOKENS),
+        Ok(Session {
+            context: model.context(n_blocks, BLOCK_TOKENS)?,
             table: (0..n_blocks as u32).collect(),
             cells: 0,
             next_pos: 0,
-        }
+        })
     }
 
     /// Tokens (or embedding rows) processed so far.

@@ -26,10 +26,11 @@ pub enum LoadError {
     Tensor { name: String, problem: String },
 }
 
-/// A weight matrix resident on the backend, with its input width.
+/// A weight matrix resident on the backend, with its shape.
 pub(super) struct Weight<B: Backend> {
     pub(super) matrix: B::Matrix,
     pub(super) n_in: usize,
+    pub(super) n_out: usize,
 }
 
 pub(super) struct Layer<B: Backend> {
@@ -54,11 +55,10 @@ pub struct Transformer<B: Backend> {
     pub(super) backend: Arc<B>,
     pub(super) file: GgufFile,
     pub(super) hparams: HParams,
-    /// Absent in a DFlash draft that borrows its target's.
+    /// A DFlash draft without its own uses its target's.
     pub(super) token_embd: Option<Arc<Weight<B>>>,
     pub(super) output_norm: B::Vector,
-    /// Absent in a DFlash draft that borrows its target's LM head; the
-    /// forward pass then returns normalized hidden states instead of logits.
+    /// A DFlash draft without its own uses its target's LM head.
     pub(super) output: Option<Arc<Weight<B>>>,
     pub(super) layers: Vec<Layer<B>>,
     /// A DFlash draft's feature fusion: `fc` (the target taps, concatenated,
@@ -75,21 +75,28 @@ impl<B: Backend> Transformer<B> {
     }
 
     pub fn from_file(file: GgufFile, backend: Arc<B>) -> Result<Self, LoadError> {
+        Self::lending(file, backend, None)
+    }
+
+    /// Load `file`; a DFlash draft takes what it lacks of the embedding
+    /// table and the LM head from `target` (its weights, not copies).
+    pub(super) fn lending(file: GgufFile, backend: Arc<B>, target: Option<&Self>) -> Result<Self, LoadError> {
         let hparams = HParams::from_gguf(&file)?;
         let hp = &hparams;
         let b = &*backend;
         let borrows = hp.arch == Architecture::Dflash;
+        let lent = |pick: fn(&Self) -> &Option<Arc<Weight<B>>>| target.and_then(|target| pick(target).clone());
         let token_embd = match file.tensor("token_embd.weight") {
-            None if borrows => None,
+            None if borrows => lent(|target| &target.token_embd),
             _ => Some(Arc::new(weight(b, &file, "token_embd.weight", hp.n_embd, hp.n_vocab)?)),
         };
         // A reduced-vocabulary DFlash head has one row per `d2t` entry.
         let head_rows = file.tensor("d2t").filter(|_| borrows).map_or(hp.n_vocab, |d2t| d2t.elements() as usize);
         let output = match (file.tensor("output.weight"), &token_embd) {
             (Some(_), _) => Some(Arc::new(weight(b, &file, "output.weight", hp.n_embd, head_rows)?)),
+            (None, _) if borrows => lent(|target| &target.output),
             // Tied embeddings: the LM head is the embedding table.
-            (None, Some(token_embd)) if !borrows => Some(Arc::clone(token_embd)),
-            (None, _) => None,
+            (None, token_embd) => token_embd.clone(),
         };
         let output_norm = vector(b, &file, "output_norm.weight", hp.n_embd)?;
         let qwen2_biases = matches!(hp.arch, Architecture::Qwen2 | Architecture::Qwen2Vl);
@@ -177,7 +184,7 @@ fn weight<B: Backend>(
     let matrix = backend
         .matrix(MatrixSource { dtype, bytes, n_out, n_in })
         .map_err(|error| tensor_problem(name, &error.to_string()))?;
-    Ok(Weight { matrix, n_in })
+    Ok(Weight { matrix, n_in, n_out })
 }
 
 /// A small f32 (or f16/bf16) vector, dequantized and made resident.
@@ -191,5 +198,5 @@ fn vector<B: Backend>(backend: &B, file: &GgufFile, name: &str, len: usize) -> R
     };
     let mut values = vec![0.0; len];
     dequantize_row(dtype, file.data(tensor), &mut values).map_err(|error| tensor_problem(name, &error.to_string()))?;
-    Ok(backend.vector(&values))
+    backend.vector(&values).map_err(|error| tensor_problem(name, &error.to_string()))
 }

@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sluice_kernels::backend::BackendError;
+
 use super::plugins::load_fixups;
 use crate::config::{SpecType, SpeculativeConfig};
 use crate::engine::EngineConfig;
@@ -76,6 +78,8 @@ pub enum PairingError {
     Load(#[from] LoadError),
     #[error(transparent)]
     Fixup(#[from] FixupError),
+    #[error("cannot create the draft's context: {0}")]
+    Context(#[from] BackendError),
     #[error("fixup {plugin}: may not edit {key:?} (only `{prefix}.*` keys of the draft)")]
     Edit { plugin: String, key: String, prefix: String },
     #[error("the speculative type is {requested} but the draft's architecture is {arch:?} ({actual})")]
@@ -135,9 +139,9 @@ impl PairedDraft {
         Ok(match params {
             Some(params) => {
                 let mask = params.mask_token.unwrap_or_default();
-                Box::new(DflashDrafter::new(Arc::clone(target), draft, params, mask, d2t, n_blocks, block_tokens))
+                Box::new(DflashDrafter::new(draft, params, mask, d2t, n_blocks, block_tokens)?)
             }
-            None => Box::new(SimpleDrafter::new(draft, n_blocks, block_tokens)),
+            None => Box::new(SimpleDrafter::new(draft, n_blocks, block_tokens)?),
         })
     }
 }

@@ -10,7 +10,7 @@ use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
 use crate::config::{Config, threads_or_cores};
 use crate::engine::policy::SchedulingPolicy;
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
 use crate::model::chat_template::{ChatTemplate, TemplateError};
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{LoadError, Model, Transformer};
@@ -32,19 +32,34 @@ pub enum StartError {
     Template(String),
     #[error("{}: cannot use the draft model: {error}", path.display())]
     Draft { path: PathBuf, error: String },
-    #[error("cannot start the engine: {0}")]
-    Engine(std::io::Error),
+    #[error(transparent)]
+    Engine(#[from] EngineStartError),
 }
 
 /// A model file loaded onto `device`, computing on `threads` threads (0 =
 /// one per core).
 pub fn load_model(path: &Path, device: Device, threads: usize) -> Result<Arc<dyn Model>, StartError> {
-    let failed = |error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() };
+    usable(device)?;
+    // The CPU is the only backend so far.
+    let backend = Arc::new(CpuBackend::new(threads_or_cores(threads)));
+    let model = Transformer::load(path, backend)
+        .map_err(|error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() })?;
+    Ok(Arc::new(model))
+}
+
+/// Whether this build can run on the device `config` names: checked before
+/// the server listens, so a device it cannot use never answers "loading".
+pub fn check_device(config: &Config) -> Result<(), StartError> {
+    let device = config.model.device.parse().map_err(|reason: String| StartError::Model {
+        path: config.model.path(),
+        error: format!("`model.device`: {reason}"),
+    })?;
+    usable(device)
+}
+
+fn usable(device: Device) -> Result<(), StartError> {
     match device {
-        Device::Cpu => {
-            let backend = Arc::new(CpuBackend::new(threads_or_cores(threads)));
-            Ok(Arc::new(Transformer::load(path, backend).map_err(failed)?))
-        }
+        Device::Cpu => Ok(()),
         Device::Cuda(index) => Err(StartError::Device { device, reason: cuda_unavailable(index) }),
     }
 }
@@ -105,7 +120,7 @@ pub fn serve_model(
     let device =
         config.model.device.parse().map_err(|reason| StartError::Model { path: path.clone(), error: reason })?;
     let model = load_model(&path, device, config.model.threads)?;
-    tracing::info!(backend = model.backend(), "model on its device");
+    tracing::info!(backend = model.describe(), "model on its device");
     read_weights(model.as_ref());
     let tokenizer = Tokenizer::from_gguf(model.file())
         .map_err(|error| StartError::Model { path: path.clone(), error: format!("tokenizer: {error}") })?;
@@ -121,8 +136,7 @@ pub fn serve_model(
         fallback(host, &config.policy),
         engine_config,
         speculation,
-    )
-    .map_err(StartError::Engine)?;
+    )?;
     Ok(Serving { model, engine, tokenizer, template })
 }
 

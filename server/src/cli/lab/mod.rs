@@ -50,13 +50,14 @@ pub struct LabArgs {
     /// Token budget per step (as `sluice serve -b`).
     #[arg(long, default_value_t = 512)]
     batch_tokens: u32,
-    /// Steps without a grant before a policy counts as stalled.
-    #[arg(long, default_value_t = 64)]
+    /// Steps without a grant before a policy counts as stalled (as
+    /// `[policy] stall_steps`).
+    #[arg(long, default_value_t = PolicyConfig::default().stall_steps)]
     stall_steps: u32,
     /// After two faults in a row: fail-closed, or fallback to continuous
     /// (as `[policy] on_fault`).
-    #[arg(long, default_value = "fail-closed", value_parser = ["fail-closed", "fallback"])]
-    on_fault: String,
+    #[arg(long, value_enum, default_value_t = OnFault::FailClosed)]
+    on_fault: OnFault,
     /// The step-cost model from `sluice bench calibrate`.
     #[arg(long, value_name = "FILE", default_value = "target/lab/cost-model.json")]
     cost_model: PathBuf,
@@ -176,10 +177,9 @@ fn read_cost_model(path: &Path) -> anyhow::Result<CostModel> {
 /// strings.
 fn policy_config(spec: &str, args: &LabArgs) -> anyhow::Result<PolicyConfig> {
     let mut parts = spec.split(',');
-    let on_fault = if args.on_fault == "fallback" { OnFault::Fallback } else { OnFault::FailClosed };
     let mut config = PolicyConfig {
         plugin: parts.next().unwrap_or_default().to_owned(),
-        on_fault,
+        on_fault: args.on_fault,
         stall_steps: args.stall_steps,
         ..PolicyConfig::default()
     };

@@ -1,9 +1,12 @@
 //! DFlash: the target's hidden states at a few layers are fused and
 //! injected as the draft's KV context; one bidirectional pass over the block
 //! `[sampled token, MASK × (B-1)]` drafts B-1 tokens at once. Embeddings and
-//! the LM head are the target's unless the draft has its own.
+//! the LM head are the target's unless the draft has its own (the draft was
+//! loaded as the target's sibling, which lends them).
 
 use std::sync::Arc;
+
+use sluice_kernels::backend::BackendError;
 
 use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
@@ -11,7 +14,6 @@ use crate::model::dflash::DflashParams;
 use crate::model::{Context, ForwardError, Model};
 
 pub struct DflashDrafter {
-    target: Arc<dyn Model>,
     draft: Arc<dyn Model>,
     params: DflashParams,
     /// Token that fills the block after the sampled one.
@@ -23,24 +25,19 @@ pub struct DflashDrafter {
 }
 
 impl DflashDrafter {
-    /// A drafter for a paired draft (see `pairing`), whose KV store mirrors
-    /// the target's (`n_blocks` blocks of `block_tokens` cells).
+    /// A drafter for a draft paired with its target (`startup::pair`),
+    /// whose KV store mirrors the target's (`n_blocks` blocks of
+    /// `block_tokens` cells).
     pub fn new(
-        target: Arc<dyn Model>,
         draft: Arc<dyn Model>,
         params: DflashParams,
         mask_token: u32,
         d2t: Option<Vec<u32>>,
         n_blocks: usize,
         block_tokens: usize,
-    ) -> Self {
-        let context = Arc::clone(&draft).context(n_blocks, block_tokens);
-        DflashDrafter { target, draft, params, mask_token, d2t, context }
-    }
-
-    /// Row `token`'s input embedding: the draft's own table, else the target's.
-    fn embed(&self, token: u32, dst: &mut [f32]) -> bool {
-        self.draft.embed(token, dst) || self.target.embed(token, dst)
+    ) -> Result<Self, BackendError> {
+        let context = Arc::clone(&draft).context(n_blocks, block_tokens)?;
+        Ok(DflashDrafter { draft, params, mask_token, d2t, context })
     }
 }
 
@@ -54,7 +51,8 @@ impl Drafter for DflashDrafter {
     }
 
     fn commit(&mut self, rows: &mut [CommittedRows<'_>], taps: &[Vec<f32>]) -> Result<(), DraftError> {
-        let n_embd = self.target.hparams().n_embd;
+        // The target's hidden size too (checked at pairing).
+        let n_embd = self.draft.hparams().n_embd;
         if taps.len() != self.params.target_layers.len() {
             return Err(ForwardError::Kernel(format!(
                 "{} taps for {} target layers",
@@ -94,10 +92,7 @@ impl Drafter for DflashDrafter {
             }
         }
         if !batch.rows.is_empty() {
-            batch.embeddings = self
-                .draft
-                .fuse(&features, batch.rows.len())
-                .ok_or_else(|| ForwardError::Kernel("the draft has no fc".into()))?;
+            batch.embeddings = self.draft.fuse(&features, batch.rows.len())?;
             self.context.inject(&batch)?;
         }
         for committed in rows.iter_mut().filter(|committed| committed.state.cells >= committed.first_cell) {
@@ -107,7 +102,6 @@ impl Drafter for DflashDrafter {
     }
 
     fn draft(&mut self, requests: &mut [DraftRequest<'_>], settings: &DraftSettings) -> Result<(), DraftError> {
-        let n_embd = self.target.hparams().n_embd;
         let mut batch = Batch { bidirectional: !self.params.causal, ..Batch::default() };
         let mut drafting = Vec::new();
         for (index, request) in requests.iter().enumerate() {
@@ -120,19 +114,9 @@ impl Drafter for DflashDrafter {
             batch.hidden.push(request.layout.image_cells());
             for offset in 0..block {
                 let token = if offset == 0 { request.tokens[request.cells()] } else { self.mask_token };
-                let start = batch.embeddings.len();
-                batch.embeddings.resize(start + n_embd, 0.0);
-                if !self.embed(token, &mut batch.embeddings[start..]) {
-                    return Err(ForwardError::Token {
-                        row: batch.rows.len(),
-                        token,
-                        n_vocab: self.target.hparams().n_vocab,
-                    }
-                    .into());
-                }
                 let cell = request.cells() + offset;
                 batch.rows.push(BatchRow {
-                    input: RowInput::Embedding(batch.rows.len()),
+                    input: RowInput::Token(token),
                     seq: batch.block_tables.len() - 1,
                     cell: cell as u32,
                     pos: request.layout.position(cell),
@@ -145,9 +129,8 @@ impl Drafter for DflashDrafter {
             return Ok(());
         }
         let output = self.context.forward(&batch)?;
-        let m = output.logit_rows.len();
-        let logits = if self.draft.has_lm_head() { output.logits } else { self.target.lm_head(&output.hidden, m) };
-        let n_vocab = logits.len() / m.max(1);
+        let logits = output.logits;
+        let n_vocab = logits.len() / output.logit_rows.len().max(1);
         let mut row = 0;
         for (index, n_rows) in drafting {
             let request = &mut requests[index];

@@ -1,8 +1,9 @@
 //! Draft decoding (docs/draft-fixups.md tells how a draft is paired with
-//! its target before it gets here). A drafter proposes up to `n_max` tokens per decoding
-//! slot; the target runs the slot's sampled token and the drafts in one pass
-//! and keeps each draft its own sampler picks (see `Engine::verify`), so the
-//! output is exactly what plain decoding gives, with the same random stream.
+//! its target before it gets here). A drafter proposes up to `n_max` tokens
+//! per decoding slot; the target runs the slot's sampled token and the
+//! drafts in one pass and keeps each draft its own sampler picks (see
+//! `Emitter::verify`), so the output is exactly what plain decoding gives,
+//! with the same random stream.
 //!
 //! Drafters keep their KV in stores indexed by the *target's* block tables
 //! (same block size, same block count): trimming after a rejection, prefix

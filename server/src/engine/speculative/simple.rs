@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use sluice_kernels::backend::BackendError;
+
 use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
 use crate::model::{Context, Model};
@@ -15,8 +17,8 @@ pub struct SimpleDrafter {
 impl SimpleDrafter {
     /// A drafter whose KV store mirrors the target's (`n_blocks` blocks of
     /// `block_tokens` cells).
-    pub fn new(model: Arc<dyn Model>, n_blocks: usize, block_tokens: usize) -> Self {
-        SimpleDrafter { n_vocab: model.hparams().n_vocab, context: model.context(n_blocks, block_tokens) }
+    pub fn new(model: Arc<dyn Model>, n_blocks: usize, block_tokens: usize) -> Result<Self, BackendError> {
+        Ok(SimpleDrafter { n_vocab: model.hparams().n_vocab, context: model.context(n_blocks, block_tokens)? })
     }
 }
 
