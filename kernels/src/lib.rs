@@ -1,5 +1,5 @@
 //! sluice's numeric kernels: quantized dot products and matmul, the row
-//! operations of a transformer layer, a fixed-split thread pool, and the
+//! operations of a transformer layer, a persistent thread pool, and the
 //! [`backend::Backend`] seam that model code computes through (its CPU
 //! implementation is built from the rest of this crate).
 pub mod backend;

@@ -3,12 +3,13 @@
 //! Every output element is exactly `vec_dot(weight row, activation row)`
 //! with the process's one dot kernel, whatever the batch size, tiling or
 //! thread count: tiling only changes the order in which elements are
-//! computed, and the threads split the weight rows into contiguous ranges.
+//! computed, and which thread computes a run of weight rows changes nothing.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::pool::ThreadPool;
-use crate::quant::{DType, KernelError, Kernels};
+use crate::quant::{ActFormat, DType, Dot, KernelError, Kernels};
 
 /// Weight rows held at once per tile while the activation rows pass over
 /// them: about half of a typical L1 data cache.
@@ -92,43 +93,140 @@ impl<'a> QuantMatrix<'a> {
 /// `out[i][j] = Σ_k weights[j][k] · x[i][k]` for the `m` rows of `x`
 /// (`m × n_in`, row-major) into `out` (`m × n_out`, row-major).
 ///
-/// Each activation row is quantized once, then the threads of `pool` take
-/// contiguous ranges of weight rows; within a range, tiles of weight rows
+/// Each activation row is quantized once, then the threads of `pool` claim
+/// runs of weight rows until none are left; within a run, tiles of weight rows
 /// stay in cache while every activation row passes over them. Panics if
 /// `x` or `out` has the wrong length.
 pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &ThreadPool) {
-    let (n_in, n_out) = (weights.n_in, weights.n_out);
+    matmuls(x, m, &mut [(weights, out)], pool);
+}
+
+/// [`matmul`] of one input with several matrices of the same `n_in` (q, k
+/// and v; gate and up): `x` is quantized once per activation format they
+/// need, and the threads split the matrices' rows together, so small
+/// matrices share one hand-out instead of each paying for its own. Every
+/// output is the same bits as its own `matmul`. Panics on mismatched
+/// lengths.
+pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])], pool: &ThreadPool) {
+    let Some(n_in) = products.first().map(|(weights, _)| weights.n_in) else { return };
     assert_eq!(Some(x.len()), m.checked_mul(n_in), "activations: {m} rows of {n_in}");
-    assert_eq!(Some(out.len()), m.checked_mul(n_out), "outputs: {m} rows of {n_out}");
-    if out.is_empty() {
-        return;
+    for (weights, out) in products.iter_mut() {
+        assert_eq!(weights.n_in, n_in, "matrices of one input share its width");
+        assert_eq!(Some(out.len()), m.checked_mul(weights.n_out), "outputs: {m} rows of {}", weights.n_out);
+        if n_in == 0 {
+            out.fill(0.0);
+        }
     }
-    if n_in == 0 {
-        out.fill(0.0);
+    if m == 0 || n_in == 0 {
         return;
     }
     let kernels = Kernels::detected();
-    let format = weights.dtype.act_format();
-    let act_row_bytes = weights.act_row_bytes;
+    let mut formats: Vec<ActFormat> = products.iter().map(|(weights, _)| weights.dtype.act_format()).collect();
+    formats.sort_by_key(|format| format.name());
+    formats.dedup();
+    let quantized: Vec<(ActFormat, Vec<u8>)> =
+        formats.into_iter().map(|format| (format, quantize_rows(kernels, format, x, m, n_in, pool))).collect();
+    let jobs: Vec<Job> = products
+        .iter_mut()
+        .map(|(weights, out)| {
+            let format = weights.dtype.act_format();
+            let acts = quantized.iter().find(|(f, _)| *f == format).map_or(&[][..], |(_, acts)| acts.as_slice());
+            Job { weights, acts, dot: kernels.dot(weights.dtype), out: as_atomic(out) }
+        })
+        .collect();
+    // Each matrix's rows as groups of four (the kernels' unit), numbered
+    // through all the matrices; a thread takes a contiguous run of groups.
+    let firsts: Vec<usize> = jobs
+        .iter()
+        .scan(0, |next, job| {
+            let first = *next;
+            *next += job.weights.n_out.div_ceil(4);
+            Some(first)
+        })
+        .collect();
+    let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(4)).sum::<usize>();
+    // Threads claim runs of groups until none are left, so that a thread
+    // slowed by its neighbours (a shared core, a busy host) does less of
+    // the work instead of holding up the others.
+    let run = n_groups.div_ceil(pool.n_threads() * RUNS_PER_THREAD).max(1);
+    let next = AtomicUsize::new(0);
+    pool.run(|_, _| {
+        loop {
+            let start = next.fetch_add(run, Ordering::Relaxed);
+            if start >= n_groups {
+                break;
+            }
+            let groups = start..(start + run).min(n_groups);
+            for (job, &first) in jobs.iter().zip(&firsts) {
+                let n_out = job.weights.n_out;
+                let start = groups.start.clamp(first, first + n_out.div_ceil(4)) - first;
+                let end = groups.end.clamp(first, first + n_out.div_ceil(4)) - first;
+                if start < end {
+                    job.rows(m, 4 * start..(4 * end).min(n_out));
+                }
+            }
+        }
+    });
+}
+
+/// How many runs of weight rows a matmul is cut into per thread: enough
+/// to even out threads of unequal speed, few enough that each run is a
+/// long stream of weights.
+const RUNS_PER_THREAD: usize = 8;
+
+/// The `m` rows of `x` quantized to `format`, the threads taking
+/// contiguous runs of rows.
+fn quantize_rows(kernels: Kernels, format: ActFormat, x: &[f32], m: usize, n_in: usize, pool: &ThreadPool) -> Vec<u8> {
+    let row_bytes = format.row_bytes(n_in).unwrap_or_default();
     // No overflow: every activation format takes at most 4 bytes per value,
     // so this is at most the size of `x`.
-    let mut quantized = vec![0u8; m * act_row_bytes];
-    for (x, a) in x.chunks_exact(n_in).zip(quantized.chunks_exact_mut(act_row_bytes)) {
-        kernels.quantize(format, x, a);
+    let mut quantized = vec![0u8; m * row_bytes];
+    if m == 1 {
+        kernels.quantize(format, x, &mut quantized);
+        return quantized;
     }
-    let acts = &quantized;
-    let dot = kernels.dot(weights.dtype);
-    let out = as_atomic(out);
-    // Whole groups of four rows, so that only a share's last rows run one by one.
-    let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(4) / 4 * 4;
-    let act = |i: usize| &acts[i * act_row_bytes..(i + 1) * act_row_bytes];
-    let store = |i: usize, j: usize, values: &[f32]| {
-        for (o, v) in out[i * n_out + j..].iter().zip(values) {
-            o.store(v.to_bits(), Ordering::Relaxed);
-        }
-    };
+    // One contiguous part of the output per thread, so that each thread
+    // writes only its own.
+    let n_threads = pool.n_threads();
+    let mut parts = Vec::with_capacity(n_threads);
+    let mut rest = quantized.as_mut_slice();
+    for thread in 0..n_threads {
+        let (part, tail) = rest.split_at_mut(share(m, thread, n_threads).len() * row_bytes);
+        parts.push(Mutex::new(part));
+        rest = tail;
+    }
     pool.run(|thread, n_threads| {
-        let rows = share(n_out, thread, n_threads);
+        let Ok(mut part) = parts[thread].lock() else { return };
+        for (i, dst) in share(m, thread, n_threads).zip(part.chunks_exact_mut(row_bytes)) {
+            kernels.quantize(format, &x[i * n_in..(i + 1) * n_in], dst);
+        }
+    });
+    drop(parts);
+    quantized
+}
+
+/// One matrix of a [`matmuls`] call with its quantized input and output.
+struct Job<'a> {
+    weights: &'a QuantMatrix<'a>,
+    acts: &'a [u8],
+    dot: Dot,
+    out: &'a [AtomicU32],
+}
+
+impl Job<'_> {
+    /// Outputs of weight rows `rows` for all `m` activation rows: tiles of
+    /// weight rows stay in cache while every activation row passes.
+    fn rows(&self, m: usize, rows: std::ops::Range<usize>) {
+        let (weights, dot) = (self.weights, self.dot);
+        let (n_out, act_row_bytes) = (weights.n_out, weights.act_row_bytes);
+        // Whole groups of four rows, so that only a share's last rows run one by one.
+        let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(4) / 4 * 4;
+        let act = |i: usize| &self.acts[i * act_row_bytes..(i + 1) * act_row_bytes];
+        let store = |i: usize, j: usize, values: &[f32]| {
+            for (o, v) in self.out[i * n_out + j..].iter().zip(values) {
+                o.store(v.to_bits(), Ordering::Relaxed);
+            }
+        };
         for tile_start in rows.clone().step_by(tile) {
             let tile_rows = tile_start..(tile_start + tile).min(rows.end);
             let groups_end = tile_rows.start + (tile_rows.len() / 4) * 4;
@@ -174,7 +272,7 @@ pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool:
                 }
             }
         }
-    });
+    }
 }
 
 /// How far ahead of the rows being multiplied a thread asks for weights.
@@ -202,14 +300,11 @@ fn prefetch_ahead(data: &[u8], range: std::ops::Range<usize>) {
     let _ = bytes;
 }
 
-/// Thread `thread`'s contiguous share of `n` rows: whole groups of four
-/// (the four-row kernel's unit), as even as groups allow.
-fn share(n: usize, thread: usize, n_threads: usize) -> std::ops::Range<usize> {
-    let groups = n.div_ceil(4);
-    let (base, extra) = (groups / n_threads, groups % n_threads);
+/// Thread `thread`'s contiguous share of `n` items, as even as can be.
+pub(crate) fn share(n: usize, thread: usize, n_threads: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (n / n_threads, n % n_threads);
     let start = base * thread + thread.min(extra);
-    let end = start + base + usize::from(thread < extra);
-    (4 * start).min(n)..(4 * end).min(n)
+    start..start + base + usize::from(thread < extra)
 }
 
 /// Lets the pool's threads write disjoint elements of `out` without unsafe
@@ -333,6 +428,39 @@ mod tests {
                 assert_eq!(shares[0].start, 0);
                 assert_eq!(shares[n_threads - 1].end, n);
                 assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+            }
+        }
+    }
+
+    #[test]
+    fn products_sharing_an_input_equal_their_own_matmuls() {
+        let mut rng = Rng::new(15);
+        let n_in = 512;
+        // Mixed formats (a K-quant file's q/k/v are Q4_K and Q6_K), sizes
+        // that do not fill whole groups, and a second activation format.
+        let shapes = [(DType::Q4_K, 70), (DType::Q6_K, 9), (DType::Q8_0, 33), (DType::Q4_K, 1)];
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(dtype, n_out)| (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect())
+            .collect();
+        let matrices: Vec<QuantMatrix> = shapes
+            .iter()
+            .zip(&data)
+            .map(|(&(dtype, n_out), data)| QuantMatrix::new(dtype, data, n_out, n_in).expect("consistent shapes"))
+            .collect();
+        for m in [1, 2, 5, 9] {
+            let x = random_acts(&mut rng, m * n_in);
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                let mut outs: Vec<Vec<f32>> = matrices.iter().map(|w| vec![f32::NAN; m * w.n_out()]).collect();
+                let mut products: Vec<(&QuantMatrix, &mut [f32])> =
+                    matrices.iter().zip(outs.iter_mut()).map(|(w, out)| (w, out.as_mut_slice())).collect();
+                matmuls(&x, m, &mut products, &pool);
+                for (w, got) in matrices.iter().zip(&outs) {
+                    let want = per_element(w, &x, m);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{w:?} m={m} threads={threads}");
+                }
             }
         }
     }

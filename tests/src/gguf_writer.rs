@@ -84,36 +84,59 @@ impl GgufBuilder {
 
     /// The file's bytes; tensor offsets are laid out in order, aligned.
     pub fn build(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(b"GGUF");
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            string(&mut out, key);
-            write_value(&mut out, value);
-        }
-        let mut offset = 0u64;
-        let mut offsets = Vec::new();
-        for tensor in &self.tensors {
-            string(&mut out, &tensor.name);
-            out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
-            for dim in &tensor.dims {
-                out.extend_from_slice(&dim.to_le_bytes());
-            }
-            out.extend_from_slice(&tensor.type_id.to_le_bytes());
-            out.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + tensor.data.len() as u64).div_ceil(self.alignment) * self.alignment;
-        }
-        let data_start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
-        out.resize(data_start as usize, 0);
+        let infos: Vec<TensorInfo> = self
+            .tensors
+            .iter()
+            .map(|t| TensorInfo { name: &t.name, dims: &t.dims, type_id: t.type_id, bytes: t.data.len() as u64 })
+            .collect();
+        let (mut out, offsets) = header(&self.metadata, &infos, self.alignment);
+        let data_start = out.len() as u64;
         for (tensor, offset) in self.tensors.iter().zip(offsets) {
             out.resize((data_start + offset) as usize, 0);
             out.extend_from_slice(&tensor.data);
         }
         out
     }
+}
+
+/// A tensor's header entry, for files whose data is streamed rather than
+/// held (see `shapes`).
+#[derive(Debug, Clone, Copy)]
+pub struct TensorInfo<'a> {
+    pub name: &'a str,
+    pub dims: &'a [u64],
+    pub type_id: u32,
+    pub bytes: u64,
+}
+
+/// A GGUF header padded to where the data starts, and each tensor's
+/// offset from there (in order, aligned).
+pub fn header(metadata: &[(String, Value)], tensors: &[TensorInfo], alignment: u64) -> (Vec<u8>, Vec<u64>) {
+    let mut out = Vec::new();
+    out.extend_from_slice(b"GGUF");
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        string(&mut out, key);
+        write_value(&mut out, value);
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::new();
+    for tensor in tensors {
+        string(&mut out, tensor.name);
+        out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
+        for dim in tensor.dims {
+            out.extend_from_slice(&dim.to_le_bytes());
+        }
+        out.extend_from_slice(&tensor.type_id.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + tensor.bytes).div_ceil(alignment) * alignment;
+    }
+    let data_start = (out.len() as u64).div_ceil(alignment) * alignment;
+    out.resize(data_start as usize, 0);
+    (out, offsets)
 }
 
 fn string(out: &mut Vec<u8>, value: &str) {

@@ -7,6 +7,7 @@ pub mod gguf_writer;
 pub mod http;
 pub mod models;
 pub mod plugin_fixtures;
+pub mod shapes;
 
 /// A file of `tests/fixtures/`.
 pub fn fixture(name: &str) -> std::path::PathBuf {

@@ -1,5 +1,6 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod bench_model;
 mod bench_serve;
 mod models;
 mod plugins;
@@ -35,7 +36,9 @@ enum Task {
     /// Download the default model (cached under target/models/, sha256-checked).
     FetchModel,
     /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
-    /// prefill tokens/s of the default model; `--json` ends with a JSON line)
+    /// prefill tokens/s of the default model or `--model FILE`s, at
+    /// `--depth N`; `--compare-llama BIN` runs llama-bench interleaved and
+    /// prints a table of ratios)
     /// `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
     /// `--llama-server BIN` measures llama-server the same way) or `spec`
     /// (decode tokens/s without and with a draft, and the accepted length).
@@ -160,13 +163,7 @@ fn bench_spec(args: &[String]) -> anyhow::Result<()> {
 fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
     match suite {
         "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
-        "model" => {
-            let model = models::fetch_model()?;
-            run(cargo()
-                .args(["run", "--quiet", "--release", "--package", "sluice", "--", "bench", "model", "--model"])
-                .arg(&model)
-                .args(args))
-        }
+        "model" => bench_model::bench_model(args),
         "serve" => bench_serve::bench_serve(args),
         "spec" => bench_spec(args),
         other => bail!("unknown benchmark suite `{other}`"),

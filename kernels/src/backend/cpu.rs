@@ -8,11 +8,12 @@
 
 use std::ops::Range;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::f16;
 
 use super::{Backend, BackendError, Embed, KvShape, MatrixSource, PassLayout, PassRow, SharedBytes};
-use crate::matmul::{QuantMatrix, matmul};
+use crate::matmul::{QuantMatrix, matmuls, share};
 use crate::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
 use crate::quant::SimdLevel;
@@ -191,9 +192,18 @@ impl Backend for CpuBackend {
         x.chunks_exact_mut(weight.len()).for_each(|piece| ops::rms_norm_in_place(piece, weight, eps));
     }
 
-    fn matmul(&self, weights: &CpuMatrix, x: &Vec<f32>, m: usize, out: &mut Vec<f32>) {
-        resize(out, m * weights.n_out);
-        matmul(&weights.view(), &x[..m * weights.n_in], m, out, &self.pool);
+    fn matmuls(&self, x: &Vec<f32>, m: usize, products: &mut [(&CpuMatrix, &mut Vec<f32>)]) {
+        let Some(n_in) = products.first().map(|(weights, _)| weights.n_in) else { return };
+        let views: Vec<_> = products.iter().map(|(weights, _)| weights.view()).collect();
+        let mut jobs: Vec<_> = views
+            .iter()
+            .zip(products.iter_mut())
+            .map(|(view, (weights, out))| {
+                resize(out, m * weights.n_out);
+                (view, out.as_mut_slice())
+            })
+            .collect();
+        matmuls(&x[..m * n_in], m, &mut jobs, &self.pool);
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) {
@@ -247,44 +257,79 @@ impl Backend for CpuBackend {
         resize(out, pass.rows.len() * q_dim);
         let (keys, values) = &kv.layers[layer];
         let block_tokens = kv.shape.block_tokens;
-        // Rows are independent: threads take every n-th row (later rows of
-        // a prompt attend to more positions, so interleaving keeps the
-        // shares even). Each row's result is the same whichever thread
-        // computes it.
-        let outputs: Vec<Mutex<&mut [f32]>> = out.chunks_exact_mut(q_dim).map(Mutex::new).collect();
+        // Rows are independent, and so are a row's heads. Pieces are runs of up to
+        // four consecutive rows of one sequence, which `attend_heads` steps
+        // through together, or, with fewer rows than threads (decoding),
+        // one row's share of the KV heads. A row's result is the same bits
+        // whichever piece computes it.
+        let n_threads = self.pool.n_threads();
+        let n_kv_head = heads.n_kv_head();
+        let parts = if pass.rows.len() >= n_threads { 1 } else { n_kv_head.min(n_threads) };
+        let q_per_kv_head = q_dim / n_kv_head;
+        let kv_heads = |part: usize| share(n_kv_head, part, parts);
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut rest = out.as_mut_slice();
+        let mut first = 0;
+        while first < pass.rows.len() {
+            let seq = pass.rows[first].seq;
+            let same = pass.rows[first..].iter().take(if parts == 1 { ROW_BLOCK } else { 1 });
+            let rows = first..first + same.take_while(|row| row.seq == seq).count();
+            for part in 0..parts {
+                let len = rows.len() * kv_heads(part).len() * q_per_kv_head;
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                pieces.push((rows.clone(), part, Mutex::new(piece)));
+                rest = tail;
+            }
+            first = rows.end;
+        }
         let failure: Mutex<Option<ops::OpsError>> = Mutex::new(None);
         let scratch = &self.attention_scratch;
-        self.pool.run(|thread, n_threads| {
+        // Threads claim pieces until none are left, the last (in a prompt,
+        // the longest) first: uneven work and uneven threads even out.
+        let next = AtomicUsize::new(0);
+        let claim = || pieces.len().checked_sub(1 + next.fetch_add(1, Ordering::Relaxed)).map(|index| &pieces[index]);
+        self.pool.run(|thread, _| {
             let Ok(mut scratch) = scratch[thread].lock() else { return };
-            for (index, row) in pass.rows.iter().enumerate().skip(thread).step_by(n_threads) {
-                let Ok(mut out) = outputs[index].lock() else { return };
+            let mut visible = Vec::with_capacity(ROW_BLOCK);
+            while let Some((rows, part, piece)) = claim() {
+                let seq = pass.rows[rows.start].seq;
+                let Ok(mut out) = piece.lock() else { return };
                 let pages = KvPages {
                     k: keys,
                     v: values,
-                    pages: PageTable { blocks: &pass.blocks[row.seq], block_tokens },
-                    hidden: &pass.hidden[row.seq],
+                    pages: PageTable { blocks: &pass.blocks[seq], block_tokens },
+                    hidden: &pass.hidden[seq],
                 };
-                let attended = ops::attend(
-                    &q[index * q_dim..(index + 1) * q_dim],
-                    pages,
-                    row.visible,
-                    heads,
-                    scale,
-                    &mut out,
-                    &mut scratch,
-                );
+                visible.clear();
+                visible.extend(pass.rows[rows.clone()].iter().map(|row| row.visible));
+                let kv_heads = kv_heads(*part);
+                // One row when the heads are split, whole rows otherwise.
+                let q = if parts == 1 {
+                    &q[rows.start * q_dim..rows.end * q_dim]
+                } else {
+                    let at = rows.start * q_dim + kv_heads.start * q_per_kv_head;
+                    &q[at..at + kv_heads.len() * q_per_kv_head]
+                };
+                let attended = ops::attend_heads(q, pages, &visible, heads, kv_heads, scale, &mut out, &mut scratch);
                 if let (Err(error), Ok(mut failure)) = (attended, failure.lock()) {
                     failure.get_or_insert(error);
                 }
             }
         });
-        drop(outputs);
+        drop(pieces);
         match failure.into_inner().ok().flatten() {
             Some(error) => Err(error.into()),
             None => Ok(()),
         }
     }
 }
+
+/// Query rows of one sequence that attention steps through together.
+const ROW_BLOCK: usize = 4;
+
+/// A piece of a pass's attention: its rows, which part of their KV heads,
+/// and where its output goes.
+type Piece<'a> = (Range<usize>, usize, Mutex<&'a mut [f32]>);
 
 /// Cleared and zero-filled to `len`: every operation's output starts the same.
 fn resize(buffer: &mut Vec<f32>, len: usize) {

@@ -190,7 +190,13 @@ pub trait Backend: Send + Sync + 'static {
     /// RMSNorm of every `weight`-long piece of `x` in place (per-head norms).
     fn rms_norm_in_place(&self, x: &mut Self::Rows, weight: &Self::Vector, eps: f32);
     /// `out = x · weightsᵀ` for the `m` rows of `x`.
-    fn matmul(&self, weights: &Self::Matrix, x: &Self::Rows, m: usize, out: &mut Self::Rows);
+    fn matmul(&self, weights: &Self::Matrix, x: &Self::Rows, m: usize, out: &mut Self::Rows) {
+        self.matmuls(x, m, &mut [(weights, out)]);
+    }
+    /// [`Backend::matmul`] of one input with several matrices (q, k and v;
+    /// gate and up), each output the same as its own matmul: the input is
+    /// prepared once and the work handed out once.
+    fn matmuls(&self, x: &Self::Rows, m: usize, products: &mut [(&Self::Matrix, &mut Self::Rows)]);
     /// `bias` added to every row of `x`.
     fn add_bias(&self, x: &mut Self::Rows, bias: &Self::Vector);
     /// `x += y`.

@@ -158,9 +158,39 @@ pub fn attend(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
-    check(q, &kv, n_visible, shape, out).map_err(OpsError::Attention)?;
+    attend_heads(q, kv, &[n_visible], shape, 0..shape.n_kv_head, scale, out, scratch)
+}
+
+/// [`attend`] for the query heads of KV heads `kv_heads` only, of one or
+/// more query rows of a sequence at once: row `r` sees positions
+/// `0..n_visible[r]`, and `q` and `out` hold, row after row, just those
+/// heads (`kv_heads.len() × group × head_dim` values per row).
+///
+/// Heads and rows never interact: every (row, head) pair takes exactly the
+/// steps it takes alone, so splitting a token's heads between threads or
+/// grouping rows gives the bits of one row at a time. Grouping pays
+/// because the pairs' online-softmax chains are independent and overlap in
+/// the pipeline, and each K/V position is fetched once for all of them.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    q: &[f32],
+    kv: KvPages<'_>,
+    n_visible: &[usize],
+    shape: HeadShape,
+    kv_heads: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<(), OpsError> {
+    check(q, &kv, n_visible, shape, &kv_heads, out).map_err(OpsError::Attention)?;
     let HeadShape { n_head, n_kv_head, head_dim } = shape;
     let group = n_head / n_kv_head;
+    // From here on, heads are counted within the selection, row after row.
+    let (first_kv_head, n_kv_head) = (kv_heads.start, kv_heads.len());
+    let row_heads = n_kv_head * group;
+    let n_rows = n_visible.len();
+    let n_head = n_rows * row_heads;
+    let most_visible = n_visible.iter().copied().max().unwrap_or(0);
     let kv_len = shape.kv_len();
     let chunks = head_dim.div_ceil(LANES);
     let padded_len = n_head * chunks * LANES;
@@ -182,49 +212,24 @@ pub fn attend(
     let (acc, _) = acc.as_chunks_mut::<LANES>();
     dispatch!(s => {
         for kv_head in 0..n_kv_head {
-            let kv_at = kv_head * head_dim;
-            let heads = kv_head * group..(kv_head + 1) * group;
-            let q = &q_pad[heads.start * chunks..heads.end * chunks];
-            let acc = &mut acc[heads.start * chunks..heads.end * chunks];
-            let (maxima, sums) = (&mut maxima[heads.clone()], &mut sums[heads]);
-            // The query heads sharing this K/V head visit each position
-            // together: their updates are independent chains that overlap
-            // in the pipeline, and each takes exactly the steps it would
-            // take alone.
-            kv.for_each_row(n_visible, kv_len, #[inline(always)] |_, at| {
+            let kv_at = (first_kv_head + kv_head) * head_dim;
+            // The query heads sharing this K/V head, in every row, visit
+            // each position together.
+            kv.for_each_row(most_visible, kv_len, #[inline(always)] |position, at| {
                 let k = &kv.k[at + kv_at..][..head_dim];
                 let v = &kv.v[at + kv_at..][..head_dim];
-                let heads = q.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).zip(maxima.iter_mut().zip(sums.iter_mut()));
-                for ((q, acc), (m, sum)) in heads {
-                    // Four accumulators over 64-element groups, fused
-                    // multiply-adds, then (a0 + a2) + (a1 + a3): the order of
-                    // GGML's f16 dot product with 16-lane vectors.
-                    let mut dot = [s.splat(0.0); 4];
-                    for (c, q) in q.iter().enumerate() {
-                        dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
+                for (row, &visible) in n_visible.iter().enumerate() {
+                    if position >= visible {
+                        continue;
                     }
-                    let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
-                    let score = s.reduce_sum(dot) * scale;
-                    let (old_scale, weight) = if score > *m {
-                        let old_scale = (*m - score).exp();
-                        *m = score;
-                        (Some(old_scale), 1.0)
-                    } else {
-                        (None, (score - *m).exp())
-                    };
-                    let weight_v = s.splat(weight);
-                    for (c, acc) in acc.iter_mut().enumerate() {
-                        // A new maximum rescales the sum (rounded to f16)
-                        // before the fused multiply-add of this position's V
-                        // (rounded again), as llama.cpp's two f16 vector
-                        // steps do.
-                        if let Some(old_scale) = old_scale {
-                            store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
-                        }
-                        store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
+                    let heads = row * row_heads + kv_head * group..row * row_heads + (kv_head + 1) * group;
+                    let q = &q_pad[heads.start * chunks..heads.end * chunks];
+                    let acc = &mut acc[heads.start * chunks..heads.end * chunks];
+                    let (maxima, sums) = (&mut maxima[heads.clone()], &mut sums[heads]);
+                    let heads = q.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).zip(maxima.iter_mut().zip(sums.iter_mut()));
+                    for ((q, acc), (m, sum)) in heads {
+                        update(s, q, acc, m, sum, k, v, scale);
                     }
-                    // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
-                    *sum = sum.mul_add(old_scale.unwrap_or(1.0), weight);
                 }
             });
         }
@@ -237,6 +242,50 @@ pub fn attend(
         }
     });
     Ok(())
+}
+
+/// One position's step of one query head's online softmax: score, running
+/// maximum and sum, and the f16-rounded weighted sum of V.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn update<S: Simd>(
+    s: S,
+    q: &[[f32; LANES]],
+    acc: &mut [[f32; LANES]],
+    m: &mut f32,
+    sum: &mut f32,
+    k: &[f16],
+    v: &[f16],
+    scale: f32,
+) {
+    // Four accumulators over 64-element groups, fused multiply-adds, then
+    // (a0 + a2) + (a1 + a3): the order of GGML's f16 dot product with
+    // 16-lane vectors.
+    let mut dot = [s.splat(0.0); 4];
+    for (c, q) in q.iter().enumerate() {
+        dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
+    }
+    let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
+    let score = s.reduce_sum(dot) * scale;
+    let (old_scale, weight) = if score > *m {
+        let old_scale = (*m - score).exp();
+        *m = score;
+        (Some(old_scale), 1.0)
+    } else {
+        (None, (score - *m).exp())
+    };
+    let weight_v = s.splat(weight);
+    for (c, acc) in acc.iter_mut().enumerate() {
+        // A new maximum rescales the sum (rounded to f16) before the fused
+        // multiply-add of this position's V (rounded again), as llama.cpp's
+        // two f16 vector steps do.
+        if let Some(old_scale) = old_scale {
+            store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
+        }
+        store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
+    }
+    // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
+    *sum = sum.mul_add(old_scale.unwrap_or(1.0), weight);
 }
 
 /// Stores `value` rounded to f16 (and widened back) into `acc`.
@@ -272,10 +321,32 @@ fn store_chunk<S: Simd>(s: S, v: S::V, row: &mut [f32], c: usize) {
     }
 }
 
-fn check(q: &[f32], kv: &KvPages<'_>, n_visible: usize, shape: HeadShape, out: &[f32]) -> Result<(), String> {
-    if q.len() != shape.q_len() || out.len() != shape.q_len() {
-        return Err(format!("q has {} and out {} values, the heads need {}", q.len(), out.len(), shape.q_len()));
+fn check(
+    q: &[f32],
+    kv: &KvPages<'_>,
+    n_visible: &[usize],
+    shape: HeadShape,
+    kv_heads: &Range<usize>,
+    out: &[f32],
+) -> Result<(), String> {
+    if kv_heads.start >= kv_heads.end || kv_heads.end > shape.n_kv_head {
+        return Err(format!("KV heads {kv_heads:?} of {}", shape.n_kv_head));
     }
+    let q_len = n_visible.len() * kv_heads.len() * (shape.n_head / shape.n_kv_head) * shape.head_dim;
+    if q.len() != q_len || out.len() != q_len {
+        return Err(format!("q has {} and out {} values, the rows' heads need {q_len}", q.len(), out.len()));
+    }
+    let (Some(&fewest), Some(&most)) = (n_visible.iter().min(), n_visible.iter().max()) else {
+        return Err("no query rows".into());
+    };
+    // The row seeing the fewest positions decides whether one sees nothing
+    // (the visible count never falls as positions are added); the row
+    // seeing the most decides which blocks must exist.
+    check_positions(kv, fewest, shape)?;
+    check_positions(kv, most, shape)
+}
+
+fn check_positions(kv: &KvPages<'_>, n_visible: usize, shape: HeadShape) -> Result<(), String> {
     if n_visible == 0 {
         return Err("no visible positions".into());
     }
@@ -378,6 +449,88 @@ mod tests {
     }
 
     const SHAPES: [(usize, usize, usize); 4] = [(9, 3, 64), (4, 4, 80), (8, 2, 24), (2, 1, 128)];
+
+    #[test]
+    fn rows_stepped_together_give_the_bits_of_one_at_a_time() {
+        for (n_head, n_kv_head, head_dim) in SHAPES {
+            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
+            let n = 40;
+            let (k, v) = (noise(n * shape.kv_len(), 8, 1.0), noise(n * shape.kv_len(), 9, 1.0));
+            let cache = Cache::new(&k, &v, shape.kv_len(), 8);
+            // Causal rows (each sees one more position), a repeated count
+            // and a row that sees fewer than the one before it.
+            let visible = [33, 34, 35, 35, 3];
+            let q = noise(visible.len() * shape.q_len(), 10, 2.0);
+            let got = same_on_every_level(|| {
+                let mut out = vec![f32::NAN; q.len()];
+                attend_heads(&q, cache.kv(), &visible, shape, 0..n_kv_head, 0.125, &mut out, &mut Vec::new()).unwrap();
+                out
+            });
+            for (r, &n_visible) in visible.iter().enumerate() {
+                let mut want = vec![f32::NAN; shape.q_len()];
+                let q = &q[r * shape.q_len()..(r + 1) * shape.q_len()];
+                attend(q, cache.kv(), n_visible, shape, 0.125, &mut want, &mut Vec::new()).unwrap();
+                assert_eq!(got[r * shape.q_len()..(r + 1) * shape.q_len()], want, "{shape:?} row {r}");
+            }
+            let mut out = vec![0.0; q.len()];
+            assert!(attend_heads(&q, cache.kv(), &[], shape, 0..n_kv_head, 1.0, &mut [], &mut Vec::new()).is_err());
+            let zero = [33, 0, 35, 35, 3];
+            assert!(attend_heads(&q, cache.kv(), &zero, shape, 0..n_kv_head, 1.0, &mut out, &mut Vec::new()).is_err());
+        }
+    }
+
+    #[test]
+    fn any_split_of_the_heads_gives_the_bits_of_all_at_once() {
+        for (n_head, n_kv_head, head_dim) in SHAPES {
+            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
+            let n = 37;
+            let q = noise(shape.q_len(), 5, 2.0);
+            let (k, v) = (noise(n * shape.kv_len(), 6, 1.0), noise(n * shape.kv_len(), 7, 1.0));
+            let cache = Cache::new(&k, &v, shape.kv_len(), 8);
+            let per_kv_head = shape.q_len() / n_kv_head;
+            for first in 0..n_kv_head {
+                for end in first + 1..=n_kv_head {
+                    let part = first * per_kv_head..end * per_kv_head;
+                    let got = same_on_every_level(|| {
+                        let mut out = vec![f32::NAN; part.len()];
+                        attend_heads(
+                            &q[part.clone()],
+                            cache.kv(),
+                            &[n],
+                            shape,
+                            first..end,
+                            0.125,
+                            &mut out,
+                            &mut Vec::new(),
+                        )
+                        .unwrap();
+                        out
+                    });
+                    let mut want = vec![f32::NAN; shape.q_len()];
+                    attend(&q, cache.kv(), n, shape, 0.125, &mut want, &mut Vec::new()).unwrap();
+                    assert_eq!(got, want[part.clone()], "{shape:?} heads {first}..{end}");
+                }
+            }
+            let mut out = vec![0.0; per_kv_head];
+            #[allow(clippy::reversed_empty_ranges)]
+            for bad in [0..0, 1..0, n_kv_head..n_kv_head + 1] {
+                assert!(
+                    attend_heads(
+                        &q[..per_kv_head],
+                        cache.kv(),
+                        &[n],
+                        shape,
+                        bad.clone(),
+                        1.0,
+                        &mut out,
+                        &mut Vec::new()
+                    )
+                    .is_err(),
+                    "{bad:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn matches_f64_on_every_level() {

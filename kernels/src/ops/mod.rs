@@ -24,7 +24,7 @@ mod rope;
 mod row;
 mod simd;
 
-pub use attention::{HeadShape, KvPages, PageTable, attend};
+pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use row::{add_in_place, f32_to_f16_row, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu};
 

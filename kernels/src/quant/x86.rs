@@ -359,11 +359,12 @@ mod avx512_ops {
 
 // ---- dot kernels, written once for both levels -----------------------------
 //
-// The quantized kernels take R weight rows (1 or 4) against one activation
-// row: the activation block is loaded once for all of them, the R integer
-// sums are reduced together, and lane r of every float vector follows row
-// r through the reference's float steps. Each lane therefore equals the
-// single-row reference, whatever R.
+// The quantized kernels take R weight rows against A activation rows: a
+// weight block is decoded once for all A rows (and, in the legacy kernels,
+// an activation block loaded once for all R rows), the integer sums are
+// reduced together, and lane r of every float vector follows row r
+// through the reference's float steps. Each lane therefore equals the
+// single-row reference, whatever R and A.
 
 /// A float-weight dot: whole 16-element chunks in vectors, then the tail
 /// into the same lanes and the reference reduction.
@@ -384,7 +385,7 @@ macro_rules! float_dot {
     };
 }
 
-/// The one-row and four-row entry points of a legacy kernel (`A` = 1).
+/// The one-row and four-row entry points of an R×A kernel (`A` = 1).
 macro_rules! legacy_entries {
     ($features:literal, $one:ident, $four:ident, $kernel:ident) => {
         #[target_feature(enable = $features)]
@@ -401,13 +402,29 @@ macro_rules! legacy_entries {
     };
 }
 
-/// The single-row entry point of an R-row kernel.
-macro_rules! one_row {
-    ($features:literal, $one:ident, $rows:ident) => {
+/// The entry points of a K-quant kernel: one weight row at a time, against
+/// one activation row or against `A` at once. Sharing activation loads
+/// between weight rows, as the legacy kernels do, does not pay for 256-value
+/// blocks: four rows' decoded quants and scales overflow the registers,
+/// and on a 2-core EPYC the four-row kernels decoded a 1B model at 0.6× the
+/// speed of these.
+macro_rules! kquant_entries {
+    ($features:literal, $one:ident, $by_row:ident, $kernel:ident) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
-            let [value] = $rows::<1>([w], a);
+            let [[value]] = $kernel::<1, 1>([w], [a]);
             value
+        }
+
+        #[target_feature(enable = $features)]
+        fn $by_row<const A: usize>(w: [&[u8]; 4], a: [&[u8]; A]) -> [[f32; 4]; A] {
+            let mut out = [[0.0; 4]; A];
+            for (r, w) in w.into_iter().enumerate() {
+                for (i, [value]) in $kernel::<1, A>([w], a).into_iter().enumerate() {
+                    out[i][r] = value;
+                }
+            }
+            out
         }
     };
 }
@@ -487,9 +504,9 @@ macro_rules! dot_kernels {
                     DType::Q5_0 => (one_q5_0, Some(four_q5_0), Some(dot_q5_0::<4, 2>), Some(dot_q5_0::<4, 4>)),
                     DType::Q5_1 => (one_q5_1, Some(four_q5_1), Some(dot_q5_1::<4, 2>), Some(dot_q5_1::<4, 4>)),
                     DType::Q8_0 => (one_q8_0, Some(four_q8_0), Some(dot_q8_0::<4, 2>), Some(dot_q8_0::<4, 4>)),
-                    DType::Q4_K => (one_q4_k, Some(dot_q4_k::<4>), None, None),
-                    DType::Q5_K => (one_q5_k, Some(dot_q5_k::<4>), None, None),
-                    DType::Q6_K => (one_q6_k, Some(dot_q6_k::<4>), None, None),
+                    DType::Q4_K => (one_q4_k, None, Some(by_row_q4_k::<2>), Some(by_row_q4_k::<4>)),
+                    DType::Q5_K => (one_q5_k, None, Some(by_row_q5_k::<2>), Some(by_row_q5_k::<4>)),
+                    DType::Q6_K => (one_q6_k, None, Some(by_row_q6_k::<2>), Some(by_row_q6_k::<4>)),
                 }
             }
 
@@ -501,9 +518,9 @@ macro_rules! dot_kernels {
             legacy_entries!($features, one_q5_0, four_q5_0, dot_q5_0);
             legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
             legacy_entries!($features, one_q8_0, four_q8_0, dot_q8_0);
-            one_row!($features, one_q4_k, dot_q4_k);
-            one_row!($features, one_q5_k, dot_q5_k);
-            one_row!($features, one_q6_k, dot_q6_k);
+            kquant_entries!($features, one_q4_k, by_row_q4_k, dot_q4_k);
+            kquant_entries!($features, one_q5_k, by_row_q5_k, dot_q5_k);
+            kquant_entries!($features, one_q6_k, by_row_q6_k, dot_q6_k);
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
@@ -557,58 +574,90 @@ macro_rules! dot_kernels {
                 ops::dot_u8i8(_mm256_setzero_si256(), w, a)
             }
 
+            /// A Q4_K/Q5_K block's scales and minima, decoded once for
+            /// every activation row: each sub-block's scale in all lanes, and
+            /// the minima spread so that each multiplies the two 16-element
+            /// activation sums of its sub-block.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn kquant_scales(scales: &[u8; 12]) -> ([__m256i; 8], __m256i) {
+                let (sc, m) = k_scales(scales);
+                let m = _mm_cvtsi64_si128(i64::from_le_bytes(m));
+                (sc.map(|sc| _mm256_set1_epi16(i16::from(sc))), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)))
+            }
+
             /// Unreduced Σ_j sc_j·(q·a)_j and Σ_j m_j·(Σa)_j of a Q4_K/Q5_K
             /// block whose eight sub-blocks of unsigned quants are `q`.
             #[target_feature(enable = $features)]
             #[inline]
-            fn kquant_sums(scales: &[u8; 12], q: &[__m256i; 8], a: &BlockQ8K) -> (__m256i, __m256i) {
-                let (sc, m) = k_scales(scales);
+            fn kquant_sums(sc: &[__m256i; 8], mins: __m256i, q: &[__m256i; 8], a: &BlockQ8K) -> (__m256i, __m256i) {
                 let mut sums = _mm256_setzero_si256();
-                for ((q, a), &sc) in q.iter().zip(a.qs.as_chunks::<32>().0).zip(&sc) {
+                for ((q, a), sc) in q.iter().zip(a.qs.as_chunks::<32>().0).zip(sc) {
                     let pairs = _mm256_maddubs_epi16(*q, load_i8x32(a));
-                    sums = ops::madd_i16(sums, pairs, _mm256_set1_epi16(i16::from(sc)));
+                    sums = ops::madd_i16(sums, pairs, *sc);
                 }
-                // Each min multiplies the two 16-element sums of its sub-block.
-                let m = _mm_cvtsi64_si128(i64::from_le_bytes(m));
-                let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
                 (sums, _mm256_madd_epi16(load_u8x32(&a.bsums), mins))
             }
 
+            /// The Q4_K/Q5_K kernel around a block decoder: each weight
+            /// block is decoded once for all `A` activation rows, and every
+            /// (weight row, activation row) pair takes the reference's steps.
             #[target_feature(enable = $features)]
-            fn dot_q4_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, [a]) = rows::<BlockQ4K, BlockQ8K, R, 1>(w, [a]);
-                let low = _mm256_set1_epi8(0xF);
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let (mut sums, mut mins, mut dm) =
-                        ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0u32; 4]);
+            #[inline]
+            fn kquant_rows<W: bytemuck::Pod, const R: usize, const A: usize>(
+                w: [&[u8]; R],
+                a: [&[u8]; A],
+                decode: impl Fn(&W) -> (&[u8; 12], u32, [__m256i; 8]),
+            ) -> [[f32; R]; A] {
+                let (w, a) = rows::<W, BlockQ8K, R, A>(w, a);
+                let mut acc = [_mm_setzero_ps(); A];
+                for b in 0..a[0].len() {
+                    let (mut sums, mut mins) = ([[_mm256_setzero_si256(); 4]; A], [[_mm256_setzero_si256(); 4]; A]);
+                    let mut dm = [0u32; 4];
                     for r in 0..R {
-                        let x = &w[r][b];
+                        let (scales, d_dmin, q) = decode(&w[r][b]);
+                        let (sc, m) = kquant_scales(scales);
+                        for i in 0..A {
+                            (sums[i][r], mins[i][r]) = kquant_sums(&sc, m, &q, &a[i][b]);
+                        }
+                        dm[r] = d_dmin;
+                    }
+                    let (d, dmin) = half_pairs4(dm);
+                    for i in 0..A {
+                        let d_a = f32::from_le_bytes(a[i][b].d);
+                        acc[i] = finish_kquant4(acc[i], d, dmin, d_a, hsum4(sums[i]), hsum4(mins[i]));
+                    }
+                }
+                std::array::from_fn(|i| lanes(acc[i]))
+            }
+
+            #[target_feature(enable = $features)]
+            fn dot_q4_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+                let low = _mm256_set1_epi8(0xF);
+                kquant_rows::<BlockQ4K, R, A>(
+                    w,
+                    a,
+                    #[inline(always)]
+                    |x| {
                         let mut q = [_mm256_setzero_si256(); 8];
                         for (pair, qs) in x.qs.as_chunks::<32>().0.iter().enumerate() {
                             let v = load_u8x32(qs);
                             q[2 * pair] = _mm256_and_si256(v, low);
                             q[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                         }
-                        (sums[r], mins[r]) = kquant_sums(&x.scales, &q, y);
-                        dm[r] = half_pair(x.d, x.dmin);
-                    }
-                    let (d, dmin) = half_pairs4(dm);
-                    acc = finish_kquant4(acc, d, dmin, f32::from_le_bytes(y.d), hsum4(sums), hsum4(mins));
-                }
-                lanes(acc)
+                        (&x.scales, half_pair(x.d, x.dmin), q)
+                    },
+                )
             }
 
             #[target_feature(enable = $features)]
-            fn dot_q5_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, [a]) = rows::<BlockQ5K, BlockQ8K, R, 1>(w, [a]);
+            fn dot_q5_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
                 let (low, bit4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let (mut sums, mut mins, mut dm) =
-                        ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0u32; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
+                kquant_rows::<BlockQ5K, R, A>(
+                    w,
+                    a,
+                    #[inline(always)]
+                    |x| {
                         let mut q = [_mm256_setzero_si256(); 8];
                         // Bits 2i and 2i+1 of each qh byte belong to sub-blocks 2i
                         // and 2i+1; shifting by two per pair brings them to bits 0
@@ -623,70 +672,71 @@ macro_rules! dot_kernels {
                             q[2 * pair + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), low), hi_hi);
                             h = _mm256_srli_epi16::<2>(h);
                         }
-                        (sums[r], mins[r]) = kquant_sums(&x.scales, &q, y);
-                        dm[r] = half_pair(x.d, x.dmin);
+                        (&x.scales, half_pair(x.d, x.dmin), q)
+                    },
+                )
+            }
+
+            /// Q6_K's eight vectors of 32 unsigned quants (elements l, l+32,
+            /// l+64, l+96 of each 128-element half: a nibble and two bits of
+            /// qh moved to bits 4 and 5), in activation order, with the
+            /// scale pair of each vector's two 16-element halves.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn q6_k_decode(x: &BlockQ6K) -> ([__m256i; 8], [__m256i; 8]) {
+                let (low, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+                let scales = load_i8x16(&x.scales);
+                let (ql, qh) = (x.ql.as_chunks::<32>().0, x.qh.as_chunks::<32>().0);
+                let (mut q, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+                for half in 0..2 {
+                    let (l0, l1) = (load_u8x32(&ql[2 * half]), load_u8x32(&ql[2 * half + 1]));
+                    let h = load_u8x32(&qh[half]);
+                    let bits =
+                        |l: __m256i, h: __m256i| _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
+                    q[4 * half] = bits(l0, _mm256_slli_epi16::<4>(h));
+                    q[4 * half + 1] = bits(l1, _mm256_slli_epi16::<2>(h));
+                    q[4 * half + 2] = bits(_mm256_srli_epi16::<4>(l0), h);
+                    q[4 * half + 3] = bits(_mm256_srli_epi16::<4>(l1), _mm256_srli_epi16::<2>(h));
+                    for k in 0..4 {
+                        // Scales g and g+1 for the two 16-element halves of the vector.
+                        let g = (8 * half + 2 * k) as i64;
+                        let pick = _mm_set_epi64x((g + 1) * 0x0101_0101_0101_0101, g * 0x0101_0101_0101_0101);
+                        sc[4 * half + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                     }
-                    let (d, dmin) = half_pairs4(dm);
-                    acc = finish_kquant4(acc, d, dmin, f32::from_le_bytes(y.d), hsum4(sums), hsum4(mins));
                 }
-                lanes(acc)
+                (q, sc)
             }
 
             #[target_feature(enable = $features)]
-            fn dot_q6_k<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-                let (w, [a]) = rows::<BlockQ6K, BlockQ8K, R, 1>(w, [a]);
-                let (low, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
-                let mut acc = _mm_setzero_ps();
-                for (b, y) in a.iter().enumerate() {
-                    let aq = y.qs.as_chunks::<32>().0;
-                    let bsums = load_u8x32(&y.bsums);
-                    let (mut isums, mut d) = ([_mm256_setzero_si256(); 4], [0u16; 4]);
+            fn dot_q6_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+                let (w, a) = rows::<BlockQ6K, BlockQ8K, R, A>(w, a);
+                let mut acc = [_mm_setzero_ps(); A];
+                for b in 0..a[0].len() {
+                    let (mut isums, mut d) = ([[_mm256_setzero_si256(); 4]; A], [0u16; 4]);
                     for r in 0..R {
                         let x = &w[r][b];
-                        let scales = load_i8x16(&x.scales);
-                        let (ql, qh) = (x.ql.as_chunks::<32>().0, x.qh.as_chunks::<32>().0);
-                        let mut sums = _mm256_setzero_si256();
-                        for half in 0..2 {
-                            let (l0, l1) = (load_u8x32(&ql[2 * half]), load_u8x32(&ql[2 * half + 1]));
-                            let h = load_u8x32(&qh[half]);
-                            // Elements l, l+32, l+64, l+96 of the half: a nibble and
-                            // two bits of qh moved to bits 4 and 5.
-                            let q = [
-                                _mm256_or_si256(
-                                    _mm256_and_si256(l0, low),
-                                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(l1, low),
-                                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), low),
-                                    _mm256_and_si256(h, two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), low),
-                                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), two),
-                                ),
-                            ];
-                            for (k, q) in q.iter().enumerate() {
-                                // Scales g and g+1 for the two 16-element halves of the vector.
-                                let g = (8 * half + 2 * k) as i64;
-                                let pick = _mm_set_epi64x((g + 1) * 0x0101_0101_0101_0101, g * 0x0101_0101_0101_0101);
-                                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                                let pairs = _mm256_maddubs_epi16(*q, load_i8x32(&aq[4 * half + k]));
-                                sums = ops::madd_i16(sums, pairs, sc);
+                        let (q, sc) = q6_k_decode(x);
+                        let scales = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
+                        for i in 0..A {
+                            let y = &a[i][b];
+                            let mut sums = _mm256_setzero_si256();
+                            for ((q, sc), aq) in q.iter().zip(&sc).zip(y.qs.as_chunks::<32>().0) {
+                                sums = ops::madd_i16(sums, _mm256_maddubs_epi16(*q, load_i8x32(aq)), *sc);
                             }
+                            // The quants are unsigned; the offset of 32 goes through
+                            // the activation sums: Σ sc·(q·a) − 32·Σ sc·(Σa).
+                            let offset = _mm256_madd_epi16(load_u8x32(&y.bsums), scales);
+                            isums[i][r] = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
                         }
-                        // The quants are unsigned; the offset of 32 goes through
-                        // the activation sums: Σ sc·(q·a) − 32·Σ sc·(Σa).
-                        let offset = _mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales));
-                        isums[r] = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
                         d[r] = u16::from_le_bytes(x.d);
                     }
-                    acc = finish_scaled4(acc, halves4(d), _mm_set1_ps(f32::from_le_bytes(y.d)), hsum4(isums));
+                    let d = halves4(d);
+                    for i in 0..A {
+                        let d_a = _mm_set1_ps(f32::from_le_bytes(a[i][b].d));
+                        acc[i] = finish_scaled4(acc[i], d, d_a, hsum4(isums[i]));
+                    }
                 }
-                lanes(acc)
+                std::array::from_fn(|i| lanes(acc[i]))
             }
         }
     };

@@ -1,5 +1,6 @@
 //! `sluice bench model`: decode and prefill speed on one model, as
-//! llama-bench measures them (tg128 after a short prompt, pp512).
+//! llama-bench measures them (pp512 and tg128, optionally after `--depth`
+//! cached positions, like its `-d`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +27,10 @@ pub struct BenchModelArgs {
     /// Tokens for the decode measurement.
     #[arg(long, default_value_t = 128)]
     decode: usize,
+    /// Positions already in the KV cache before each measurement (prefilled
+    /// untimed), for speed at long contexts.
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -38,20 +43,32 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     let model = load_model(&args.model, args.device, args.threads.max(1))?;
     let n_vocab = model.hparams().n_vocab as u32;
     // Deterministic, varied token ids: speed does not depend on the text.
-    let tokens: Vec<u32> = (0..args.prefill as u32).map(|i| (i * 7919 + 17) % n_vocab).collect();
+    let token = |i: usize| (i as u32).wrapping_mul(7919).wrapping_add(17) % n_vocab;
+    let context: Vec<u32> = (0..args.depth.max(1)).map(token).collect();
+    let prompt: Vec<u32> = (args.depth..args.depth + args.prefill).map(token).collect();
     let reps = args.reps.max(1);
+    // A session holding `depth` cached positions (at least one, so that
+    // decoding has logits to start from) with room for `more`.
+    let warm = |more: usize| -> anyhow::Result<(Session, Vec<f32>)> {
+        let mut session = Session::new(Arc::clone(&model), context.len() + more)?;
+        let logits = session.prefill(&context, CHUNK)?;
+        Ok((session, logits))
+    };
 
     let mut prefill_tps = Vec::new();
-    for _ in 0..reps {
-        let mut session = Session::new(Arc::clone(&model), tokens.len())?;
+    for _ in 0..if prompt.is_empty() { 0 } else { reps } {
+        let (mut session, _) = if args.depth == 0 {
+            (Session::new(Arc::clone(&model), prompt.len())?, Vec::new())
+        } else {
+            warm(prompt.len())?
+        };
         let started = Instant::now();
-        session.prefill(&tokens, tokens.len())?;
-        prefill_tps.push(tokens.len() as f64 / started.elapsed().as_secs_f64());
+        session.prefill(&prompt, prompt.len())?;
+        prefill_tps.push(prompt.len() as f64 / started.elapsed().as_secs_f64());
     }
     let mut decode_tps = Vec::new();
-    for _ in 0..reps {
-        let mut session = Session::new(Arc::clone(&model), 16 + args.decode)?;
-        let mut logits = session.prefill(&tokens[..16.min(tokens.len())], 16)?;
+    for _ in 0..if args.decode == 0 { 0 } else { reps } {
+        let (mut session, mut logits) = warm(args.decode)?;
         let started = Instant::now();
         for _ in 0..args.decode {
             let next = argmax(&logits);
@@ -60,15 +77,20 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
         decode_tps.push(args.decode as f64 / started.elapsed().as_secs_f64());
     }
     let (prefill, decode) = (median(&mut prefill_tps), median(&mut decode_tps));
+    let at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
     println!("model: {}", args.model.display());
     println!("backend: {}", model.describe());
-    println!("pp{}: {prefill:.1} tokens/s", args.prefill);
-    println!("tg{}: {decode:.1} tokens/s", args.decode);
+    println!("pp{}{at}: {prefill:.1} tokens/s", args.prefill);
+    println!("tg{}{at}: {decode:.1} tokens/s", args.decode);
     if args.json {
-        println!("{{\"decode_tps\": {decode:.2}, \"prefill_tps\": {prefill:.2}}}");
+        println!("{{\"decode_tps\": {decode:.2}, \"prefill_tps\": {prefill:.2}, \"depth\": {}}}", args.depth);
     }
     Ok(())
 }
+
+/// Chunk size for filling the context before a measurement: llama-bench's
+/// default micro-batch.
+const CHUNK: usize = 512;
 
 fn argmax(logits: &[f32]) -> u32 {
     logits
@@ -78,7 +100,8 @@ fn argmax(logits: &[f32]) -> u32 {
         .0 as u32
 }
 
+/// 0 when nothing was measured (`--prefill 0` or `--decode 0`).
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

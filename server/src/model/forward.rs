@@ -173,9 +173,11 @@ impl<B: Backend> Context for TransformerContext<B> {
         for (index, layer) in model.layers.iter().enumerate() {
             tap(b, batch, index, &s.x, &mut output.taps)?;
             b.rms_norm(&s.x, &layer.attn_norm, hp.rms_eps, &mut s.h);
-            b.matmul(&layer.q.matrix, &s.h, n, &mut s.q);
-            b.matmul(&layer.k.matrix, &s.h, n, &mut s.k);
-            b.matmul(&layer.v.matrix, &s.h, n, &mut s.v);
+            b.matmuls(
+                &s.h,
+                n,
+                &mut [(&layer.q.matrix, &mut s.q), (&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)],
+            );
             for (values, bias) in [(&mut s.q, &layer.q_bias), (&mut s.k, &layer.k_bias), (&mut s.v, &layer.v_bias)] {
                 if let Some(bias) = bias {
                     b.add_bias(values, bias);
@@ -196,8 +198,7 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.add(&mut s.x, &s.h);
 
             b.rms_norm(&s.x, &layer.ffn_norm, hp.rms_eps, &mut s.h);
-            b.matmul(&layer.gate.matrix, &s.h, n, &mut s.gate);
-            b.matmul(&layer.up.matrix, &s.h, n, &mut s.up);
+            b.matmuls(&s.h, n, &mut [(&layer.gate.matrix, &mut s.gate), (&layer.up.matrix, &mut s.up)]);
             b.swiglu(&s.gate, &s.up, &mut s.ffn);
             b.matmul(&layer.down.matrix, &s.ffn, n, &mut s.h);
             b.add(&mut s.x, &s.h);
@@ -236,8 +237,7 @@ impl<B: Backend> Context for TransformerContext<B> {
         let s = &mut self.scratch;
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
         for (index, layer) in model.layers.iter().enumerate() {
-            b.matmul(&layer.k.matrix, &s.x, n, &mut s.k);
-            b.matmul(&layer.v.matrix, &s.x, n, &mut s.v);
+            b.matmuls(&s.x, n, &mut [(&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)]);
             if let Some(norm) = &layer.k_norm {
                 b.rms_norm_in_place(&mut s.k, norm, hp.rms_eps);
             }

@@ -1,0 +1,311 @@
+//! Random-weight models in the shapes of real ones, for measuring speed on
+//! the sizes people run without downloading their weights.
+//!
+//! The file is F16 (norms in F32, as converters write them) and is streamed
+//! to disk tensor by tensor, so a 7B shape (15 GB) needs no more memory
+//! than one tensor row. llama.cpp's `llama-quantize` turns it into any
+//! format for benchmarking (see `docs/benchmarks.md`). The vocabulary is
+//! byte-level (the 256 GPT-2 byte symbols, then `t256`, `t257`, …) so both
+//! sluice and llama.cpp load and tokenize it.
+
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use crate::gguf_writer::{Rng, TensorInfo, Value, header};
+
+/// The architecture and sizes of a transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub arch: &'static str,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub n_ctx: u32,
+    pub rope_base: f32,
+    /// Whether the LM head is the token embedding table (no `output.weight`).
+    pub tied: bool,
+}
+
+/// The shapes `write-model --shape` knows, by name.
+pub const NAMED: [(&str, Shape); 4] = [
+    (
+        "smollm2-135m",
+        Shape {
+            arch: "llama",
+            n_vocab: 49152,
+            n_embd: 576,
+            n_layer: 30,
+            n_head: 9,
+            n_head_kv: 3,
+            n_ff: 1536,
+            n_ctx: 8192,
+            rope_base: 100000.0,
+            tied: true,
+        },
+    ),
+    (
+        "llama-3.2-1b",
+        Shape {
+            arch: "llama",
+            n_vocab: 128256,
+            n_embd: 2048,
+            n_layer: 16,
+            n_head: 32,
+            n_head_kv: 8,
+            n_ff: 8192,
+            n_ctx: 131072,
+            rope_base: 500000.0,
+            tied: true,
+        },
+    ),
+    (
+        "qwen2.5-7b",
+        Shape {
+            arch: "qwen2",
+            n_vocab: 152064,
+            n_embd: 3584,
+            n_layer: 28,
+            n_head: 28,
+            n_head_kv: 4,
+            n_ff: 18944,
+            n_ctx: 32768,
+            rope_base: 1000000.0,
+            tied: false,
+        },
+    ),
+    (
+        "llama-3.1-8b",
+        Shape {
+            arch: "llama",
+            n_vocab: 128256,
+            n_embd: 4096,
+            n_layer: 32,
+            n_head: 32,
+            n_head_kv: 8,
+            n_ff: 14336,
+            n_ctx: 131072,
+            rope_base: 500000.0,
+            tied: false,
+        },
+    ),
+];
+
+const F32: u32 = 0;
+const F16: u32 = 1;
+
+/// One tensor of the file: its header entry and how its values are drawn.
+struct Planned {
+    name: String,
+    dims: Vec<u64>,
+    type_id: u32,
+    fill: Fill,
+}
+
+#[derive(Clone, Copy)]
+enum Fill {
+    /// Uniform in ±scale.
+    Uniform(f32),
+    /// 1 ± 0.2 (norm weights).
+    NearOne,
+}
+
+impl Shape {
+    /// The shape called `name` (see [`NAMED`]).
+    pub fn named(name: &str) -> Option<Shape> {
+        NAMED.iter().find(|(known, _)| *known == name).map(|(_, shape)| shape.clone())
+    }
+
+    fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    /// Checks what the loaders require: heads that divide the width and
+    /// each other, and F16 rows (any length works; K-quants need 256s).
+    pub fn check(&self) -> Result<(), String> {
+        let ok = self.n_head > 0
+            && self.n_head_kv > 0
+            && self.n_embd.is_multiple_of(self.n_head)
+            && self.n_head.is_multiple_of(self.n_head_kv)
+            && self.n_layer > 0
+            && self.n_ff > 0
+            && self.n_vocab >= 256;
+        if ok { Ok(()) } else { Err(format!("inconsistent shape {self:?}")) }
+    }
+
+    fn plan(&self) -> Vec<Planned> {
+        let (e, v, f) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
+        let kv = (self.head_dim() * self.n_head_kv) as u64;
+        let matrix = |name: String, n_in: u64, n_out: u64| Planned {
+            name,
+            dims: vec![n_in, n_out],
+            type_id: F16,
+            fill: Fill::Uniform(1.0 / (n_in as f32).sqrt()),
+        };
+        let vector = |name: String, len: u64, fill: Fill| Planned { name, dims: vec![len], type_id: F32, fill };
+        let mut plan =
+            vec![matrix("token_embd.weight".into(), e, v), vector("output_norm.weight".into(), e, Fill::NearOne)];
+        if !self.tied {
+            plan.push(matrix("output.weight".into(), e, v));
+        }
+        for layer in 0..self.n_layer {
+            let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+            plan.push(vector(name("attn_norm.weight"), e, Fill::NearOne));
+            plan.push(matrix(name("attn_q.weight"), e, e));
+            plan.push(matrix(name("attn_k.weight"), e, kv));
+            plan.push(matrix(name("attn_v.weight"), e, kv));
+            if self.arch == "qwen2" {
+                plan.push(vector(name("attn_q.bias"), e, Fill::Uniform(0.1)));
+                plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
+                plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
+            }
+            plan.push(matrix(name("attn_output.weight"), e, e));
+            plan.push(vector(name("ffn_norm.weight"), e, Fill::NearOne));
+            plan.push(matrix(name("ffn_gate.weight"), e, f));
+            plan.push(matrix(name("ffn_up.weight"), e, f));
+            plan.push(matrix(name("ffn_down.weight"), f, e));
+        }
+        plan
+    }
+
+    fn metadata(&self) -> Vec<(String, Value)> {
+        let arch = self.arch;
+        let key = |name: &str| format!("{arch}.{name}");
+        let tokens: Vec<String> =
+            byte_symbols().into_iter().chain((256..self.n_vocab).map(|id| format!("t{id}"))).collect();
+        vec![
+            ("general.architecture".into(), Value::Str(arch.into())),
+            ("general.name".into(), Value::Str(format!("random-weight {arch} {}x{}", self.n_layer, self.n_embd))),
+            (key("context_length"), Value::U32(self.n_ctx)),
+            (key("embedding_length"), Value::U32(self.n_embd as u32)),
+            (key("block_count"), Value::U32(self.n_layer as u32)),
+            (key("feed_forward_length"), Value::U32(self.n_ff as u32)),
+            (key("attention.head_count"), Value::U32(self.n_head as u32)),
+            (key("attention.head_count_kv"), Value::U32(self.n_head_kv as u32)),
+            (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+            (key("rope.freq_base"), Value::F32(self.rope_base)),
+            ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+            ("tokenizer.ggml.tokens".into(), Value::Strs(tokens)),
+            ("tokenizer.ggml.merges".into(), Value::Strs(Vec::new())),
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(0)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
+        ]
+    }
+
+    /// Writes the model to `path` with weights drawn from `seed`.
+    pub fn write(&self, path: &Path, seed: u64) -> io::Result<()> {
+        self.check().map_err(io::Error::other)?;
+        let plan = self.plan();
+        let infos: Vec<TensorInfo> = plan
+            .iter()
+            .map(|t| TensorInfo {
+                name: &t.name,
+                dims: &t.dims,
+                type_id: t.type_id,
+                bytes: t.dims.iter().product::<u64>() * if t.type_id == F16 { 2 } else { 4 },
+            })
+            .collect();
+        let alignment = 32;
+        let (head, offsets) = header(&self.metadata(), &infos, alignment);
+        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+        out.write_all(&head)?;
+        let mut written = 0u64;
+        let mut rng = Rng::new(seed);
+        for ((tensor, info), offset) in plan.iter().zip(&infos).zip(offsets) {
+            out.write_all(&vec![0; (offset - written) as usize])?;
+            stream(&mut out, tensor, &mut rng)?;
+            written = offset + info.bytes;
+        }
+        out.flush()
+    }
+}
+
+/// Writes a tensor's values a row at a time.
+fn stream(out: &mut impl Write, tensor: &Planned, rng: &mut Rng) -> io::Result<()> {
+    let row = tensor.dims[0] as usize;
+    let rows: u64 = tensor.dims[1..].iter().product();
+    let mut bytes = Vec::with_capacity(row * 4);
+    for _ in 0..rows {
+        bytes.clear();
+        for _ in 0..row {
+            let value = match tensor.fill {
+                Fill::Uniform(scale) => rng.uniform(scale),
+                Fill::NearOne => 1.0 + rng.uniform(0.2),
+            };
+            if tensor.type_id == F16 {
+                bytes.extend_from_slice(&half::f16::from_f32(value).to_le_bytes());
+            } else {
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
+        }
+        out.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
+/// The 256 byte symbols of GPT-2's byte-level BPE, in byte order: printable
+/// bytes stand for themselves, the rest map in order to U+0100 onwards.
+fn byte_symbols() -> Vec<String> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            let code = if printable(b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(code).map(String::from).unwrap_or_default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_shapes_are_consistent_and_k_quantizable() {
+        for (name, shape) in &NAMED {
+            assert_eq!(shape.check(), Ok(()), "{name}");
+            assert_eq!(Shape::named(name).as_ref(), Some(shape));
+        }
+        // Llama-3.2-1B: 1.24 billion parameters with tied embeddings.
+        let shape = Shape::named("llama-3.2-1b").expect("known");
+        let params: u64 = shape.plan().iter().map(|t| t.dims.iter().product::<u64>()).sum();
+        assert_eq!(params / 10_000_000, 123);
+        assert!(Shape::named("gpt-5").is_none());
+    }
+
+    #[test]
+    fn byte_symbols_are_gpt2s() {
+        let symbols = byte_symbols();
+        assert_eq!(symbols.len(), 256);
+        assert_eq!(symbols[b'A' as usize], "A");
+        assert_eq!(symbols[b'\n' as usize], "\u{10a}");
+        assert_eq!(symbols[b' ' as usize], "\u{120}");
+        let unique: std::collections::HashSet<_> = symbols.iter().collect();
+        assert_eq!(unique.len(), 256);
+    }
+
+    #[test]
+    fn a_written_file_has_every_tensor_where_its_header_says() {
+        let shape =
+            Shape { n_vocab: 300, n_embd: 64, n_layer: 2, n_head: 4, n_head_kv: 2, n_ff: 96, ..NAMED[2].1.clone() };
+        let path = std::env::temp_dir().join(format!("sluice-shape-{}.gguf", std::process::id()));
+        shape.write(&path, 3).expect("written");
+        let bytes = std::fs::read(&path).expect("readable");
+        std::fs::remove_file(&path).expect("removed");
+        let plan = shape.plan();
+        let count = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        assert_eq!(count, plan.len() as u64);
+        let data: u64 =
+            plan.iter().map(|t| t.dims.iter().product::<u64>() * if t.type_id == F16 { 2 } else { 4 }).sum();
+        // Data plus padding follow the header; the last tensor ends the file.
+        assert!(bytes.len() as u64 > data && (bytes.len() as u64) < data + 32 * plan.len() as u64 + 4_000_000);
+        assert!(plan.iter().any(|t| t.name == "output.weight") && plan.iter().any(|t| t.name == "blk.1.attn_v.bias"));
+    }
+}

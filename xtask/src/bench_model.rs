@@ -1,0 +1,201 @@
+//! `cargo xtask bench model`: decode and prefill speed of `sluice bench
+//! model` on the default model or on `--model FILE`s, and with
+//! `--compare-llama BIN` the same measurements from llama.cpp's
+//! `llama-bench`, run alternately (one repetition of each per round, so
+//! that drifting machine load hits both alike) with the ratios printed as a
+//! Markdown table.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::{cargo, models, repo_root, run};
+
+/// What the command line asked for.
+struct Plan {
+    models: Vec<PathBuf>,
+    llama_bench: Option<PathBuf>,
+    threads: Vec<usize>,
+    depths: Vec<usize>,
+    rounds: usize,
+    /// Everything else, passed to `sluice bench model` as is.
+    rest: Vec<String>,
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Plan> {
+    let mut plan =
+        Plan { models: Vec::new(), llama_bench: None, threads: vec![2], depths: vec![0], rounds: 3, rest: Vec::new() };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| args.next().with_context(|| format!("{flag} needs a value"));
+        match arg.as_str() {
+            "-m" | "--model" => plan.models.push(PathBuf::from(value("--model")?)),
+            "--compare-llama" => plan.llama_bench = Some(PathBuf::from(value("--compare-llama")?)),
+            "-t" | "--threads" => plan.threads = list(value("--threads")?, "--threads")?,
+            "--depth" => plan.depths = list(value("--depth")?, "--depth")?,
+            "--rounds" => plan.rounds = list(value("--rounds")?, "--rounds")?.first().copied().unwrap_or(1).max(1),
+            "--reps" => bail!("--reps is --rounds here (one repetition of each program per round)"),
+            _ => plan.rest.push(arg.clone()),
+        }
+    }
+    if plan.threads.contains(&0) {
+        bail!("--threads: 0 threads");
+    }
+    Ok(plan)
+}
+
+/// `2` or `1,2` (for tables over several values).
+fn list(value: &str, flag: &str) -> anyhow::Result<Vec<usize>> {
+    value
+        .split(',')
+        .map(|part| part.trim().parse::<usize>().with_context(|| format!("{flag}: `{part}` is not a whole number")))
+        .collect()
+}
+
+pub fn bench_model(args: &[String]) -> anyhow::Result<()> {
+    let mut plan = parse(args)?;
+    if plan.models.is_empty() {
+        plan.models.push(models::fetch_model()?);
+    }
+    for model in &plan.models {
+        if !model.is_file() {
+            bail!("--model {}: no such file", model.display());
+        }
+    }
+    run(cargo().args(["build", "--quiet", "--release", "--package", "sluice"]))?;
+    let sluice = repo_root().join("target/release/sluice");
+    let Some(llama_bench) = &plan.llama_bench else {
+        for model in &plan.models {
+            for &threads in &plan.threads {
+                for &depth in &plan.depths {
+                    run(sluice_command(&sluice, model, threads, depth, &plan.rest).args(["--reps", "3"]))?;
+                }
+            }
+        }
+        return Ok(());
+    };
+    println!("| model | threads | depth | sluice pp | llama.cpp pp | ratio | sluice tg | llama.cpp tg | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for model in &plan.models {
+        for &threads in &plan.threads {
+            for &depth in &plan.depths {
+                let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+                for round in 0..plan.rounds {
+                    eprintln!("xtask: {} t{threads} d{depth}: round {}/{}", name(model), round + 1, plan.rounds);
+                    ours.push(sluice_once(&sluice, model, threads, depth, &plan.rest)?);
+                    theirs.push(llama_once(llama_bench, model, threads, depth)?);
+                }
+                let (ours, theirs) = (medians(&mut ours), medians(&mut theirs));
+                let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "–".into() };
+                println!(
+                    "| {} | {threads} | {depth} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} |",
+                    name(model),
+                    ours.0,
+                    theirs.0,
+                    ratio(ours.0, theirs.0),
+                    ours.1,
+                    theirs.1,
+                    ratio(ours.1, theirs.1)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn name(model: &Path) -> String {
+    model.file_name().map_or_else(|| model.display().to_string(), |name| name.to_string_lossy().into_owned())
+}
+
+fn sluice_command(sluice: &Path, model: &Path, threads: usize, depth: usize, rest: &[String]) -> Command {
+    let mut command = Command::new(sluice);
+    command
+        .args(["bench", "model", "--model"])
+        .arg(model)
+        .args(["--threads", &threads.to_string(), "--depth", &depth.to_string()])
+        .args(rest);
+    command
+}
+
+/// (prefill, decode) tokens/s of one sluice repetition.
+fn sluice_once(
+    sluice: &Path,
+    model: &Path,
+    threads: usize,
+    depth: usize,
+    rest: &[String],
+) -> anyhow::Result<(f64, f64)> {
+    let output = sluice_command(sluice, model, threads, depth, rest)
+        .args(["--reps", "1", "--json"])
+        .output()
+        .context("running sluice bench model")?;
+    if !output.status.success() {
+        bail!("sluice bench model failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().last().context("sluice bench model printed nothing")?;
+    let json: serde_json::Value = serde_json::from_str(line).with_context(|| format!("its JSON line `{line}`"))?;
+    let field = |key: &str| json[key].as_f64().with_context(|| format!("no `{key}` in `{line}`"));
+    Ok((field("prefill_tps")?, field("decode_tps")?))
+}
+
+/// (prefill, decode) tokens/s of one llama-bench repetition of pp512 and
+/// tg128 at the same depth and thread count.
+fn llama_once(llama_bench: &Path, model: &Path, threads: usize, depth: usize) -> anyhow::Result<(f64, f64)> {
+    let output = Command::new(llama_bench)
+        .arg("-m")
+        .arg(model)
+        .args(["-t", &threads.to_string(), "-d", &depth.to_string(), "-p", "512", "-n", "128", "-r", "1", "-o", "json"])
+        .output()
+        .with_context(|| format!("running {}", llama_bench.display()))?;
+    if !output.status.success() {
+        bail!("{} failed: {}", llama_bench.display(), String::from_utf8_lossy(&output.stderr));
+    }
+    let tests: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).context("llama-bench's JSON output (-o json)")?;
+    let speed = |prompt: bool| {
+        tests
+            .iter()
+            .find(|test| (test["n_prompt"].as_u64().unwrap_or(0) > 0) == prompt)
+            .and_then(|test| test["avg_ts"].as_f64())
+            .with_context(|| format!("no {} test in llama-bench's output", if prompt { "pp" } else { "tg" }))
+    };
+    Ok((speed(true)?, speed(false)?))
+}
+
+fn medians(values: &mut [(f64, f64)]) -> (f64, f64) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    (median(values.iter().map(|v| v.0).collect()), median(values.iter().map(|v| v.1).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn flags_are_split_between_xtask_and_sluice() {
+        let plan = parse(&args("--model a.gguf -m b.gguf --threads 1,2 --depth 0,2048 --rounds 5 --prefill 256"))
+            .expect("valid");
+        assert_eq!(plan.models, [PathBuf::from("a.gguf"), PathBuf::from("b.gguf")]);
+        assert_eq!((plan.threads, plan.depths, plan.rounds), (vec![1, 2], vec![0, 2048], 5));
+        assert_eq!(plan.rest, ["--prefill", "256"]);
+        assert!(plan.llama_bench.is_none());
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        for (line, flag) in [("--depth x", "--depth"), ("--threads 0", "--threads"), ("--model", "--model")] {
+            let error = parse(&args(line)).err().expect("refused").to_string();
+            assert!(error.contains(flag), "{line}: {error}");
+        }
+        assert!(parse(&args("--reps 3")).is_err());
+    }
+}
