@@ -61,6 +61,14 @@ fn prefill64_q4_1_1536x576(bencher: Bencher, threads: usize) {
     bench_matmul(bencher, DType::Q4_1, 1536, 576, 64, threads);
 }
 
+/// Prefill-shaped: 64 activation rows over a weight matrix of each format
+/// (the 1B shape's 2048 × 2048 for the K-quants), one thread.
+#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K])]
+fn prefill64_1_thread(bencher: Bencher, dtype: DType) {
+    let n = if dtype.block_elems() == 256 { 2048 } else { 576 };
+    bench_matmul(bencher, dtype, 2048, n, 64, 1);
+}
+
 #[divan::bench(args = [2])]
 fn pool_dispatch(bencher: Bencher, threads: usize) {
     let pool = ThreadPool::new(threads);
@@ -97,5 +105,31 @@ fn matvec_decode_step_weights(bencher: Bencher, threads: usize) {
     bencher.bench_local(|| {
         matmul(&layers, black_box(&x), 1, &mut hidden, &pool);
         matmul(&output, black_box(&x), 1, &mut logits, &pool);
+    });
+}
+
+/// Attention of 64 consecutive query rows (SmolLM2's 9 heads over 3 KV
+/// heads of 64) over the 512 cached positions before them, one thread.
+#[divan::bench]
+fn attention_64_rows_at_512(bencher: Bencher) {
+    use sluice_kernels::ops::{HeadShape, KvPages, PageTable, attend_heads};
+    let shape = HeadShape::new(9, 3, 64).expect("valid heads");
+    let (rows, cached) = (64, 512);
+    let value = |i: usize| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0);
+    let n = cached + rows;
+    let k: Vec<f16> = (0..n * shape.kv_len()).map(value).collect();
+    let v: Vec<f16> = (0..n * shape.kv_len()).map(|i| value(i + 1)).collect();
+    let blocks: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
+    let kv = KvPages { k: &k, v: &v, pages: PageTable { blocks: &blocks, block_tokens: 16 }, hidden: &[] };
+    let q: Vec<f32> = (0..rows * shape.q_len()).map(|i| ((i * 31) % 100) as f32 / 50.0 - 1.0).collect();
+    let mut out = vec![0.0; q.len()];
+    let mut scratch = Vec::new();
+    bencher.bench_local(|| {
+        for block in (0..rows).step_by(4) {
+            let visible: Vec<usize> = (block..block + 4).map(|r| cached + r + 1).collect();
+            let range = block * shape.q_len()..(block + 4) * shape.q_len();
+            attend_heads(black_box(&q[range.clone()]), kv, &visible, shape, 0..3, 0.125, &mut out[range], &mut scratch)
+                .expect("valid attention");
+        }
     });
 }

@@ -195,11 +195,13 @@ pub fn attend_heads(
     let chunks = head_dim.div_ceil(LANES);
     let padded_len = n_head * chunks * LANES;
     scratch.clear();
-    scratch.resize(2 * padded_len + 2 * n_head, 0.0);
+    scratch.resize(2 * padded_len + (2 + POSITION_BLOCK) * n_head, 0.0);
     let (q_pad, rest) = scratch.split_at_mut(padded_len);
     let (acc, rest) = rest.split_at_mut(padded_len);
-    // Per query head: the running maximum and sum of the online softmax.
-    let (maxima, sums) = rest.split_at_mut(n_head);
+    // Per query head: the running maximum and sum of the online softmax,
+    // and the scores of the block of positions being visited.
+    let (maxima, rest) = rest.split_at_mut(n_head);
+    let (sums, scores) = rest.split_at_mut(n_head);
     maxima.fill(f32::NEG_INFINITY);
     // q rounded to f16 and zero-padded to whole chunks (see the doc above).
     let (q_pad, _) = q_pad.as_chunks_mut::<LANES>();
@@ -213,25 +215,17 @@ pub fn attend_heads(
     dispatch!(s => {
         for kv_head in 0..n_kv_head {
             let kv_at = (first_kv_head + kv_head) * head_dim;
-            // The query heads sharing this K/V head, in every row, visit
-            // each position together.
+            let mut state = HeadState { acc: &mut *acc, maxima: &mut *maxima, sums: &mut *sums, scores: &mut *scores };
+            let mut block = Block { positions: [(0, 0); POSITION_BLOCK], len: 0 };
             kv.for_each_row(most_visible, kv_len, #[inline(always)] |position, at| {
-                let k = &kv.k[at + kv_at..][..head_dim];
-                let v = &kv.v[at + kv_at..][..head_dim];
-                for (row, &visible) in n_visible.iter().enumerate() {
-                    if position >= visible {
-                        continue;
-                    }
-                    let heads = row * row_heads + kv_head * group..row * row_heads + (kv_head + 1) * group;
-                    let q = &q_pad[heads.start * chunks..heads.end * chunks];
-                    let acc = &mut acc[heads.start * chunks..heads.end * chunks];
-                    let (maxima, sums) = (&mut maxima[heads.clone()], &mut sums[heads]);
-                    let heads = q.chunks_exact(chunks).zip(acc.chunks_exact_mut(chunks)).zip(maxima.iter_mut().zip(sums.iter_mut()));
-                    for ((q, acc), (m, sum)) in heads {
-                        update(s, q, acc, m, sum, k, v, scale);
-                    }
+                block.positions[block.len] = (position, at + kv_at);
+                block.len += 1;
+                if block.len == POSITION_BLOCK {
+                    step_block(s, &block, &kv, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
+                    block.len = 0;
                 }
             });
+            step_block(s, &block, &kv, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
         }
         for (h, (acc, sum)) in acc.chunks_exact(chunks).zip(sums.iter()).enumerate() {
             let inv = s.splat(1.0 / sum);
@@ -244,56 +238,108 @@ pub fn attend_heads(
     Ok(())
 }
 
-/// One position's step of one query head's online softmax: score, running
-/// maximum and sum, and the f16-rounded weighted sum of V.
+/// Positions visited at a time: their scores, which do not depend on each
+/// other, are computed first; then each query head takes its sequential
+/// online-softmax steps over them, its weighted sum of V held in registers.
+const POSITION_BLOCK: usize = 16;
+
+/// Up to [`POSITION_BLOCK`] visible positions in order, each with where
+/// its K/V head's values start in the arenas.
+struct Block {
+    positions: [(usize, usize); POSITION_BLOCK],
+    len: usize,
+}
+
+/// The online-softmax state of the query heads of one piece of attention.
+struct HeadState<'a> {
+    acc: &'a mut [[f32; LANES]],
+    maxima: &'a mut [f32],
+    sums: &'a mut [f32],
+    /// [`POSITION_BLOCK`] scores per query head.
+    scores: &'a mut [f32],
+}
+
+/// The query heads of KV head `kv_head` (in every row that sees them) over
+/// the positions of `block`. Each head takes exactly the steps it takes
+/// visiting the positions one at a time; only the interleaving of
+/// independent work differs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn update<S: Simd>(
+fn step_block<S: Simd>(
     s: S,
-    q: &[[f32; LANES]],
-    acc: &mut [[f32; LANES]],
-    m: &mut f32,
-    sum: &mut f32,
-    k: &[f16],
-    v: &[f16],
+    block: &Block,
+    kv: &KvPages<'_>,
+    q_pad: &[[f32; LANES]],
+    state: &mut HeadState<'_>,
+    n_visible: &[usize],
+    kv_head: usize,
+    group: usize,
+    head_dim: usize,
     scale: f32,
 ) {
-    // Four accumulators over 64-element groups, fused multiply-adds, then
-    // (a0 + a2) + (a1 + a3): the order of GGML's f16 dot product with
-    // 16-lane vectors.
+    let chunks = head_dim.div_ceil(LANES);
+    let row_heads = state.maxima.len() / n_visible.len();
+    let positions = &block.positions[..block.len];
+    // How many of the block's positions each row sees (a prefix: they are
+    // in order).
+    let seen = |visible: usize| positions.iter().take_while(|(position, _)| *position < visible).count();
+    let heads = |row: usize| row * row_heads + kv_head * group..row * row_heads + (kv_head + 1) * group;
+    for (row, &visible) in n_visible.iter().enumerate() {
+        let n = seen(visible);
+        for h in heads(row) {
+            let q = &q_pad[h * chunks..(h + 1) * chunks];
+            for (score, &(_, at)) in state.scores[h * POSITION_BLOCK..].iter_mut().zip(&positions[..n]) {
+                *score = score_of(s, q, &kv.k[at..at + head_dim]) * scale;
+            }
+        }
+    }
+    for (row, &visible) in n_visible.iter().enumerate() {
+        let n = seen(visible);
+        for h in heads(row) {
+            let scores = &state.scores[h * POSITION_BLOCK..][..n];
+            // The running maximum and sum, position by position, noting
+            // each position's weight and rescaling of what came before.
+            let (mut weights, mut rescales) = ([0.0f32; POSITION_BLOCK], [None; POSITION_BLOCK]);
+            let (m, sum) = (&mut state.maxima[h], &mut state.sums[h]);
+            for ((&score, weight), rescale) in scores.iter().zip(&mut weights).zip(&mut rescales) {
+                if score > *m {
+                    let old_scale = (*m - score).exp();
+                    *m = score;
+                    (*weight, *rescale) = (1.0, Some(old_scale));
+                } else {
+                    *weight = (score - *m).exp();
+                }
+                // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
+                *sum = sum.mul_add(rescale.unwrap_or(1.0), *weight);
+            }
+            // The weighted sum of V, a chunk at a time kept in a register:
+            // a new maximum rescales the sum (rounded to f16) before the
+            // fused multiply-add of the position's V (rounded again), as
+            // llama.cpp's two f16 vector steps do.
+            for (c, acc) in state.acc[h * chunks..(h + 1) * chunks].iter_mut().enumerate() {
+                let mut sum_v = s.load(acc);
+                for ((&(_, at), &weight), rescale) in positions[..n].iter().zip(&weights).zip(&rescales) {
+                    if let Some(old_scale) = rescale {
+                        sum_v = s.round_f16(s.mul(sum_v, s.splat(*old_scale)));
+                    }
+                    sum_v = s.round_f16(s.mul_add(load_chunk(s, &kv.v[at..at + head_dim], c), s.splat(weight), sum_v));
+                }
+                s.store(sum_v, acc);
+            }
+        }
+    }
+}
+
+/// `q · k` with four accumulators over 64-element groups, fused
+/// multiply-adds, then (a0 + a2) + (a1 + a3): the order of GGML's f16 dot
+/// product with 16-lane vectors.
+#[inline(always)]
+fn score_of<S: Simd>(s: S, q: &[[f32; LANES]], k: &[f16]) -> f32 {
     let mut dot = [s.splat(0.0); 4];
     for (c, q) in q.iter().enumerate() {
         dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
     }
-    let dot = s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]));
-    let score = s.reduce_sum(dot) * scale;
-    let (old_scale, weight) = if score > *m {
-        let old_scale = (*m - score).exp();
-        *m = score;
-        (Some(old_scale), 1.0)
-    } else {
-        (None, (score - *m).exp())
-    };
-    let weight_v = s.splat(weight);
-    for (c, acc) in acc.iter_mut().enumerate() {
-        // A new maximum rescales the sum (rounded to f16) before the fused
-        // multiply-add of this position's V (rounded again), as llama.cpp's
-        // two f16 vector steps do.
-        if let Some(old_scale) = old_scale {
-            store_rounded_to_f16(s, s.mul(s.load(acc), s.splat(old_scale)), acc);
-        }
-        store_rounded_to_f16(s, s.mul_add(load_chunk(s, v, c), weight_v, s.load(acc)), acc);
-    }
-    // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
-    *sum = sum.mul_add(old_scale.unwrap_or(1.0), weight);
-}
-
-/// Stores `value` rounded to f16 (and widened back) into `acc`.
-#[inline(always)]
-fn store_rounded_to_f16<S: Simd>(s: S, value: S::V, acc: &mut [f32; LANES]) {
-    let mut rounded = [f16::ZERO; LANES];
-    s.store_f16(value, &mut rounded);
-    s.store(s.load_f16(&rounded), acc);
+    s.reduce_sum(s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3])))
 }
 
 /// Chunk `c` of a head's row, zero-padded past its end.

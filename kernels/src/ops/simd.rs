@@ -124,6 +124,13 @@ pub(crate) trait Simd: Copy {
     fn store(self, v: Self::V, out: &mut [f32; LANES]);
     /// Rounds to nearest, ties to even.
     fn store_f16(self, v: Self::V, out: &mut [f16; LANES]);
+    /// `v` rounded to f16 as [`Simd::store_f16`] does and widened back.
+    #[inline(always)]
+    fn round_f16(self, v: Self::V) -> Self::V {
+        let mut rounded = [f16::ZERO; LANES];
+        self.store_f16(v, &mut rounded);
+        self.load_f16(&rounded)
+    }
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
@@ -399,6 +406,16 @@ pub(crate) mod x86 {
             }
         }
         #[inline(always)]
+        fn round_f16(self, v: Self::V) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe {
+                [
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v[0])),
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v[1])),
+                ]
+            }
+        }
+        #[inline(always)]
         fn add(self, a: Self::V, b: Self::V) -> Self::V {
             // SAFETY: see the module comment.
             unsafe { both!(_mm256_add_ps, a, b) }
@@ -489,6 +506,11 @@ pub(crate) mod x86 {
         fn store_f16(self, v: Self::V, out: &mut [f16; LANES]) {
             // SAFETY: see the module comment.
             unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm512_cvtps_ph::<NEAREST>(v)) }
+        }
+        #[inline(always)]
+        fn round_f16(self, v: Self::V) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe { _mm512_cvtph_ps(_mm512_cvtps_ph::<NEAREST>(v)) }
         }
         #[inline(always)]
         fn add(self, a: Self::V, b: Self::V) -> Self::V {
