@@ -151,8 +151,7 @@ fn finish_scaled4(acc: __m128, d_w: __m128, d_a: __m128, isum: __m128i) -> __m12
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn finish_kquant4(acc: __m128, d: __m128, dmin: __m128, d_a: f32, isum: __m128i, isum_min: __m128i) -> __m128 {
-    let d_a = _mm_set1_ps(d_a);
+fn finish_kquant4(acc: __m128, d: __m128, dmin: __m128, d_a: __m128, isum: __m128i, isum_min: __m128i) -> __m128 {
     let t = _mm_sub_ps(
         _mm_mul_ps(_mm_mul_ps(d, d_a), _mm_cvtepi32_ps(isum)),
         _mm_mul_ps(_mm_mul_ps(dmin, d_a), _mm_cvtepi32_ps(isum_min)),
@@ -168,6 +167,14 @@ fn lanes<const R: usize>(v: __m128) -> [f32; R] {
     // SAFETY: stores 4 floats into the 4 floats of `all`.
     unsafe { _mm_storeu_ps(all.as_mut_ptr(), v) };
     std::array::from_fn(|r| all[r])
+}
+
+/// Four floats as a vector.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn load_f32x4(x: &[f32; 4]) -> __m128 {
+    // SAFETY: loads the 4 floats of `x`.
+    unsafe { _mm_loadu_ps(x.as_ptr()) }
 }
 
 /// R weight rows and A activation rows as blocks, cut to the blocks all of
@@ -416,7 +423,7 @@ macro_rules! kquant_entries {
     ($features:literal, $one:ident, $by_row:ident, $kernel:ident) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
-            let [[value]] = $kernel::<1, 1>([w], [a]);
+            let [value] = $kernel::<1>(w, [a]);
             value
         }
 
@@ -424,7 +431,7 @@ macro_rules! kquant_entries {
         fn $by_row<const A: usize>(w: [&[u8]; 4], a: [&[u8]; A]) -> [[f32; 4]; A] {
             let mut out = [[0.0; 4]; A];
             for (r, w) in w.into_iter().enumerate() {
-                for (i, [value]) in $kernel::<1, A>([w], a).into_iter().enumerate() {
+                for (i, value) in $kernel::<A>(w, a).into_iter().enumerate() {
                     out[i][r] = value;
                 }
             }
@@ -603,42 +610,38 @@ macro_rules! dot_kernels {
                 (sums, _mm256_madd_epi16(load_u8x32(&a.bsums), mins))
             }
 
-            /// The Q4_K/Q5_K kernel around a block decoder: each weight
-            /// block is decoded once for all `A` activation rows, and every
-            /// (weight row, activation row) pair takes the reference's steps.
+            /// The Q4_K/Q5_K kernel around a block decoder: one weight row
+            /// against `A` activation rows (at most four), each weight block
+            /// decoded once for all of them. Lane i of the float steps
+            /// follows activation row i through the reference's steps.
             #[target_feature(enable = $features)]
             #[inline]
-            fn kquant_rows<W: bytemuck::Pod, const R: usize, const A: usize>(
-                w: [&[u8]; R],
+            fn kquant_rows<W: bytemuck::Pod, const A: usize>(
+                w: &[u8],
                 a: [&[u8]; A],
                 decode: impl Fn(&W) -> (&[u8; 12], u32, [__m256i; 8]),
-            ) -> [[f32; R]; A] {
-                let (w, a) = rows::<W, BlockQ8K, R, A>(w, a);
-                let mut acc = [_mm_setzero_ps(); A];
-                for b in 0..a[0].len() {
-                    let (mut sums, mut mins) = ([[_mm256_setzero_si256(); 4]; A], [[_mm256_setzero_si256(); 4]; A]);
-                    let mut dm = [0u32; 4];
-                    for r in 0..R {
-                        let (scales, d_dmin, q) = decode(&w[r][b]);
-                        let (sc, m) = kquant_scales(scales);
-                        for i in 0..A {
-                            (sums[i][r], mins[i][r]) = kquant_sums(&sc, m, &q, &a[i][b]);
-                        }
-                        dm[r] = d_dmin;
-                    }
-                    let (d, dmin) = half_pairs4(dm);
+            ) -> [f32; A] {
+                let ([w], a) = rows::<W, BlockQ8K, 1, A>([w], a);
+                let mut acc = _mm_setzero_ps();
+                for (b, x) in w.iter().enumerate() {
+                    let (scales, d_dmin, q) = decode(x);
+                    let (sc, m) = kquant_scales(scales);
+                    let (mut sums, mut mins, mut d_a) =
+                        ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0.0f32; 4]);
                     for i in 0..A {
-                        let d_a = f32::from_le_bytes(a[i][b].d);
-                        acc[i] = finish_kquant4(acc[i], d, dmin, d_a, hsum4(sums[i]), hsum4(mins[i]));
+                        (sums[i], mins[i]) = kquant_sums(&sc, m, &q, &a[i][b]);
+                        d_a[i] = f32::from_le_bytes(a[i][b].d);
                     }
+                    let (d, dmin) = half_pairs4([d_dmin; 4]);
+                    acc = finish_kquant4(acc, d, dmin, load_f32x4(&d_a), hsum4(sums), hsum4(mins));
                 }
-                std::array::from_fn(|i| lanes(acc[i]))
+                lanes(acc)
             }
 
             #[target_feature(enable = $features)]
-            fn dot_q4_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+            fn dot_q4_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
                 let low = _mm256_set1_epi8(0xF);
-                kquant_rows::<BlockQ4K, R, A>(
+                kquant_rows::<BlockQ4K, A>(
                     w,
                     a,
                     #[inline(always)]
@@ -655,9 +658,9 @@ macro_rules! dot_kernels {
             }
 
             #[target_feature(enable = $features)]
-            fn dot_q5_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+            fn dot_q5_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
                 let (low, bit4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-                kquant_rows::<BlockQ5K, R, A>(
+                kquant_rows::<BlockQ5K, A>(
                     w,
                     a,
                     #[inline(always)]
@@ -712,35 +715,29 @@ macro_rules! dot_kernels {
             }
 
             #[target_feature(enable = $features)]
-            fn dot_q6_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
-                let (w, a) = rows::<BlockQ6K, BlockQ8K, R, A>(w, a);
-                let mut acc = [_mm_setzero_ps(); A];
-                for b in 0..a[0].len() {
-                    let (mut isums, mut d) = ([[_mm256_setzero_si256(); 4]; A], [0u16; 4]);
-                    for r in 0..R {
-                        let x = &w[r][b];
-                        let (q, sc) = q6_k_decode(x);
-                        let scales = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
-                        for i in 0..A {
-                            let y = &a[i][b];
-                            let mut sums = _mm256_setzero_si256();
-                            for ((q, sc), aq) in q.iter().zip(&sc).zip(y.qs.as_chunks::<32>().0) {
-                                sums = ops::madd_i16(sums, _mm256_maddubs_epi16(*q, load_i8x32(aq)), *sc);
-                            }
-                            // The quants are unsigned; the offset of 32 goes through
-                            // the activation sums: Σ sc·(q·a) − 32·Σ sc·(Σa).
-                            let offset = _mm256_madd_epi16(load_u8x32(&y.bsums), scales);
-                            isums[i][r] = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
-                        }
-                        d[r] = u16::from_le_bytes(x.d);
-                    }
-                    let d = halves4(d);
+            fn dot_q6_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
+                let ([w], a) = rows::<BlockQ6K, BlockQ8K, 1, A>([w], a);
+                let mut acc = _mm_setzero_ps();
+                for (b, x) in w.iter().enumerate() {
+                    let (q, sc) = q6_k_decode(x);
+                    let scales = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
+                    let (mut isums, mut d_a) = ([_mm256_setzero_si256(); 4], [0.0f32; 4]);
                     for i in 0..A {
-                        let d_a = _mm_set1_ps(f32::from_le_bytes(a[i][b].d));
-                        acc[i] = finish_scaled4(acc[i], d, d_a, hsum4(isums[i]));
+                        let y = &a[i][b];
+                        let mut sums = _mm256_setzero_si256();
+                        for ((q, sc), aq) in q.iter().zip(&sc).zip(y.qs.as_chunks::<32>().0) {
+                            sums = ops::madd_i16(sums, _mm256_maddubs_epi16(*q, load_i8x32(aq)), *sc);
+                        }
+                        // The quants are unsigned; the offset of 32 goes through
+                        // the activation sums: Σ sc·(q·a) − 32·Σ sc·(Σa).
+                        let offset = _mm256_madd_epi16(load_u8x32(&y.bsums), scales);
+                        isums[i] = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
+                        d_a[i] = f32::from_le_bytes(y.d);
                     }
+                    let d = halves4([u16::from_le_bytes(x.d); 4]);
+                    acc = finish_scaled4(acc, d, load_f32x4(&d_a), hsum4(isums));
                 }
-                std::array::from_fn(|i| lanes(acc[i]))
+                lanes(acc)
             }
         }
     };
