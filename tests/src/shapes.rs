@@ -112,6 +112,12 @@ enum Fill {
     NearOne,
 }
 
+impl Planned {
+    fn bytes(&self) -> u64 {
+        self.dims.iter().product::<u64>() * if self.type_id == F16 { 2 } else { 4 }
+    }
+}
+
 impl Shape {
     /// The shape called `name` (see [`NAMED`]).
     pub fn named(name: &str) -> Option<Shape> {
@@ -200,12 +206,7 @@ impl Shape {
         let plan = self.plan();
         let infos: Vec<TensorInfo> = plan
             .iter()
-            .map(|t| TensorInfo {
-                name: &t.name,
-                dims: &t.dims,
-                type_id: t.type_id,
-                bytes: t.dims.iter().product::<u64>() * if t.type_id == F16 { 2 } else { 4 },
-            })
+            .map(|t| TensorInfo { name: &t.name, dims: &t.dims, type_id: t.type_id, bytes: t.bytes() })
             .collect();
         let alignment = 32;
         let (head, offsets) = header(&self.metadata(), &infos, alignment);
@@ -302,10 +303,22 @@ mod tests {
         let plan = shape.plan();
         let count = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
         assert_eq!(count, plan.len() as u64);
-        let data: u64 =
-            plan.iter().map(|t| t.dims.iter().product::<u64>() * if t.type_id == F16 { 2 } else { 4 }).sum();
-        // Data plus padding follow the header; the last tensor ends the file.
-        assert!(bytes.len() as u64 > data && (bytes.len() as u64) < data + 32 * plan.len() as u64 + 4_000_000);
+        // The file ends where the header puts the end of the last tensor.
+        let infos: Vec<TensorInfo> = plan
+            .iter()
+            .map(|t| TensorInfo { name: &t.name, dims: &t.dims, type_id: t.type_id, bytes: t.bytes() })
+            .collect();
+        let (head, offsets) = header(&shape.metadata(), &infos, 32);
+        let end = head.len() as u64 + offsets.last().expect("tensors") + plan.last().expect("tensors").bytes();
+        assert_eq!(bytes.len() as u64, end);
+        // A norm's F32 values (1 ± 0.2) are where its offset says.
+        let norm = plan.iter().position(|t| t.name == "blk.1.ffn_norm.weight").expect("planned");
+        let at = head.len() + offsets[norm] as usize;
+        let values: Vec<f32> = bytes[at..at + 4 * shape.n_embd]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        assert!(values.iter().all(|v| (0.8..=1.2).contains(v)), "{values:?}");
         assert!(plan.iter().any(|t| t.name == "output.weight") && plan.iter().any(|t| t.name == "blk.1.attn_v.bias"));
     }
 }

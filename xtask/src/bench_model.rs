@@ -34,7 +34,14 @@ fn parse(args: &[String]) -> anyhow::Result<Plan> {
             "--compare-llama" => plan.llama_bench = Some(PathBuf::from(value("--compare-llama")?)),
             "-t" | "--threads" => plan.threads = list(value("--threads")?, "--threads")?,
             "--depth" => plan.depths = list(value("--depth")?, "--depth")?,
-            "--rounds" => plan.rounds = list(value("--rounds")?, "--rounds")?.first().copied().unwrap_or(1).max(1),
+            "--rounds" => {
+                let rounds = value("--rounds")?;
+                plan.rounds = rounds
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("--rounds: `{rounds}` is not a positive whole number"))?;
+            }
             "--reps" => bail!("--reps is --rounds here (one repetition of each program per round)"),
             _ => plan.rest.push(arg.clone()),
         }
@@ -192,7 +199,9 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_flag() {
-        for (line, flag) in [("--depth x", "--depth"), ("--threads 0", "--threads"), ("--model", "--model")] {
+        for (line, flag) in
+            [("--depth x", "--depth"), ("--threads 0", "--threads"), ("--model", "--model"), ("--rounds 0", "--rounds")]
+        {
             let error = parse(&args(line)).err().expect("refused").to_string();
             assert!(error.contains(flag), "{line}: {error}");
         }
