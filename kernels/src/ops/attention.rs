@@ -312,21 +312,66 @@ fn step_block<S: Simd>(
                 // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
                 *sum = sum.mul_add(rescale.unwrap_or(1.0), *weight);
             }
-            // The weighted sum of V, a chunk at a time kept in a register:
-            // a new maximum rescales the sum (rounded to f16) before the
-            // fused multiply-add of the position's V (rounded again), as
-            // llama.cpp's two f16 vector steps do.
-            for (c, acc) in state.acc[h * chunks..(h + 1) * chunks].iter_mut().enumerate() {
-                let mut sum_v = s.load(acc);
-                for ((&(_, at), &weight), rescale) in positions[..n].iter().zip(&weights).zip(&rescales) {
-                    if let Some(old_scale) = rescale {
-                        sum_v = s.round_f16(s.mul(sum_v, s.splat(*old_scale)));
-                    }
-                    sum_v = s.round_f16(s.mul_add(load_chunk(s, &kv.v[at..at + head_dim], c), s.splat(weight), sum_v));
+            let steps = Steps { positions: &positions[..n], weights: &weights[..n], rescales: &rescales[..n] };
+            let acc = &mut state.acc[h * chunks..(h + 1) * chunks];
+            for (group, acc) in acc.chunks_mut(V_CHUNKS).enumerate() {
+                let first = group * V_CHUNKS;
+                match acc.len() {
+                    4 => weigh_v::<S, 4>(s, &steps, kv.v, head_dim, first, acc),
+                    3 => weigh_v::<S, 3>(s, &steps, kv.v, head_dim, first, acc),
+                    2 => weigh_v::<S, 2>(s, &steps, kv.v, head_dim, first, acc),
+                    _ => weigh_v::<S, 1>(s, &steps, kv.v, head_dim, first, acc),
                 }
-                s.store(sum_v, acc);
             }
         }
+    }
+}
+
+/// Chunks of a head's weighted V sum stepped side by side. Each chunk's
+/// chain (multiply-add, f16 rounding, widening) is as long as the
+/// positions; one chain at a time left the core waiting on its latency
+/// (attention took a third of a 512-token prefill), four independent ones
+/// keep it busy and still fit the registers of AVX2.
+const V_CHUNKS: usize = 4;
+
+/// One query head's online-softmax steps over a block's positions.
+struct Steps<'a> {
+    positions: &'a [(usize, usize)],
+    weights: &'a [f32],
+    /// The factor of the sum so far where the position raised the maximum.
+    rescales: &'a [Option<f32>],
+}
+
+/// The weighted sum of V for chunks `first..first + W` of one query head
+/// (`acc`), kept in registers over the block: a new maximum rescales the
+/// sum (rounded to f16) before the fused multiply-add of the position's V
+/// (rounded again), as llama.cpp's two f16 vector steps do. Every chunk
+/// takes the same steps in the same order whatever `W` is.
+#[inline(always)]
+fn weigh_v<S: Simd, const W: usize>(
+    s: S,
+    steps: &Steps<'_>,
+    v: &[f16],
+    head_dim: usize,
+    first: usize,
+    acc: &mut [[f32; LANES]],
+) {
+    let mut sum_v: [S::V; W] = std::array::from_fn(|j| s.load(&acc[j]));
+    for ((&(_, at), &weight), rescale) in steps.positions.iter().zip(steps.weights).zip(steps.rescales) {
+        let row = &v[at..at + head_dim];
+        let weight = s.splat(weight);
+        if let Some(old_scale) = rescale {
+            let old_scale = s.splat(*old_scale);
+            for sum in &mut sum_v {
+                *sum = s.round_f16(s.mul(*sum, old_scale));
+            }
+        }
+        for (j, sum) in sum_v.iter_mut().enumerate() {
+            *sum = s.round_f16(s.mul_add(load_chunk(s, row, first + j), weight, *sum));
+        }
+    }
+    for (sum, acc) in sum_v.into_iter().zip(acc) {
+        s.store(sum, acc);
     }
 }
 
@@ -336,8 +381,16 @@ fn step_block<S: Simd>(
 #[inline(always)]
 fn score_of<S: Simd>(s: S, q: &[[f32; LANES]], k: &[f16]) -> f32 {
     let mut dot = [s.splat(0.0); 4];
-    for (c, q) in q.iter().enumerate() {
-        dot[c % 4] = s.mul_add(s.load(q), load_chunk(s, k, c), dot[c % 4]);
+    // Whole groups of four chunks with a fixed accumulator each, so that
+    // the accumulators stay in registers.
+    let (groups, rest) = q.as_chunks::<4>();
+    for (g, group) in groups.iter().enumerate() {
+        for (j, (q, dot)) in group.iter().zip(&mut dot).enumerate() {
+            *dot = s.mul_add(s.load(q), load_chunk(s, k, 4 * g + j), *dot);
+        }
+    }
+    for (j, (q, dot)) in rest.iter().zip(&mut dot).enumerate() {
+        *dot = s.mul_add(s.load(q), load_chunk(s, k, 4 * groups.len() + j), *dot);
     }
     s.reduce_sum(s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3])))
 }
