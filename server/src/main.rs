@@ -6,15 +6,20 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Config, LogConfig, LogFormat, Overrides, llama_style_args, threads_or_cores};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use sluice::config::{Config, LogConfig, LogFormat, Overrides, help_epilogue, llama_style_args, threads_or_cores};
 use sluice::engine::policy::SchedulingPolicy;
 use sluice::http::server::Launch;
 use sluice::plugins::{PluginHost, PluginSource, builtin_fixup};
 use sluice::startup::{check_device, load_fixup, load_policy};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "LLM inference server with sandboxed, hot-swappable scheduling")]
+#[command(
+    name = "sluice",
+    version,
+    propagate_version = true,
+    about = "LLM inference server with sandboxed, hot-swappable scheduling"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -103,10 +108,22 @@ enum World {
 }
 
 fn main() -> ExitCode {
-    // llama-server spells some flags in ways clap cannot (`-np`, `--ctx_size`).
-    let cli = Cli::parse_from(llama_style_args(std::env::args_os()));
+    // llama-server spells some flags in ways clap cannot (`-np`, `--ctx_size`),
+    // and sluice ignores or refuses some of its flags.
+    let llama = match llama_style_args(std::env::args_os()) {
+        Ok(llama) => llama,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(help_epilogue()));
+    let cli = match command.try_get_matches_from(llama.args).and_then(|matches| Cli::from_arg_matches(&matches)) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     let result = match cli.command {
-        Command::Serve(args) => serve(*args),
+        Command::Serve(args) => serve(*args, &llama.ignored),
         Command::Generate(args) => cli::generate::generate(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Model(args)) => cli::bench::bench_model(args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "lab")]
@@ -141,11 +158,14 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+fn serve(args: ServeArgs, ignored: &[String]) -> anyhow::Result<ExitCode> {
     let mut config = load_config(args.config.as_deref())?;
     config.apply(&args.flags).map_err(anyhow::Error::msg)?;
     config.check_supported().map_err(anyhow::Error::msg)?;
     init_logging(&config.log)?;
+    for note in ignored {
+        tracing::warn!("{note}");
+    }
     check_device(&config)?;
     let host = PluginHost::new()?;
     let policy = load_policy(&host, &config.policy)?;

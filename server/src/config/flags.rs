@@ -1,12 +1,11 @@
 //! The `sluice serve` flags (llama-server's names) and how they override
 //! the file.
 
-use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::builder::TypedValueParser;
 
-use super::schema::{Config, LoraConfig, SpecType};
+use super::schema::{Config, LogFormat, LoraConfig, SpecType};
 
 impl Config {
     /// Apply command-line flags (they win over the file), then validate.
@@ -83,6 +82,50 @@ impl Config {
         }
         if let Some(p_min) = flags.spec_draft_p_min {
             self.speculative.p_min = p_min;
+        }
+        let defaults = &mut self.defaults;
+        let sampling = [
+            (&mut defaults.top_p, flags.top_p),
+            (&mut defaults.min_p, flags.min_p),
+            (&mut defaults.typical_p, flags.typical_p),
+            (&mut defaults.repeat_penalty, flags.repeat_penalty),
+            (&mut defaults.presence_penalty, flags.presence_penalty),
+            (&mut defaults.frequency_penalty, flags.frequency_penalty),
+        ];
+        for (target, value) in sampling {
+            if let Some(value) = value {
+                *target = value;
+            }
+        }
+        if let Some(top_k) = flags.top_k {
+            defaults.top_k = top_k;
+        }
+        if let Some(last_n) = flags.repeat_last_n {
+            defaults.repeat_last_n = last_n;
+        }
+        if flags.cache_ram == Some(0) {
+            // llama-server's "no prompt cache"; other sizes are moot: the
+            // prefix cache lives in the KV pool.
+            self.engine.prefix_cache = false;
+        }
+        if let Some(seconds) = flags.sse_ping_interval {
+            self.server.sse_ping_interval = seconds;
+        }
+        if let Some(path) = &flags.api_key_file {
+            self.server.api_key = Some(read_api_key(path)?);
+        }
+        if let Some(path) = &flags.chat_template_file {
+            let source = std::fs::read_to_string(path)
+                .map_err(|error| format!("--chat-template-file {}: {error}", path.display()))?;
+            self.model.chat_template = Some(source);
+        }
+        if let Some(level) = flags.log_level() {
+            self.log.level = level.to_owned();
+        }
+        match (flags.log_jsonl, flags.no_log_jsonl) {
+            (true, _) => self.log.format = LogFormat::Json,
+            (_, true) => self.log.format = LogFormat::Text,
+            _ => {}
         }
         for path in &flags.lora {
             self.lora.push(LoraConfig { path: path.clone(), scale: 1.0 });
@@ -189,6 +232,62 @@ pub struct Overrides {
     /// Drafting stops below this draft probability (`speculative.p_min`).
     #[arg(long, value_name = "P")]
     pub spec_draft_p_min: Option<f32>,
+    /// Default top-k; 0 = off (`defaults.top_k`).
+    #[arg(long, value_name = "N")]
+    pub top_k: Option<i32>,
+    /// Default top-p; 1 = off (`defaults.top_p`).
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Default min-p; 0 = off (`defaults.min_p`).
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f32>,
+    /// Default locally typical p; 1 = off (`defaults.typical_p`; also `--typical`).
+    #[arg(long, value_name = "P")]
+    pub typical_p: Option<f32>,
+    /// Default repeat penalty; 1 = off (`defaults.repeat_penalty`).
+    #[arg(long, value_name = "X")]
+    pub repeat_penalty: Option<f32>,
+    /// Default look-back of the penalties; -1 = the context
+    /// (`defaults.repeat_last_n`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i64>,
+    /// Default presence penalty (`defaults.presence_penalty`).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// Default frequency penalty (`defaults.frequency_penalty`).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Prompt cache size in MiB (also `-cram`): 0 turns the prefix cache off
+    /// (`engine.prefix_cache`); other sizes change nothing, as the prefix
+    /// cache lives in the KV pool that -c and -np size.
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true)]
+    pub cache_ram: Option<i64>,
+    /// Seconds of silence before an SSE stream gets a comment; 0 = never
+    /// (`server.sse_ping_interval`).
+    #[arg(long, value_name = "SECONDS")]
+    pub sse_ping_interval: Option<u64>,
+    /// Read the API key from this file: its first non-empty line.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Read the chat template (Jinja) from this file (`model.chat_template`).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Log everything (`log.level = "debug"`; also `--log-verbose`).
+    #[arg(short = 'v', long, visible_alias = "log-verbose")]
+    pub verbose: bool,
+    /// llama-server's verbosity threshold (also `-lv`): 0–1 errors, 2
+    /// warnings, 3 information, 4 and up everything (`log.level`).
+    #[arg(long, value_name = "N", visible_alias = "log-verbosity")]
+    pub verbosity: Option<u8>,
+    /// No logs (`log.level = "off"`).
+    #[arg(long)]
+    pub log_disable: bool,
+    /// Logs as JSON lines (`log.format = "json"`).
+    #[arg(long, overrides_with = "no_log_jsonl")]
+    pub log_jsonl: bool,
+    /// Logs as text lines (`log.format = "text"`).
+    #[arg(long, overrides_with = "log_jsonl")]
+    pub no_log_jsonl: bool,
     /// LoRA adapter, scale 1 (`[[lora]]`; repeatable). Not supported yet.
     #[arg(long, value_name = "FILE")]
     pub lora: Vec<PathBuf>,
@@ -206,6 +305,22 @@ impl Overrides {
         }
     }
 
+    /// The `log.level` the logging flags ask for, the most specific first.
+    fn log_level(&self) -> Option<&'static str> {
+        if self.log_disable {
+            return Some("off");
+        }
+        if let Some(verbosity) = self.verbosity {
+            return Some(match verbosity {
+                0 | 1 => "error",
+                2 => "warn",
+                3 => "info",
+                _ => "debug",
+            });
+        }
+        self.verbose.then_some("debug")
+    }
+
     fn cache_prompt_default(&self) -> Option<bool> {
         match (self.cache_prompt, self.no_cache_prompt) {
             (true, _) => Some(true),
@@ -215,31 +330,15 @@ impl Overrides {
     }
 }
 
-/// Rewrite llama-server's spellings that clap cannot express, in the
-/// arguments after `serve`: the two-letter short flags `-np` and `-md`, and
-/// underscores in long flag names (`--ctx_size`).
-pub fn llama_style_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let mut serving = false;
-    args.into_iter()
-        .map(|arg| {
-            if !serving {
-                serving = arg == "serve";
-                return arg;
-            }
-            let Some(text) = arg.to_str() else { return arg };
-            match text {
-                "-np" => "--parallel".into(),
-                "-md" => "--model-draft".into(),
-                _ if text.starts_with("--") => {
-                    let (name, value) = text.split_once('=').map_or((text, None), |(name, value)| (name, Some(value)));
-                    let name = name.replace('_', "-");
-                    match value {
-                        Some(value) => format!("{name}={value}").into(),
-                        None => name.into(),
-                    }
-                }
-                _ => arg,
-            }
-        })
-        .collect()
+/// llama-server's key file holds one key per line; sluice takes one key.
+fn read_api_key(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|error| format!("--api-key-file {}: {error}", path.display()))?;
+    let mut keys = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    match (keys.next(), keys.next()) {
+        (Some(key), None) => Ok(key.to_owned()),
+        (None, _) => Err(format!("--api-key-file {}: the file holds no key", path.display())),
+        (Some(_), Some(_)) => {
+            Err(format!("--api-key-file {}: sluice takes one API key, the file holds several", path.display()))
+        }
+    }
 }

@@ -138,6 +138,27 @@ impl Config {
         if !defaults.temperature.is_finite() {
             return Err(Invalid::new("defaults.temperature", "`defaults.temperature` must be a finite number"));
         }
+        let finite = [
+            ("top_p", defaults.top_p),
+            ("min_p", defaults.min_p),
+            ("typical_p", defaults.typical_p),
+            ("repeat_penalty", defaults.repeat_penalty),
+            ("presence_penalty", defaults.presence_penalty),
+            ("frequency_penalty", defaults.frequency_penalty),
+        ];
+        if let Some((key, _)) = finite.iter().find(|(_, value)| !value.is_finite()) {
+            let key = format!("defaults.{key}");
+            return Err(Invalid::new(&key, format!("`{key}` must be a finite number")));
+        }
+        if defaults.top_k < 0 {
+            return Err(Invalid::new("defaults.top_k", "`defaults.top_k` must be 0 (off) or more"));
+        }
+        if defaults.repeat_last_n < -1 {
+            return Err(Invalid::new(
+                "defaults.repeat_last_n",
+                "`defaults.repeat_last_n` must be -1 (the context) or more",
+            ));
+        }
         if !(-1..=i64::from(u32::MAX)).contains(&defaults.seed) {
             return Err(Invalid::new("defaults.seed", "`defaults.seed` must be -1 (random) or 0..=4294967295"));
         }

@@ -6,10 +6,13 @@
 //! into the engine's settings.
 
 mod flags;
+mod llama_args;
+mod llama_table;
 mod load;
 mod schema;
 
-pub use flags::{Overrides, llama_style_args};
+pub use flags::Overrides;
+pub use llama_args::{LlamaArgs, flag_table, help_epilogue, llama_style_args};
 pub use load::{ConfigError, Invalid, threads_or_cores};
 pub use schema::*;
 

@@ -170,11 +170,41 @@ pub struct RequestDefaults {
     pub seed: i64,
     /// Reuse cached prompt prefixes.
     pub cache_prompt: bool,
+    /// 0 = off.
+    pub top_k: i32,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off.
+    pub typical_p: f32,
+    /// 1 = off.
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over; -1 = the context, 0 = off.
+    pub repeat_last_n: i64,
+    /// 0 = off.
+    pub presence_penalty: f32,
+    /// 0 = off.
+    pub frequency_penalty: f32,
 }
 
 impl Default for RequestDefaults {
+    /// llama-server's defaults.
     fn default() -> Self {
-        RequestDefaults { n_predict: -1, temperature: 0.8, seed: -1, cache_prompt: true }
+        RequestDefaults {
+            n_predict: -1,
+            temperature: 0.8,
+            seed: -1,
+            cache_prompt: true,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            typical_p: 1.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
     }
 }
 

@@ -180,6 +180,14 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
     // Soft limits clamp, as llama-server's schema does.
     let mut sampling = SamplingParams {
         temperature: fields.f32("temperature")?.unwrap_or(defaults.temperature).max(0.0),
+        top_k: defaults.top_k,
+        top_p: defaults.top_p.clamp(0.0, 1.0),
+        min_p: defaults.min_p.clamp(0.0, 1.0),
+        typical_p: defaults.typical_p,
+        repeat_penalty: defaults.repeat_penalty,
+        repeat_last_n: usize::try_from(defaults.repeat_last_n).unwrap_or(limits.n_ctx),
+        presence_penalty: defaults.presence_penalty,
+        frequency_penalty: defaults.frequency_penalty,
         ..SamplingParams::default()
     };
     if let Some(top_k) = fields.int("top_k")? {

@@ -1,0 +1,97 @@
+//! llama-server command lines start sluice: its flags are sluice's own,
+//! ignored with a logged reason, or refused naming the missing feature.
+
+use std::process::Command;
+
+use serde_json::json;
+use sluice_tests::binary::sluice_binary;
+use sluice_tests::http::Server;
+
+#[test]
+fn a_typical_llama_server_command_line_serves_with_its_settings() {
+    let dir = std::env::temp_dir().join(format!("sluice-llama-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let key_file = dir.join("keys.txt");
+    std::fs::write(&key_file, "\n  secret-key  \n").expect("key file");
+    let template = dir.join("template.jinja");
+    std::fs::write(&template, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
+        .expect("template file");
+    let args = [
+        "-ngl",
+        "99",
+        "-fa",
+        "on",
+        "--jinja",
+        "-cb",
+        "--no-webui",
+        "-ub",
+        "256",
+        "-ctk",
+        "f16",
+        "--mirostat",
+        "0",
+        "-np",
+        "2",
+        "-c",
+        "512",
+        "--top-k",
+        "7",
+        "--min_p",
+        "0.2",
+        "--repeat-penalty",
+        "1.1",
+        "-lv",
+        "3",
+        "--api-key-file",
+        key_file.to_str().expect("utf-8 path"),
+        "--chat-template-file",
+        template.to_str().expect("utf-8 path"),
+    ];
+    let server = Server::start(&args);
+    let log = server.log();
+    for note in
+        ["`-ngl 99` is ignored: ", "`-fa on` is ignored: ", "`--mirostat 0` is ignored: it is llama-server's default"]
+    {
+        assert!(log.contains(note), "{note} missing from the log:\n{log}");
+    }
+    let request = server.client().get(server.url("/props"));
+    let (status, _) = server.send(request);
+    assert_eq!(status.as_u16(), 401, "the key file's key is required");
+    let request = server.client().get(server.url("/props")).bearer_auth("secret-key");
+    let (status, props) = server.send(request);
+    assert_eq!(status.as_u16(), 200, "{props}");
+    let params = &props["default_generation_settings"]["params"];
+    assert_eq!(params["top_k"], 7, "{params}");
+    assert!((params["min_p"].as_f64().expect("min_p") - 0.2).abs() < 1e-6, "{params}");
+    assert!((params["repeat_penalty"].as_f64().expect("repeat_penalty") - 1.1).abs() < 1e-6, "{params}");
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let request = server.client().post(server.url("/apply-template")).bearer_auth("secret-key").json(&body);
+    let (status, applied) = server.send(request);
+    assert_eq!(status.as_u16(), 200, "{applied}");
+    assert_eq!(applied["prompt"], "<user>hi<assistant>", "the template file is the chat template");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `sluice serve` with `args`; return (exit code, stderr).
+fn serve(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(sluice_binary()).arg("serve").args(args).output().expect("sluice runs");
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn refused_flags_stop_the_start_naming_the_flag_and_the_feature() {
+    for (args, message) in [
+        (&["--embedding"][..], "error: `--embedding`: embeddings are not supported yet"),
+        (&["-ctk", "q8_0"][..], "error: `-ctk q8_0`: a KV cache of a type other than f16 is not supported yet"),
+        (&["--context-shift"][..], "error: `--context-shift`: context shift is not implemented"),
+        (&["--draft-max", "8"][..], "error: `--draft-max 8`: llama-server removed this flag: use --spec-draft-n-max"),
+        (&["-ngl"][..], "error: `-ngl` needs a value"),
+    ] {
+        let (code, stderr) = serve(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+    }
+    let (code, stderr) = serve(&["--no-such-flag"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("unexpected argument '--no-such-flag'"), "{stderr}");
+}
