@@ -164,10 +164,17 @@ fn cache_and_no_cache_agree_with_cached_counts() {
 
     let cached = ok(&server, "/completion", &body(true));
     let cache_n = cached["timings"]["cache_n"].as_u64().expect("cache_n");
-    assert!(cache_n > 0 && cache_n < n_prompt, "cache_n {cache_n} of {n_prompt}");
+    assert_eq!(cache_n, n_prompt - 1, "reused down to the token, all but the last, as llama-server does");
     assert_eq!(cached["tokens_cached"], cache_n);
     assert_eq!(cache_n + cached["timings"]["prompt_n"].as_u64().expect("prompt_n"), n_prompt);
     assert_eq!(cached["content"], first["content"], "a cached prefix must not change the tokens");
+
+    // A short repeated prompt, inside one KV block.
+    let short = json!({ "prompt": "Hello there", "n_predict": 4, "temperature": 0 });
+    let cold = ok(&server, "/completion", &short);
+    let warm = ok(&server, "/completion", &short);
+    assert_eq!(warm["timings"]["cache_n"].as_u64(), cold["tokens_evaluated"].as_u64().map(|n| n - 1), "{warm}");
+    assert_eq!(warm["content"], cold["content"]);
 
     let uncached = ok(&server, "/completion", &body(false));
     assert_eq!(uncached["timings"]["cache_n"], 0);
@@ -297,4 +304,34 @@ fn prompt_shapes_and_several_completions() {
     assert!(stream.done);
     let finishes = stream.events.iter().filter(|event| event["choices"][0]["finish_reason"].is_string()).count();
     assert_eq!(finishes, 2, "one finish_reason per choice");
+}
+
+#[test]
+fn a_trailing_assistant_message_is_continued() {
+    let server = Server::start(&["-np", "1"]);
+    let prefill = json!([
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "My favourite colour is"},
+    ]);
+    let prompt = ok(&server, "/apply-template", &json!({ "messages": prefill }))["prompt"].clone();
+    let prompt = prompt.as_str().expect("prompt");
+    assert!(prompt.ends_with("<|im_start|>assistant\nMy favourite colour is"), "{prompt}");
+    // The continuation is what a plain completion of that prompt gives.
+    let chat = ok(&server, "/v1/chat/completions", &json!({ "messages": prefill, "max_tokens": 6, "temperature": 0 }));
+    let plain = ok(&server, "/completion", &json!({ "prompt": prompt, "n_predict": 6, "temperature": 0 }));
+    assert_eq!(chat["choices"][0]["message"]["content"], plain["content"], "{chat}");
+
+    let twice = json!([
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "assistant", "content": "there"},
+    ]);
+    let both = json!({ "messages": prefill, "add_generation_prompt": true, "continue_final_message": true });
+    let (status, error) = server.post("/v1/chat/completions", &both);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    for path in ["/apply-template", "/v1/chat/completions"] {
+        let (status, error) = server.post(path, &json!({ "messages": twice }));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {error}");
+        assert_eq!(error["error"]["message"], "Cannot have 2 or more assistant messages at the end of the list.");
+    }
 }

@@ -210,6 +210,22 @@ fn informational_endpoints_answer_like_llama_server() {
     assert_eq!(status, StatusCode::OK);
 }
 
+#[test]
+fn aliases_tags_and_the_metrics_switch_follow_llama_server() {
+    let server = Server::start_plain(&["--alias", " b-name,a-name,,b-name", "--tags", "chat,small"]);
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, StatusCode::OK);
+    let model = &models["data"][0];
+    assert_eq!(model["id"], "a-name", "the first alias in sorted order: {model}");
+    assert_eq!(
+        (model["aliases"].clone(), model["tags"].clone()),
+        (json!(["a-name", "b-name"]), json!(["chat", "small"]))
+    );
+    assert_eq!(server.get("/props").1["model_alias"], "a-name");
+    let (status, refused) = server.get("/metrics");
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "off until --metrics: {refused}");
+}
+
 /// A policy whose first decision is invalid (it decodes a slot that does
 /// not exist), on every fresh instance too: it faults twice and is
 /// quarantined on the first request.

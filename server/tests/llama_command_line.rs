@@ -95,3 +95,20 @@ fn refused_flags_stop_the_start_naming_the_flag_and_the_feature() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("unexpected argument '--no-such-flag'"), "{stderr}");
 }
+
+#[test]
+fn chat_template_names_are_llama_cpp_s_built_in_ones_and_other_text_is_a_template() {
+    let messages = json!([{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]);
+    let server = Server::start(&["--chat-template", "command-r"]);
+    let (status, applied) = server.post("/apply-template", &json!({ "messages": messages }));
+    assert_eq!(status.as_u16(), 200, "{applied}");
+    assert_eq!(
+        applied["prompt"],
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>\
+         <|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    );
+    drop(server);
+    let server = Server::start(&["--chat-template", "This is not a chat template, it is"]);
+    let (_, applied) = server.post("/apply-template", &json!({ "messages": messages }));
+    assert_eq!(applied["prompt"], "This is not a chat template, it is");
+}

@@ -37,7 +37,19 @@ impl Server {
     }
 
     /// Start without waiting for the model (`/health` may still be 503).
+    /// `/metrics` is on, as the tests read it.
     pub fn spawn(args: &[&str]) -> Server {
+        Self::launch(&[&["--metrics"], args].concat())
+    }
+
+    /// [`Server::start`] with the server's own defaults (no `--metrics`).
+    pub fn start_plain(args: &[&str]) -> Server {
+        let server = Self::launch(args);
+        server.wait_healthy();
+        server
+    }
+
+    fn launch(args: &[&str]) -> Server {
         let model = default_model();
         let mut child = Command::new(sluice_binary())
             .arg("serve")
@@ -253,4 +265,27 @@ impl SseReader {
             return Some(data);
         }
     }
+}
+
+/// The events of a whole stream that names them (the Messages and
+/// Responses APIs), as (name, data): checks each is `event: <name>` then
+/// `data: <json>` with the name equal to the data's `type`, that the stream
+/// ends with a whole event and has no `[DONE]`; `:` comments are skipped.
+pub fn named_events(text: &str) -> Vec<(String, Value)> {
+    assert!(text.ends_with("\n\n"), "the stream must end with a whole event: {text:?}");
+    let mut events = Vec::new();
+    for frame in text.split_terminator("\n\n") {
+        let lines: Vec<&str> = frame.lines().filter(|line| !line.starts_with(':')).collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let [event, data] = lines.as_slice() else { panic!("an event is `event:` then `data:`: {frame:?}") };
+        let name = event.strip_prefix("event: ").unwrap_or_else(|| panic!("no event name: {frame:?}"));
+        let data = data.strip_prefix("data: ").unwrap_or_else(|| panic!("no data: {frame:?}"));
+        assert_ne!(data, "[DONE]", "streams with named events have no [DONE]");
+        let data: Value = serde_json::from_str(data).unwrap_or_else(|_| panic!("not JSON: {data}"));
+        assert_eq!(data["type"], name, "the event name is the data's type: {frame:?}");
+        events.push((name.to_owned(), data));
+    }
+    events
 }

@@ -39,6 +39,9 @@ impl Config {
         if flags.alias.is_some() {
             self.model.alias.clone_from(&flags.alias);
         }
+        if flags.tags.is_some() {
+            self.model.tags.clone_from(&flags.tags);
+        }
         if flags.chat_template.is_some() {
             self.model.chat_template.clone_from(&flags.chat_template);
         }
@@ -188,16 +191,20 @@ pub struct Overrides {
     /// Default seed; -1 = random (`defaults.seed`).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seed: Option<i64>,
-    /// Model name reported by the API (`model.alias`).
-    #[arg(long, value_name = "NAME")]
+    /// Model names reported by the API, comma-separated; the first in
+    /// sorted order is the model's id (`model.alias`; also `-a`).
+    #[arg(long, value_name = "NAMES")]
     pub alias: Option<String>,
+    /// Informational model tags, comma-separated (`model.tags`).
+    #[arg(long, value_name = "TAGS")]
+    pub tags: Option<String>,
     /// Allowed CORS origins: "*", "localhost" or an origin (`server.cors_origins`).
     #[arg(long, value_name = "ORIGINS")]
     pub cors_origins: Option<String>,
     /// API key required on every endpoint but /health (`server.api_key`).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
-    /// Serve /metrics (`server.metrics`; on by default).
+    /// Serve /metrics (`server.metrics`; off by default, as in llama-server).
     #[arg(long)]
     pub metrics: bool,
     /// Serve /slots (`server.slots`; on by default).
@@ -206,7 +213,8 @@ pub struct Overrides {
     /// Answer /slots with 501.
     #[arg(long, overrides_with = "slots")]
     pub no_slots: bool,
-    /// Chat template: Jinja source or `chatml` (`model.chat_template`).
+    /// Chat template: a llama.cpp built-in name (chatml, llama3, …) or
+    /// Jinja source (`model.chat_template`).
     #[arg(long, value_name = "TEMPLATE")]
     pub chat_template: Option<String>,
     /// Reuse cached prompt prefixes by default (`defaults.cache_prompt`).

@@ -69,14 +69,14 @@ pub(super) const FLAGS: &[Flag] = &[
         &["-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"],
         true,
         Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses whole KV blocks from its prefix cache",
+            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token",
         ),
     ),
     flag(
         &["-cms", "--checkpoint-min-step"],
         true,
         Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses whole KV blocks from its prefix cache",
+            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token",
         ),
     ),
     flag(&["-cram"], true, Alias("--cache-ram")),
@@ -240,7 +240,7 @@ pub(super) const FLAGS: &[Flag] = &[
     flag(&["--control-vector-layer-range"], true, Refuse("control vectors are not supported")),
     flag(&["-a"], true, Alias("--alias")),
     flag(&["--alias"], true, Native),
-    flag(&["--tags"], true, Refuse("model tags are not supported yet")),
+    flag(&["--tags"], true, Native),
     flag(&["-m", "--model"], true, Native),
     flag(&["-mu", "--model-url"], true, Refuse("sluice downloads nothing; pass a local GGUF file with -m")),
     flag(&["-dr", "--docker-repo"], true, Refuse("sluice downloads nothing; pass a local GGUF file with -m")),

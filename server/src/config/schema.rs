@@ -46,7 +46,7 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Threads serving HTTP (tokenizing, templating, JSON); 0 = one per core.
     pub threads_http: usize,
-    /// Serve `/metrics` (501 otherwise).
+    /// Serve `/metrics` (501 otherwise; off by default, as in llama-server).
     pub metrics: bool,
     /// Serve `/slots` (501 otherwise).
     pub slots: bool,
@@ -66,7 +66,7 @@ impl Default for ServerConfig {
             port: 8080,
             api_key: None,
             threads_http: 0,
-            metrics: true,
+            metrics: false,
             slots: true,
             sse_ping_interval: 30,
             cors_origins: "*".into(),
@@ -95,9 +95,12 @@ impl Default for ServerLimits {
 pub struct ModelConfig {
     /// The GGUF file; relative paths are relative to the config file.
     pub path: Option<PathBuf>,
-    /// The name the API reports (default: the file name).
+    /// Names the API reports, comma-separated; the first in sorted order
+    /// is the model's id (default: the file name), as llama-server picks it.
     pub alias: Option<String>,
-    /// A Jinja chat template, or `chatml`, used instead of the model's own.
+    /// Informational tags, comma-separated (`/v1/models`).
+    pub tags: Option<String>,
+    /// A llama.cpp built-in template name (`chatml`, `llama3`, …) or Jinja source, used instead of the model's own.
     pub chat_template: Option<String>,
     /// Kernel threads; 0 = one per core.
     pub threads: usize,
@@ -107,7 +110,7 @@ pub struct ModelConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { path: None, alias: None, chat_template: None, threads: 0, device: "cpu".into() }
+        ModelConfig { path: None, alias: None, tags: None, chat_template: None, threads: 0, device: "cpu".into() }
     }
 }
 
@@ -117,14 +120,32 @@ impl ModelConfig {
         self.path.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL))
     }
 
-    /// The model's name in responses: the alias, else the file name.
+    /// The model's name in responses: the first alias, else the file name.
     pub fn name(&self) -> String {
-        if let Some(alias) = &self.alias {
-            return alias.clone();
+        if let Some(alias) = self.aliases().into_iter().next() {
+            return alias;
         }
         let path = self.path();
         path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())
     }
+}
+
+impl ModelConfig {
+    /// The aliases, trimmed, without empty ones or repeats, sorted.
+    pub fn aliases(&self) -> Vec<String> {
+        comma_set(self.alias.as_deref())
+    }
+
+    /// The tags, as the aliases.
+    pub fn tags(&self) -> Vec<String> {
+        comma_set(self.tags.as_deref())
+    }
+}
+
+fn comma_set(list: Option<&str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> =
+        list.unwrap_or_default().split(',').map(str::trim).filter(|item| !item.is_empty()).collect();
+    set.into_iter().map(str::to_owned).collect()
 }
 
 /// `[engine]`.

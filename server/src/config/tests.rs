@@ -78,7 +78,9 @@ fn the_shipped_config_is_valid_and_points_at_the_default_model() {
     let model = config.model.path();
     assert!(model.ends_with("../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"), "{}", model.display());
     assert_eq!(config.engine, EngineSection::default());
-    assert_eq!(config.server, ServerConfig::default());
+    // The shipped config serves /metrics, which llama-server (and the
+    // default) leave off.
+    assert_eq!(config.server, ServerConfig { metrics: true, ..ServerConfig::default() });
     assert_eq!(config.defaults, RequestDefaults::default());
     assert_eq!(config.check_supported(), Ok(()));
 }

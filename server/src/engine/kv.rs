@@ -2,7 +2,10 @@
 //! cache. Full blocks are keyed by a chained hash of every token up to
 //! their end, refcounted, and shared between sequences; a block that no
 //! sequence uses stays cached until its memory is needed (least recently
-//! used first). The KV memory itself is the model's `KvStore`.
+//! used first). A finished sequence's last, partly written block is cached
+//! too, so a prompt reuses its longest cached prefix down to the token
+//! (the block where it ends is copied, never shared). The KV memory itself
+//! is the model's `KvStore`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -14,6 +17,8 @@ pub struct SeqBlocks {
     pub table: Vec<u32>,
     /// Chain hash of each full block written so far.
     hashes: Vec<u64>,
+    /// Tokens written into the block after the full ones.
+    tail: Vec<u32>,
     /// Whether this sequence's blocks are offered to the prefix cache.
     cacheable: bool,
 }
@@ -48,14 +53,34 @@ pub struct BlockStats {
     pub free: usize,
 }
 
+/// The cached blocks a prompt starts with.
+struct Matched {
+    /// Blocks matching whole, with their chain keys.
+    whole: Vec<(u32, u64)>,
+    /// After them, the cached block (full or partial) sharing the most
+    /// tokens with the rest of the prompt, and how many it shares.
+    partial: Option<(u32, usize)>,
+}
+
+impl Matched {
+    fn tokens(&self, block_tokens: usize) -> usize {
+        self.whole.len() * block_tokens + self.partial.map_or(0, |(_, n)| n)
+    }
+}
+
 pub struct BlockManager {
     block_tokens: usize,
     refcount: Vec<u32>,
-    /// Per block: its key in `index`, if cached.
+    /// Per block: its key in `index`, if cached whole.
     key: Vec<Option<u64>>,
-    /// Per cached block: its tokens, checked on lookup (hash collisions).
+    /// Per cached block: its tokens (fewer than a block's for a partly
+    /// written one), checked on lookup (hash collisions).
     tokens: Vec<Vec<u32>>,
     index: HashMap<u64, u32>,
+    /// Per cached block: the chain key of the blocks before it.
+    parent: Vec<Option<u64>>,
+    /// Cached blocks, full and partial, by the chain key before them.
+    children: HashMap<u64, Vec<u32>>,
     free: Vec<u32>,
     /// Unreferenced cached blocks by last use.
     lru: BTreeMap<u64, u32>,
@@ -81,6 +106,8 @@ impl BlockManager {
             key: vec![None; n_blocks],
             tokens: vec![Vec::new(); n_blocks],
             index: HashMap::new(),
+            parent: vec![None; n_blocks],
+            children: HashMap::new(),
             free: (0..n_blocks as u32).rev().collect(),
             lru: BTreeMap::new(),
             last_use: vec![0; n_blocks],
@@ -103,7 +130,7 @@ impl BlockManager {
     }
 
     /// The cached blocks matching the start of `tokens`.
-    fn matching_blocks(&self, tokens: &[u32]) -> Vec<(u32, u64)> {
+    fn matching_blocks(&self, tokens: &[u32]) -> Matched {
         let mut found = Vec::new();
         let mut previous = 0u64;
         for block_tokens in tokens.chunks_exact(self.block_tokens) {
@@ -114,21 +141,32 @@ impl BlockManager {
             }
             previous = key;
         }
-        found
+        let rest = &tokens[found.len() * self.block_tokens..];
+        let shared = |block: u32| self.tokens[block as usize].iter().zip(rest).take_while(|(a, b)| a == b).count();
+        let partial = self
+            .children
+            .get(&previous)
+            .into_iter()
+            .flatten()
+            .map(|&block| (block, shared(block)))
+            .max_by_key(|&(_, n)| n);
+        Matched { whole: found, partial: partial.filter(|&(_, n)| n > 0) }
     }
 
     /// Prompt tokens the cache would serve for `prompt` (at most all but the
     /// last: the last token is computed to produce logits).
     pub fn cached_prefix(&self, prompt: &[u32]) -> usize {
-        (self.matching_blocks(prompt).len() * self.block_tokens).min(prompt.len().saturating_sub(1))
+        self.matching_blocks(prompt).tokens(self.block_tokens).min(prompt.len().saturating_sub(1))
     }
 
     /// Start a sequence for `prompt`, borrowing its longest cached prefix
     /// when `use_cache`.
     pub fn admit(&mut self, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
         let mut blocks = SeqBlocks { cacheable: use_cache, ..SeqBlocks::default() };
-        let matching = if use_cache { self.matching_blocks(prompt) } else { Vec::new() };
-        let cached_tokens = (matching.len() * self.block_tokens).min(prompt.len().saturating_sub(1));
+        let matched =
+            if use_cache { self.matching_blocks(prompt) } else { Matched { whole: Vec::new(), partial: None } };
+        let cached_tokens = matched.tokens(self.block_tokens).min(prompt.len().saturating_sub(1));
+        let Matched { whole: matching, partial } = matched;
         let full = cached_tokens / self.block_tokens;
         for &(block, key) in &matching[..full] {
             self.borrow(block);
@@ -137,10 +175,12 @@ impl BlockManager {
         }
         let mut copy = None;
         if !cached_tokens.is_multiple_of(self.block_tokens) {
-            // The cached prefix ends inside a shared block that this
+            // The cached prefix ends inside a cached block that this
             // sequence will write: give it a private copy.
-            let (shared, _) = matching[full];
-            let Some(private) = self.allocate() else {
+            // A prefix past the whole blocks it borrows ends in the next
+            // whole match or, after the last, in the best partial one.
+            let shared = matching.get(full).map(|&(block, _)| block).or(partial.map(|(block, _)| block));
+            let (Some(shared), Some(private)) = (shared, self.allocate()) else {
                 self.release(blocks);
                 return Err(self.out_of_blocks());
             };
@@ -179,6 +219,14 @@ impl BlockManager {
                 if let Some(key) = self.key[block as usize].take() {
                     self.index.remove(&key);
                 }
+                if let Some(parent) = self.parent[block as usize].take()
+                    && let Some(siblings) = self.children.get_mut(&parent)
+                {
+                    siblings.retain(|&sibling| sibling != block);
+                    if siblings.is_empty() {
+                        self.children.remove(&parent);
+                    }
+                }
                 self.tokens[block as usize].clear();
                 block
             }
@@ -215,20 +263,50 @@ impl BlockManager {
                 self.index.insert(key, block);
                 self.key[block as usize] = Some(key);
                 self.tokens[block as usize] = block_tokens.to_vec();
+                self.adopt(block, previous);
             }
         }
+        blocks.tail = tokens[full * self.block_tokens..].to_vec();
+    }
+
+    /// List a cached block under the chain key of the blocks before it.
+    fn adopt(&mut self, block: u32, parent: u64) {
+        self.parent[block as usize] = Some(parent);
+        self.children.entry(parent).or_default().push(block);
+    }
+
+    /// Cache a finished sequence's partly written block, unless a cached
+    /// block after the same prefix already holds at least its tokens.
+    fn keep_tail(&mut self, block: u32, parent: u64, tail: Vec<u32>) -> bool {
+        let covered = self
+            .children
+            .get(&parent)
+            .into_iter()
+            .flatten()
+            .any(|&other| self.tokens[other as usize].starts_with(&tail));
+        if tail.is_empty() || covered {
+            return false;
+        }
+        self.tokens[block as usize] = tail;
+        self.adopt(block, parent);
+        true
     }
 
     /// End a sequence: its blocks go back to the cache (if cached) or the
     /// free list once no other sequence uses them.
     pub fn release(&mut self, blocks: SeqBlocks) {
-        for block in blocks.table {
+        let SeqBlocks { table, hashes, tail, cacheable } = blocks;
+        let parent = hashes.last().copied().unwrap_or(0);
+        let mut tail = (cacheable && !tail.is_empty()).then_some(tail);
+        for (position, block) in table.into_iter().enumerate() {
             let index = block as usize;
             self.refcount[index] -= 1;
             if self.refcount[index] > 0 {
                 continue;
             }
-            if self.key[index].is_some() {
+            let cached_tail =
+                position == hashes.len() && tail.take().is_some_and(|tail| self.keep_tail(block, parent, tail));
+            if self.key[index].is_some() || cached_tail {
                 self.touch(block);
                 self.lru.insert(self.last_use[index], block);
             } else {
@@ -266,7 +344,8 @@ mod tests {
         assert_eq!(second.copy, None);
         manager.release(first.blocks);
         manager.release(second.blocks);
-        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 14 });
+        // The two whole blocks and the first's partly written third.
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 3, free: 13 });
     }
 
     #[test]
@@ -320,6 +399,63 @@ mod tests {
         manager.release(third.blocks);
         manager.release(fourth.blocks);
         assert_eq!(manager.stats().used, 0);
+    }
+
+    /// Run a sequence over `prompt` plus `generated` tokens and end it.
+    fn run(manager: &mut BlockManager, prompt: &[u32], generated: &[u32]) -> Vec<u32> {
+        let mut seq = manager.admit(prompt, true).expect("room");
+        let written = [prompt, generated].concat();
+        manager.reserve(&mut seq.blocks, written.len() + 1).expect("room");
+        manager.commit(&mut seq.blocks, &written);
+        let table = seq.blocks.table.clone();
+        manager.release(seq.blocks);
+        table
+    }
+
+    #[test]
+    fn a_repeated_short_prompt_reuses_all_but_its_last_token() {
+        let mut manager = BlockManager::new(8, 16);
+        let prompt = tokens(9, 7);
+        let first = run(&mut manager, &prompt, &[500, 501, 502]);
+        assert_eq!(manager.cached_prefix(&prompt), 8, "llama-server reuses 8 of a repeated 9-token prompt");
+        let second = manager.admit(&prompt, true).expect("room");
+        assert_eq!(second.cached_tokens, 8);
+        let (from, to) = second.copy.expect("the partial block is copied, never shared");
+        assert_eq!((from, second.blocks.table.clone()), (first[0], vec![to]));
+        manager.release(second.blocks);
+        assert_eq!(manager.stats().used, 0);
+    }
+
+    #[test]
+    fn a_prompt_diverging_inside_a_block_reuses_up_to_the_token() {
+        let mut manager = BlockManager::new(16, 4);
+        let a = tokens(10, 8);
+        let first = run(&mut manager, &a, &[]);
+        let b = [&a[..6], &[999, 998, 997][..]].concat();
+        assert_eq!(manager.cached_prefix(&b), 6);
+        let second = manager.admit(&b, true).expect("room");
+        assert_eq!(second.blocks.table[0], first[0], "the whole first block is shared");
+        assert_eq!(second.copy.map(|(from, _)| from), Some(first[1]), "the second is copied");
+        // Past the whole blocks, the partial tail of `a` (tokens 8 and 9).
+        let c = [&a[..9], &[5][..]].concat();
+        assert_eq!(manager.cached_prefix(&c), 9);
+        manager.release(second.blocks);
+        assert_eq!(manager.stats().used, 0);
+    }
+
+    #[test]
+    fn tails_are_cached_once_and_evicted_like_whole_blocks() {
+        let mut manager = BlockManager::new(3, 4);
+        let prompt = tokens(6, 9);
+        run(&mut manager, &prompt, &[]);
+        run(&mut manager, &prompt, &[]);
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 1 }, "one whole block, one tail");
+        // A sequence needing every block evicts the cached ones, tails too.
+        let mut other = manager.admit(&tokens(12, 10), true).expect("room");
+        manager.reserve(&mut other.blocks, 12).expect("evicts the cached blocks");
+        assert_eq!(manager.cached_prefix(&prompt), 0);
+        manager.release(other.blocks);
+        assert_eq!(manager.cached_prefix(&prompt), 0, "an uncommitted sequence caches nothing");
     }
 
     #[test]

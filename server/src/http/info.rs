@@ -102,6 +102,8 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
         "object": "list",
         "data": [{
             "id": model.name,
+            "aliases": model.aliases,
+            "tags": model.tags,
             "object": "model",
             "created": created,
             "owned_by": "llamacpp",

@@ -2,9 +2,10 @@
 //! framing and errors, on axum. One module per API family:
 //!
 //! * [`completion`]: `/completion` (native); [`openai`]: `/v1/completions`,
-//!   `/v1/chat/completions`; both on [`generate`] (engine submission,
-//!   results, shared JSON), [`params`] (request fields), [`prompt`] and
-//!   [`sse`] (streams).
+//!   `/v1/chat/completions`; [`anthropic`]: `/v1/messages`; [`responses`]:
+//!   `/v1/responses` and the `input_tokens` counts; all on [`generate`]
+//!   (engine submission, results, shared JSON), [`params`] (request fields),
+//!   [`prompt`] and [`sse`] (streams).
 //! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
 //! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`.
 //! * [`admin`]: `/admin/policy`, `/lora-adapters`, policy (re)loading.
@@ -13,6 +14,7 @@
 //! Until the model is loaded every path answers 503 "Loading model".
 
 pub mod admin;
+pub mod anthropic;
 pub mod auth;
 pub mod completion;
 mod cors;
@@ -22,6 +24,7 @@ pub mod info;
 pub mod openai;
 pub mod params;
 pub mod prompt;
+pub mod responses;
 pub mod server;
 pub mod sse;
 pub mod tokenize;
@@ -53,8 +56,10 @@ pub use server::{StartError, serve};
 /// What the API reports about the loaded model.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
-    /// The alias, else the file name.
+    /// The first alias, else the file name.
     pub name: String,
+    pub aliases: Vec<String>,
+    pub tags: Vec<String>,
     pub path: PathBuf,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
@@ -81,6 +86,8 @@ impl Ready {
         let (hparams, file) = (model.hparams(), model.file());
         let info = ModelInfo {
             name: config.model.name(),
+            aliases: config.model.aliases(),
+            tags: config.model.tags(),
             path: config.model.path(),
             n_vocab: hparams.n_vocab,
             n_ctx_train: hparams.n_ctx_train,
@@ -174,6 +181,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/chat/completions", post(openai::chat))
+        .route("/v1/chat/completions/input_tokens", post(responses::chat_input_tokens))
+        .route("/chat/completions/input_tokens", post(responses::chat_input_tokens))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
+        .route("/v1/responses/input_tokens", post(responses::responses_input_tokens))
+        .route("/responses/input_tokens", post(responses::responses_input_tokens))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/apply-template", post(tokenize::apply_template))

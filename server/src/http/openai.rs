@@ -54,7 +54,7 @@ impl Envelope {
 
 /// 32 random alphanumerics (the standard library's per-process random
 /// hasher keys are random enough for ids).
-fn random_id() -> String {
+pub(super) fn random_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut id = String::with_capacity(32);
     while id.len() < 32 {
@@ -135,12 +135,18 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
-        let text = chat_prompt(&parsing, fields)?;
-        let prompts = vec![parsing.tokenizer.encode(&text, true, true)];
+        let prompts = vec![chat_tokens(&parsing, fields)?];
         Ok(Parsed { plan: Plan { generation, prompts }, envelope: Envelope::new(&parsing, fields), top_n })
     })
     .await?;
     run(state, ready, parsed, Kind::Chat).await
+}
+
+/// The tokens of the rendered chat prompt (special tokens parsed, BOS
+/// added where the vocabulary asks for it).
+pub fn chat_tokens(ready: &Ready, fields: Fields<'_>) -> Result<Vec<u32>, ApiError> {
+    let text = chat_prompt(ready, fields)?;
+    Ok(ready.tokenizer.encode(&text, true, true))
 }
 
 /// Render `messages` with the model's chat template.
@@ -153,16 +159,37 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError
     let messages =
         messages.iter().enumerate().map(|(index, message)| normalize(index, message)).collect::<Result<Vec<_>, _>>()?;
     let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
+    // A trailing assistant message is always continued (below); asking for
+    // that and for a new assistant turn at once is a contradiction.
+    if fields.bool_or("continue_final_message", false)?
+        && fields.get("add_generation_prompt") == Some(&Value::Bool(true))
+    {
+        return Err(ApiError::invalid("Cannot set both add_generation_prompt and continue_final_message to true."));
+    }
     let extra = match fields.get("chat_template_kwargs") {
         Some(Value::Object(extra)) => extra.clone(),
         Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
         None => Map::new(),
     };
-    let rendered =
-        ready.template.render_with(&messages, add_generation_prompt, &extra).map_err(|error| match error {
+    let render = |messages: &[Value], add_generation_prompt: bool| {
+        ready.template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
             TemplateError::Raised(message) => ApiError::invalid(message),
             other => ApiError::new(ErrorType::Server, other.to_string()),
-        })?;
+        })
+    };
+    let is_assistant = |message: &Value| message["role"] == "assistant";
+    let rendered = match messages.split_last() {
+        // Assistant prefill, as llama-server does by default: the reply
+        // continues the final assistant message, so the prompt is the
+        // conversation before it with the generation prompt, then its text.
+        Some((last, before)) if is_assistant(last) => {
+            if before.last().is_some_and(is_assistant) {
+                return Err(ApiError::invalid("Cannot have 2 or more assistant messages at the end of the list."));
+            }
+            render(before, true)? + last["content"].as_str().unwrap_or_default()
+        }
+        _ => render(&messages, add_generation_prompt)?,
+    };
     // The prompt is tokenized with BOS added where the vocabulary asks for
     // it; a template that writes BOS itself would double it, so its text is
     // dropped here (as llama.cpp does).

@@ -26,9 +26,23 @@ pub trait Render: Send + 'static {
     fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value>;
     fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value>;
     /// After every completion is done.
-    fn finish(&mut self) -> Vec<Value>;
+    fn finish(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
     /// Whether the stream ends with `data: [DONE]` (OpenAI endpoints).
-    fn done_marker(&self) -> bool;
+    fn done_marker(&self) -> bool {
+        false
+    }
+    /// The `event:` name of a payload: none for native and OpenAI chat
+    /// streams; the payload's `type` for the Messages and Responses APIs,
+    /// which name every event so.
+    fn event_name(&self, _payload: &Value) -> Option<String> {
+        None
+    }
+    /// A failure after the first token: its event name and payload.
+    fn failure(&self, error: &ApiError) -> (Option<String>, Value) {
+        (None, error.body())
+    }
 }
 
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -79,18 +93,25 @@ pub async fn respond<R: Render>(jobs: Vec<Submitted>, mut render: R, ping: Durat
 
 /// The frames one engine event produces.
 fn step<R: Render>(state: &mut State<R>, item: Option<(usize, Event)>) -> Vec<SseEvent> {
-    let data = |payloads: Vec<Value>| payloads.into_iter().map(|payload| SseEvent::default().data(payload.to_string()));
+    let data = |render: &R, payloads: Vec<Value>| {
+        payloads.into_iter().map(|payload| frame(render.event_name(&payload), &payload)).collect::<Vec<_>>()
+    };
     match item {
         Some((index, Event::Started { id_slot })) => {
             state.render.started(index, id_slot);
             Vec::new()
         }
-        Some((index, Event::Token(token))) => data(state.render.token(index, &token)).collect(),
+        Some((index, Event::Token(token))) => {
+            let payloads = state.render.token(index, &token);
+            data(&state.render, payloads)
+        }
         Some((index, Event::Done(completion))) => {
-            let mut frames: Vec<SseEvent> = data(state.render.done(index, &completion)).collect();
+            let payloads = state.render.done(index, &completion);
+            let mut frames = data(&state.render, payloads);
             state.open = state.open.saturating_sub(1);
             if state.open == 0 {
-                frames.extend(data(state.render.finish()));
+                let payloads = state.render.finish();
+                frames.extend(data(&state.render, payloads));
                 if state.render.done_marker() {
                     frames.push(SseEvent::default().data("[DONE]"));
                 }
@@ -100,11 +121,27 @@ fn step<R: Render>(state: &mut State<R>, item: Option<(usize, Event)>) -> Vec<Ss
         }
         Some((_, Event::Failed(error))) => {
             state.over = true;
-            vec![SseEvent::default().data(ApiError::from(error).body().to_string())]
+            let (name, payload) = state.render.failure(&ApiError::from(error));
+            vec![frame(name, &payload)]
         }
         None => {
             state.over = true;
-            vec![SseEvent::default().data(engine_gone().body().to_string())]
+            let (name, payload) = state.render.failure(&engine_gone());
+            vec![frame(name, &payload)]
         }
     }
+}
+
+/// The [`Render::event_name`] of streams that name events by their `type`.
+pub fn type_name(payload: &Value) -> Option<String> {
+    payload.get("type").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// `event:` comes before `data:`, as llama-server writes it.
+fn frame(name: Option<String>, payload: &Value) -> SseEvent {
+    let event = match name {
+        Some(name) => SseEvent::default().event(name),
+        None => SseEvent::default(),
+    };
+    event.data(payload.to_string())
 }

@@ -6,6 +6,7 @@
 mod draft;
 mod model;
 mod plugins;
+mod templates;
 
 pub use draft::{AppliedEdit, DraftKind, PairedDraft, PairingError, load_speculation, model_info, pair};
 pub use model::{Serving, StartError, check_device, engine_config, load_model, serve_model};

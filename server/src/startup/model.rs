@@ -16,10 +16,7 @@ use crate::model::tokenizer::Tokenizer;
 use crate::model::{LoadError, Model, Transformer};
 use crate::plugins::PluginHost;
 
-/// ChatML, for `chat_template = "chatml"` and models without a template
-/// (llama-server's fallback too).
-const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + \
-                      '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+use super::templates::{self, CHATML};
 
 /// Why the model or the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -166,23 +163,15 @@ fn read_weights(model: &dyn Model) {
     });
 }
 
-/// The configured template (Jinja source or `chatml`), else the model's,
-/// else ChatML.
+/// The configured template (a llama.cpp built-in name or Jinja source; a
+/// string that is neither renders as itself, as in llama-server), else the
+/// model's, else ChatML (llama-server's fallback too).
 fn chat_template(
     configured: Option<&str>,
     model: &dyn Model,
     tokenizer: &Tokenizer,
 ) -> Result<ChatTemplate, StartError> {
-    let source = match configured {
-        Some("chatml") => Some(CHATML),
-        Some(source) if source.contains("{{") || source.contains("{%") => Some(source),
-        Some(name) => {
-            return Err(StartError::Template(format!(
-                "{name:?} is neither a Jinja template nor a known template name (chatml)"
-            )));
-        }
-        None => None,
-    };
+    let source = configured.map(|configured| templates::builtin(configured).unwrap_or(configured));
     match ChatTemplate::from_gguf(model.file(), tokenizer, source) {
         Err(TemplateError::Missing) => {
             tracing::warn!("the model has no chat template; using ChatML");
