@@ -121,8 +121,15 @@ fn openai_stream_and_non_stream_agree() {
     let whole_entries = whole["choices"][0]["logprobs"]["content"].as_array().expect("chat logprobs");
     assert_eq!(ids(&entries), ids(whole_entries));
     assert!(whole_entries.iter().all(|entry| entry["top_logprobs"].as_array().is_some_and(|top| top.len() == 2)));
-    let joined: String = whole_entries.iter().map(|entry| entry["token"].as_str().expect("token")).collect();
+    // An end of generation is listed last, as llama-server lists it; the
+    // tokens before it spell the content.
+    let ended = whole["choices"][0]["finish_reason"] == "stop";
+    let spelled = &whole_entries[..whole_entries.len() - usize::from(ended)];
+    let joined: String = spelled.iter().map(|entry| entry["token"].as_str().expect("token")).collect();
     assert_eq!(joined, message["content"], "the tokens of the logprobs spell the content");
+    if ended {
+        assert_eq!(whole_entries.last().map(|entry| entry["token"].clone()), Some(json!("<|im_end|>")));
+    }
 
     // timings_per_token puts `timings` on every token chunk, native and OpenAI.
     for path in ["/completion", "/v1/completions", "/v1/chat/completions"] {
@@ -334,4 +341,27 @@ fn a_trailing_assistant_message_is_continued() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {error}");
         assert_eq!(error["error"]["message"], "Cannot have 2 or more assistant messages at the end of the list.");
     }
+}
+
+#[test]
+fn the_end_of_generation_token_is_listed_like_any_other() {
+    let server = Server::start(&["-np", "1"]);
+    let (_, end) = server.post("/tokenize", &json!({ "content": "<|im_end|>", "parse_special": true }));
+    let end = end["tokens"][0].clone();
+    // The end of the turn made certain: the reply is that one token.
+    let body = json!({
+        "prompt": PROMPT, "n_predict": 16, "temperature": 0, "n_probs": 2, "return_tokens": true,
+        "logit_bias": [[end, 100.0]],
+    });
+    let whole = ok(&server, "/completion", &body);
+    assert_eq!(whole["stop_type"], "eos", "the reply should end itself: {whole}");
+    let tokens = whole["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.last(), Some(&end), "{whole}");
+    assert_eq!(Some(tokens.len() as u64), whole["tokens_predicted"].as_u64());
+    let probs = whole["completion_probabilities"].as_array().expect("probabilities");
+    assert_eq!(probs.len(), tokens.len());
+    let stream = streamed(&server, "/completion", &body);
+    let streamed_tokens: Vec<Value> =
+        stream.events.iter().filter_map(|event| event["tokens"].as_array()).flatten().cloned().collect();
+    assert_eq!(&streamed_tokens, tokens, "the stream lists the same tokens, the end included");
 }

@@ -88,6 +88,11 @@ impl Emitter<'_> {
 
         let end_of_generation = !active.request.ignore_eos && self.tokenizer.is_end_of_generation(token);
         if end_of_generation {
+            // The end-of-generation token is reported like any other (no
+            // text; in `tokens` and the probabilities), as llama-server does.
+            if !active.send(Event::Token(TokenEvent { token, text: String::new(), probs })) {
+                return Emitted::Ended(Ending { reason: EndReason::Cancelled, event: None });
+            }
             return done(slot, active, StopType::Eos, String::new(), false);
         }
         let (text, stop_word) = match active.text.push(self.tokenizer.render_bytes(token, false)) {
