@@ -153,6 +153,7 @@ fn informational_endpoints_answer_like_llama_server() {
     assert!((params["temperature"].as_f64().expect("temperature") - 0.8).abs() < 1e-6);
     assert!((params["min_p"].as_f64().expect("min_p") - 0.05).abs() < 1e-6);
     assert_eq!(params["repeat_penalty"], 1.0);
+    assert_eq!((props["ui"].clone(), props["endpoint_metrics"].clone()), (json!(false), json!(true)), "{props}");
     assert_eq!(props["policy"]["name"], "continuous");
     assert_eq!(props["policy"]["health"], "ok");
     assert!(props["chat_template"].as_str().is_some_and(|template| template.contains("im_start")));

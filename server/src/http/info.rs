@@ -67,6 +67,10 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
         "endpoint_slots": config.server.slots,
         "endpoint_props": false,
         "endpoint_metrics": config.server.metrics,
+        // sluice serves no web UI (`--ui` and `--no-ui` are accepted and ignored).
+        "ui": false,
+        "ui_settings": {},
+        "cors_proxy_enabled": false,
         "chat_template": ready.template.source(),
         "chat_template_caps": {},
         "bos_token": text(ready.tokenizer.bos()),
