@@ -3,6 +3,7 @@
 mod bench_model;
 mod bench_serve;
 mod models;
+mod peer_suite;
 mod plugins;
 mod toolchain;
 
@@ -48,6 +49,10 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run llama.cpp's server test suite (pytest) against sluice, and with
+    /// `--llama-server BIN` against llama-server, every preset on the default
+    /// model; writes target/peer-suite/results.md. Never part of `test`.
+    PeerSuite(peer_suite::PeerSuiteArgs),
 }
 
 fn main() {
@@ -58,6 +63,7 @@ fn main() {
         Task::Serve { args } => serve(&args),
         Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
         Task::Bench { suite, args } => bench(&suite, &args),
+        Task::PeerSuite(args) => peer_suite::peer_suite(args),
     };
     if let Err(error) = result {
         eprintln!("xtask: error: {error:#}");
