@@ -142,12 +142,13 @@ fn metrics_move_as_llama_server_s_do() {
 
 #[test]
 fn informational_endpoints_answer_like_llama_server() {
+    // llama-server's -c: the whole context, split between the -np slots.
     let server = Server::start(&["-np", "2", "-c", "512", "--alias", "smol"]);
     let (status, props) = server.get("/props");
     assert_eq!(status, StatusCode::OK);
     assert_eq!(props["total_slots"], 2, "{props}");
     assert_eq!(props["model_alias"], "smol");
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 512);
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 256);
     let params = &props["default_generation_settings"]["params"];
     assert_eq!((params["top_k"].clone(), params["n_predict"].clone()), (json!(40), json!(-1)), "{params}");
     assert!((params["temperature"].as_f64().expect("temperature") - 0.8).abs() < 1e-6);
@@ -166,7 +167,7 @@ fn informational_endpoints_answer_like_llama_server() {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(models["object"], "list");
         assert_eq!(models["data"][0]["id"], "smol");
-        assert_eq!(models["data"][0]["meta"]["n_ctx"], 512);
+        assert_eq!(models["data"][0]["meta"]["n_ctx"], 256);
         assert!(models["data"][0]["meta"]["n_params"].as_u64().is_some_and(|n| n > 100_000_000));
     }
 
@@ -177,7 +178,7 @@ fn informational_endpoints_answer_like_llama_server() {
     for (id, slot) in slots.iter().enumerate() {
         assert_eq!(
             (slot["id"].clone(), slot["n_ctx"].clone(), slot["is_processing"].clone()),
-            (json!(id), json!(512), json!(false))
+            (json!(id), json!(256), json!(false))
         );
     }
 

@@ -32,12 +32,14 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
     run(cargo().args(["build", "--quiet", "--release", "--package", "sluice", "--features", "lab"]))?;
     let sluice = repo_root().join("target/release/sluice");
 
+    // -c is the total context, split between the slots, for both servers.
+    let total_ctx = (SLOT_CTX * SLOTS.parse::<usize>()?).to_string();
     let port = free_port()?;
     let server = Server(
         Command::new(&sluice)
             .args(["serve", "-m"])
             .arg(&model)
-            .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &SLOT_CTX.to_string()])
+            .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &total_ctx])
             .stdout(Stdio::null())
             .stderr(log_file("sluice")?)
             .spawn()
@@ -48,8 +50,6 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
 
     if let Some(binary) = llama_server {
         let port = free_port()?;
-        // llama-server's -c is the total context, split between its slots.
-        let total_ctx = (SLOT_CTX * SLOTS.parse::<usize>()?).to_string();
         let _server = Server(
             Command::new(&binary)
                 .arg("-m")

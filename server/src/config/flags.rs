@@ -53,7 +53,14 @@ impl Config {
             self.engine.slots = parallel;
         }
         if let Some(ctx) = flags.ctx_size {
-            self.engine.ctx = ctx;
+            // llama-server's -c is the whole KV cache: with -np given and no
+            // unified cache, each slot gets its share (llama-server also
+            // rounds the share up to a multiple of 256; sluice does not).
+            let share = flags.parallel.is_some() && !flags.kv_unified;
+            self.engine.ctx = if share { ctx / self.engine.slots.max(1) } else { ctx };
+        }
+        if let Some(per_slot) = flags.kv_unified_per_slot {
+            self.engine.ctx = per_slot;
         }
         if let Some(batch) = flags.batch_size {
             self.engine.batch_tokens = batch;
@@ -166,9 +173,21 @@ pub struct Overrides {
     /// Slots: requests decoded together (`engine.slots`; also `-np`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024).map(|n| n as usize))]
     pub parallel: Option<usize>,
-    /// Context of each slot in tokens; 0 = the model's (`engine.ctx`).
+    /// Context in tokens, as llama-server counts it: with -np given (and no
+    /// --kv-unified), shared out among the slots; else each slot's; 0 = the
+    /// model's, for each slot (`engine.ctx`, which is always per slot).
     #[arg(short = 'c', long, value_name = "N")]
     pub ctx_size: Option<usize>,
+    /// With -c: every slot may use all of it, as llama-server's unified KV
+    /// cache (also `-kvu`).
+    #[arg(long, overrides_with = "no_kv_unified")]
+    pub kv_unified: bool,
+    /// Each slot's context, whatever -c says (`engine.ctx`).
+    #[arg(long, value_name = "N")]
+    pub kv_unified_per_slot: Option<usize>,
+    /// With -c and -np: each slot gets its share (also `-no-kvu`).
+    #[arg(long, overrides_with = "kv_unified")]
+    pub no_kv_unified: bool,
     /// Most tokens per step (`engine.batch_tokens`).
     #[arg(short = 'b', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub batch_size: Option<usize>,

@@ -49,11 +49,7 @@ pub(super) const FLAGS: &[Flag] = &[
     flag(&["-lcs", "--lookup-cache-static"], true, Refuse("lookup decoding (n-gram caches) is not implemented")),
     flag(&["-lcd", "--lookup-cache-dynamic"], true, Refuse("lookup decoding (n-gram caches) is not implemented")),
     flag(&["-c", "--ctx-size"], true, Native),
-    flag(
-        &["--kv-unified-per-slot"],
-        true,
-        Ignore("-c is already each slot's context; the slots share one paged KV pool"),
-    ),
+    flag(&["--kv-unified-per-slot"], true, Native),
     flag(&["-n"], true, Native),
     flag(&["--predict"], true, Alias("--n-predict")),
     flag(&["--n-predict"], true, Native),
@@ -81,11 +77,10 @@ pub(super) const FLAGS: &[Flag] = &[
     ),
     flag(&["-cram"], true, Alias("--cache-ram")),
     flag(&["--cache-ram"], true, Native),
-    flag(
-        &["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
-        false,
-        Ignore("the slots always share one paged KV pool"),
-    ),
+    flag(&["-kvu"], false, Alias("--kv-unified")),
+    flag(&["--kv-unified"], false, Native),
+    flag(&["-no-kvu"], false, Alias("--no-kv-unified")),
+    flag(&["--no-kv-unified"], false, Native),
     flag(
         &["--cache-idle-slots", "--no-cache-idle-slots"],
         false,

@@ -236,3 +236,17 @@ fn flags_parse_with_llama_server_names() {
     let args = ["serve", "-np", "0"].map(OsString::from);
     assert!(command.try_get_matches_from(llama_style_args(args).unwrap().args).is_err(), "at least one slot");
 }
+
+#[test]
+fn the_context_flag_counts_as_llama_server_s_does() {
+    let ctx = |flags: Overrides| {
+        let mut config = Config::default();
+        config.apply(&flags).expect("valid flags");
+        config.engine.ctx
+    };
+    let base = Overrides { ctx_size: Some(2048), ..Overrides::default() };
+    assert_eq!(ctx(base.clone()), 2048, "without -np, each slot's");
+    assert_eq!(ctx(Overrides { parallel: Some(4), ..base.clone() }), 512, "shared out among -np slots");
+    assert_eq!(ctx(Overrides { parallel: Some(4), kv_unified: true, ..base.clone() }), 2048, "unified");
+    assert_eq!(ctx(Overrides { parallel: Some(4), kv_unified_per_slot: Some(100), ..base }), 100);
+}
