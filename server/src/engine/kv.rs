@@ -297,7 +297,7 @@ impl BlockManager {
     pub fn release(&mut self, blocks: SeqBlocks) {
         let SeqBlocks { table, hashes, tail, cacheable } = blocks;
         let parent = hashes.last().copied().unwrap_or(0);
-        let mut tail = (cacheable && !tail.is_empty()).then_some(tail);
+        let mut tail = cacheable.then_some(tail);
         for (position, block) in table.into_iter().enumerate() {
             let index = block as usize;
             self.refcount[index] -= 1;

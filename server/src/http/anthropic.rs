@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
 use super::generate::{Plan, blocking, collect, engine_gone, submit};
 use super::openai::{chat_tokens, random_id};
 use super::params::{self, Fields, JsonBody, object, wrong};
@@ -28,10 +28,6 @@ const DEFAULT_MAX_TOKENS: i64 = 4096;
 /// Sampling fields llama-server passes on unchanged; every other field of
 /// the request (native ones included) is ignored, as there.
 const PASSED_ON: [&str; 4] = ["temperature", "top_p", "top_k", "stream"];
-
-fn unsupported(what: &str) -> ApiError {
-    ApiError::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"))
-}
 
 /// `POST /v1/messages`.
 pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
@@ -102,7 +98,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
     match request.get("tools") {
         None => {}
         Some(Value::Array(tools)) if tools.is_empty() => {}
-        Some(Value::Array(_)) => return Err(unsupported("`tools`")),
+        Some(Value::Array(_)) => return Err(ApiError::unsupported("`tools`")),
         Some(_) => return Err(wrong("tools", "an array of tools")),
     }
     if let Some(kwargs) = request.get("chat_template_kwargs") {
@@ -116,7 +112,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
     if let Some(choice) = request.get("tool_choice") {
         let kind = choice.get("type").and_then(Value::as_str).ok_or_else(|| wrong("tool_choice.type", "a string"))?;
         if !matches!(kind, "auto" | "none") {
-            return Err(unsupported(&format!("`tool_choice` of type {kind:?}")));
+            return Err(ApiError::unsupported(&format!("`tool_choice` of type {kind:?}")));
         }
     }
     // Extended thinking needs reasoning split out of the reply, which
@@ -124,7 +120,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
     if let Some(thinking) = request.get("thinking") {
         let kind = thinking.get("type").and_then(Value::as_str).ok_or_else(|| wrong("thinking.type", "a string"))?;
         if kind != "disabled" {
-            return Err(unsupported(&format!("`thinking` of type {kind:?}")));
+            return Err(ApiError::unsupported(&format!("`thinking` of type {kind:?}")));
         }
     }
     // The chat fields would accept -1 (no limit); Anthropic's limit is a
@@ -203,7 +199,7 @@ fn text_of<'a>(at: &str, block: &'a Value) -> Result<&'a str, ApiError> {
     let object = block.as_object().ok_or_else(|| wrong(at, "a content block object"))?;
     let kind = object.get("type").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{at}.type"), "a string"))?;
     if kind != "text" {
-        return Err(unsupported(&format!("`{at}` of type {kind:?}")));
+        return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
     }
     object.get("text").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{at}.text"), "a string"))
 }
@@ -348,6 +344,7 @@ impl sse::Render for MessageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::error::ErrorType;
 
     fn chat(request: Value) -> Result<Value, ApiError> {
         let object = request.as_object().cloned().unwrap_or_default();

@@ -71,6 +71,11 @@ impl ApiError {
         Self::new(ErrorType::InvalidRequest, message)
     }
 
+    /// 501 for a feature sluice does not implement yet; `what` names it.
+    pub fn unsupported(what: &str) -> Self {
+        Self::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"))
+    }
+
     pub fn loading() -> Self {
         Self::new(ErrorType::Unavailable, "Loading model")
     }

@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
 
 use super::AppState;
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
 use crate::config::RequestDefaults;
 use crate::engine::request::GenerationRequest;
 use crate::engine::sampling::{SamplingParams, Stage};
@@ -300,22 +300,20 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
 /// Fields whose meaning sluice does not implement yet: ignoring them would
 /// silently give a different answer than asked for.
 fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
-    let unsupported =
-        |what: &str| ApiError::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"));
     if fields.str("grammar")?.is_some_and(|grammar| !grammar.is_empty()) {
-        return Err(unsupported("`grammar`"));
+        return Err(ApiError::unsupported("`grammar`"));
     }
     if fields.get("json_schema").is_some() {
-        return Err(unsupported("`json_schema`"));
+        return Err(ApiError::unsupported("`json_schema`"));
     }
     if let Some(format) = fields.get("response_format") {
         let kind = format.get("type").and_then(Value::as_str).unwrap_or("text");
         if kind != "text" {
-            return Err(unsupported(&format!("`response_format` of type {kind:?}")));
+            return Err(ApiError::unsupported(&format!("`response_format` of type {kind:?}")));
         }
     }
     if fields.get("tools").and_then(Value::as_array).is_some_and(|tools| !tools.is_empty()) {
-        return Err(unsupported("`tools`"));
+        return Err(ApiError::unsupported("`tools`"));
     }
     Ok(())
 }

@@ -20,16 +20,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
 use super::generate::{Plan, StreamProgress, blocking, collect, engine_gone, submit, timings_json};
 use super::openai::{chat_tokens, random_id};
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::{AppState, sse};
 use crate::engine::request::{Completion, TokenEvent};
-
-fn unsupported(what: &str) -> ApiError {
-    ApiError::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"))
-}
 
 /// `POST /v1/responses`.
 pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
@@ -165,7 +161,7 @@ fn to_chat(request: &Map<String, Value>) -> Result<Map<String, Value>, ApiError>
 fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
     // llama-server refuses a non-empty id and ignores an empty one.
     if fields.str("previous_response_id")?.is_some_and(|id| !id.is_empty()) {
-        return Err(unsupported("`previous_response_id` (sluice keeps no responses)"));
+        return Err(ApiError::unsupported("`previous_response_id` (sluice keeps no responses)"));
     }
     for (key, what) in [
         ("conversation", "`conversation` (sluice keeps no conversations)"),
@@ -173,7 +169,7 @@ fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
         ("prompt", "`prompt` (stored prompt templates)"),
     ] {
         if fields.get(key).is_some() {
-            return Err(unsupported(what));
+            return Err(ApiError::unsupported(what));
         }
     }
     check_tools(fields)?;
@@ -182,7 +178,7 @@ fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
         if let Some(format) = Fields(text).get("format") {
             let kind = format.get("type").and_then(Value::as_str).unwrap_or("text");
             if kind != "text" {
-                return Err(unsupported(&format!("`text.format` of type {kind:?}")));
+                return Err(ApiError::unsupported(&format!("`text.format` of type {kind:?}")));
             }
         }
     }
@@ -193,7 +189,7 @@ fn check_tools(fields: Fields<'_>) -> Result<(), ApiError> {
     match fields.get("tools") {
         None => Ok(()),
         Some(Value::Array(tools)) if tools.is_empty() => Ok(()),
-        Some(Value::Array(_)) => Err(unsupported("`tools`")),
+        Some(Value::Array(_)) => Err(ApiError::unsupported("`tools`")),
         Some(_) => Err(wrong("tools", "an array of tools")),
     }
 }
@@ -218,7 +214,7 @@ fn push_item(messages: &mut Vec<Value>, index: usize, item: &Value) -> Result<()
     match kind.transpose()? {
         None | Some("message") => {}
         Some(kind) if is_tool_or_reasoning(kind) => {
-            return Err(unsupported(&format!("`input[{index}]` of type {kind:?}")));
+            return Err(ApiError::unsupported(&format!("`input[{index}]` of type {kind:?}")));
         }
         Some(kind) => {
             return Err(ApiError::invalid(format!(
@@ -265,7 +261,7 @@ fn content_parts(index: usize, content: Option<&Value>) -> Result<Vec<Value>, Ap
                 _ => return Err(wrong(&format!("{at}.text"), "a string")),
             },
             Some(kind @ ("input_image" | "input_file" | "input_audio" | "refusal")) => {
-                return Err(unsupported(&format!("`{at}` of type {kind:?}")));
+                return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
             }
             _ => return Err(wrong(&format!("{at}.type"), "\"input_text\" or \"output_text\"")),
         }
@@ -437,6 +433,7 @@ impl sse::Render for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::error::ErrorType;
 
     fn chat(request: Value) -> Result<Map<String, Value>, ApiError> {
         to_chat(request.as_object().expect("an object"))
