@@ -108,19 +108,49 @@ fn matvec_decode_step_weights(bencher: Bencher, threads: usize) {
     });
 }
 
+/// `n` cached positions of SmolLM2's 3 KV heads of 64, as f16 and as Q8_0.
+struct Cache {
+    f16: (Vec<f16>, Vec<f16>),
+    q8_0: (Vec<u8>, Vec<u8>),
+    pages: Vec<u32>,
+}
+
+impl Cache {
+    fn new(shape: sluice_kernels::ops::HeadShape, n: usize) -> Self {
+        use sluice_kernels::quant::{ActFormat, quantize_act_row};
+        let value = |i: usize| ((i * 7919) % 1000) as f32 / 500.0 - 1.0;
+        let (k, v): (Vec<f32>, Vec<f32>) = (0..n * shape.kv_len()).map(|i| (value(i), value(i + 1))).unzip();
+        let halves = |x: &[f32]| x.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+        let blocks = |x: &[f32]| {
+            let mut bytes = vec![0; ActFormat::Q8_0.row_bytes(x.len()).expect("whole blocks")];
+            quantize_act_row(ActFormat::Q8_0, x, &mut bytes).expect("valid lengths");
+            bytes
+        };
+        let pages = (0..n.div_ceil(16) as u32).collect();
+        Cache { f16: (halves(&k), halves(&v)), q8_0: (blocks(&k), blocks(&v)), pages }
+    }
+
+    /// K and V both of `kv_type` (`f16` or `q8_0`).
+    fn kv(&self, kv_type: &str) -> sluice_kernels::ops::KvPages<'_> {
+        use sluice_kernels::ops::{KvPages, KvRows, PageTable};
+        let (k, v) = match kv_type {
+            "f16" => (KvRows::F16(&self.f16.0), KvRows::F16(&self.f16.1)),
+            _ => (KvRows::Q8_0(&self.q8_0.0), KvRows::Q8_0(&self.q8_0.1)),
+        };
+        KvPages { k, v, pages: PageTable { blocks: &self.pages, block_tokens: 16 }, hidden: &[] }
+    }
+}
+
 /// Attention of 64 consecutive query rows (SmolLM2's 9 heads over 3 KV
-/// heads of 64) over the 512 cached positions before them, one thread.
-#[divan::bench]
-fn attention_64_rows_at_512(bencher: Bencher) {
-    use sluice_kernels::ops::{HeadShape, KvPages, PageTable, attend_heads};
+/// heads of 64) over the 512 cached positions before them, one thread, K
+/// and V stored as f16 or as Q8_0.
+#[divan::bench(args = ["f16", "q8_0"])]
+fn attention_64_rows_at_512(bencher: Bencher, kv_type: &str) {
+    use sluice_kernels::ops::{HeadShape, attend_heads};
     let shape = HeadShape::new(9, 3, 64).expect("valid heads");
     let (rows, cached) = (64, 512);
-    let value = |i: usize| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0);
-    let n = cached + rows;
-    let k: Vec<f16> = (0..n * shape.kv_len()).map(value).collect();
-    let v: Vec<f16> = (0..n * shape.kv_len()).map(|i| value(i + 1)).collect();
-    let blocks: Vec<u32> = (0..n.div_ceil(16) as u32).collect();
-    let kv = KvPages { k: &k, v: &v, pages: PageTable { blocks: &blocks, block_tokens: 16 }, hidden: &[] };
+    let cache = Cache::new(shape, cached + rows);
+    let kv = cache.kv(kv_type);
     let q: Vec<f32> = (0..rows * shape.q_len()).map(|i| ((i * 31) % 100) as f32 / 50.0 - 1.0).collect();
     let mut out = vec![0.0; q.len()];
     let mut scratch = Vec::new();
@@ -132,4 +162,20 @@ fn attention_64_rows_at_512(bencher: Bencher) {
                 .expect("valid attention");
         }
     });
+}
+
+/// One decoding row over 2048 cached positions, one thread (`tg` at depth
+/// 2048), K and V stored as f16 or as Q8_0.
+#[divan::bench(args = ["f16", "q8_0"])]
+fn attention_1_row_at_2048(bencher: Bencher, kv_type: &str) {
+    use sluice_kernels::ops::{HeadShape, attend};
+    let shape = HeadShape::new(9, 3, 64).expect("valid heads");
+    let n = 2048;
+    let cache = Cache::new(shape, n);
+    let kv = cache.kv(kv_type);
+    let q: Vec<f32> = (0..shape.q_len()).map(|i| ((i * 31) % 100) as f32 / 50.0 - 1.0).collect();
+    let mut out = vec![0.0; q.len()];
+    let mut scratch = Vec::new();
+    bencher
+        .bench_local(|| attend(black_box(&q), kv, n, shape, 0.125, &mut out, &mut scratch).expect("valid attention"));
 }

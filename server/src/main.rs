@@ -117,7 +117,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(help_epilogue()));
+    // As in llama-server, a flag given twice takes the later value.
+    let command =
+        Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(help_epilogue()).args_override_self(true));
     let cli = match command.try_get_matches_from(llama.args).and_then(|matches| Cli::from_arg_matches(&matches)) {
         Ok(cli) => cli,
         Err(error) => error.exit(),

@@ -1,13 +1,13 @@
 //! Batch invariance: a sequence's logits are bit-identical whether it runs
 //! alone or batched with others, whatever the prefill chunk size, thread
-//! count or the KV blocks it lands in.
+//! count or the KV blocks it lands in, for every KV cache type.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice::model::batch::{Batch, BatchRow, RowInput, text_position};
+use sluice::model::batch::{Batch, BatchRow, RowInput, forward_in_parts, text_position};
 use sluice::model::{Context, Model, Transformer};
-use sluice_kernels::backend::CpuBackend;
+use sluice_kernels::backend::{CpuBackend, KvType, KvTypes};
 use sluice_tests::models::default_model;
 
 const BLOCK_TOKENS: usize = 16;
@@ -19,6 +19,7 @@ struct Run<'a> {
     threads: usize,
     /// Reverse the block ids each sequence gets (a different "slot").
     reversed_blocks: bool,
+    kv_types: KvTypes,
 }
 
 /// Prefill every prompt in chunks (all sequences share each step's batch),
@@ -29,7 +30,8 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
     let model: Arc<dyn Model> = Arc::new(Transformer::load(path, backend).expect("default model loads"));
     let blocks_per_seq = 8;
     let n_seqs = config.prompts.len();
-    let mut context = Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS).expect("a context");
+    let mut context =
+        Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS, config.kv_types).expect("a context");
     let mut tables: Vec<Vec<u32>> =
         (0..n_seqs).map(|seq| ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()).collect();
     if config.reversed_blocks {
@@ -91,31 +93,77 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
 
 #[test]
 fn logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
+    invariant_with(KvTypes::default());
+}
+
+#[test]
+fn logits_do_not_depend_on_batch_chunking_threads_or_blocks_with_a_q8_0_kv_cache() {
+    invariant_with(KvTypes { k: KvType::Q8_0, v: KvType::Q8_0 });
+    // And with keys and values of different types.
+    invariant_with(KvTypes { k: KvType::Q8_0, v: KvType::F16 });
+}
+
+fn invariant_with(kv_types: KvTypes) {
     let model = default_model();
     let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % 49152).collect();
     let others: Vec<Vec<u32>> =
         (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % 49152).collect()).collect();
-    let alone =
-        run(&model, Run { prompts: std::slice::from_ref(&target), chunk: 512, threads: 2, reversed_blocks: false });
+    let alone = run(
+        &model,
+        Run { prompts: std::slice::from_ref(&target), chunk: 512, threads: 2, reversed_blocks: false, kv_types },
+    );
     assert_eq!(alone[0].len(), 1 + DECODE_STEPS);
 
     let mut batched_prompts = vec![target.clone()];
     batched_prompts.extend(others.iter().cloned());
-    let batched = run(&model, Run { prompts: &batched_prompts, chunk: 512, threads: 2, reversed_blocks: false });
-    assert!(batched[0] == alone[0], "batched with 3 other sequences differs from alone");
+    let batched =
+        run(&model, Run { prompts: &batched_prompts, chunk: 512, threads: 2, reversed_blocks: false, kv_types });
+    assert!(batched[0] == alone[0], "{kv_types:?}: batched with 3 other sequences differs from alone");
 
     let mut last_first = others.clone();
     last_first.push(target.clone());
-    let placed = run(&model, Run { prompts: &last_first, chunk: 64, threads: 2, reversed_blocks: true });
-    assert!(placed[3] == alone[0], "another slot, other blocks and chunks of 64 differ from alone");
+    let placed = run(&model, Run { prompts: &last_first, chunk: 64, threads: 2, reversed_blocks: true, kv_types });
+    assert!(placed[3] == alone[0], "{kv_types:?}: another slot, other blocks and chunks of 64 differ from alone");
 
     for chunk in [1, 7, 64] {
-        let chunked =
-            run(&model, Run { prompts: std::slice::from_ref(&target), chunk, threads: 2, reversed_blocks: false });
-        assert!(chunked[0] == alone[0], "prefill chunks of {chunk} differ from one chunk");
+        let chunked = run(
+            &model,
+            Run { prompts: std::slice::from_ref(&target), chunk, threads: 2, reversed_blocks: false, kv_types },
+        );
+        assert!(chunked[0] == alone[0], "{kv_types:?}: prefill chunks of {chunk} differ from one chunk");
     }
     for threads in [1, 3] {
-        let threaded = run(&model, Run { prompts: &batched_prompts, chunk: 7, threads, reversed_blocks: false });
-        assert!(threaded[0] == alone[0], "{threads} threads differ from 2");
+        let threaded =
+            run(&model, Run { prompts: &batched_prompts, chunk: 7, threads, reversed_blocks: false, kv_types });
+        assert!(threaded[0] == alone[0], "{kv_types:?}: {threads} threads differ from 2");
+    }
+}
+
+#[test]
+fn a_pass_run_in_micro_batches_gives_the_whole_pass_s_logits() {
+    let path = default_model();
+    let model: Arc<dyn Model> =
+        Arc::new(Transformer::load(&path, Arc::new(CpuBackend::new(2))).expect("default model loads"));
+    let n_embd = model.hparams().n_embd;
+    let prompts: [Vec<u32>; 2] =
+        [(0..20).map(|i| (i * 7919 + 13) % 49152).collect(), (0..13).map(|i| (i * 104_729 + 7) % 49152).collect()];
+    // Both sequences' rows interleaved, every row wanting logits.
+    let mut rows = Vec::new();
+    for cell in 0..20 {
+        for (seq, prompt) in prompts.iter().enumerate() {
+            if let Some(&token) = prompt.get(cell) {
+                let pos = text_position(cell as u32);
+                rows.push(BatchRow { input: RowInput::Token(token), seq, cell: cell as u32, pos, logits: true });
+            }
+        }
+    }
+    let batch = Batch { rows, block_tables: vec![vec![0, 1], vec![2, 3]], ..Batch::default() };
+    let fresh = || Arc::clone(&model).context(4, BLOCK_TOKENS, KvTypes::default()).expect("a context");
+    let whole = fresh().forward(&batch).expect("forward");
+    for max_rows in [1, 5, 32] {
+        let parts = forward_in_parts(&mut *fresh(), &batch, max_rows, n_embd).expect("forward in parts");
+        assert_eq!(parts.logit_rows, whole.logit_rows, "parts of {max_rows}");
+        let bits = |logits: &[f32]| logits.iter().map(|value| value.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&parts.logits) == bits(&whole.logits), "parts of {max_rows} rows differ from one pass");
     }
 }

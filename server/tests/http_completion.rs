@@ -323,6 +323,14 @@ fn a_trailing_assistant_message_is_continued() {
     let prompt = ok(&server, "/apply-template", &json!({ "messages": prefill }))["prompt"].clone();
     let prompt = prompt.as_str().expect("prompt");
     assert!(prompt.ends_with("<|im_start|>assistant\nMy favourite colour is"), "{prompt}");
+    // Its text parts join with a blank line, as llama-server joins them.
+    let parts = json!([
+        {"role": "user", "content": [{"type": "text", "text": "Name"}, {"type": "text", "text": "a colour."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "My"}, {"type": "text", "text": "colour"}]},
+    ]);
+    let joined = ok(&server, "/apply-template", &json!({ "messages": parts }))["prompt"].clone();
+    let joined = joined.as_str().expect("prompt");
+    assert!(joined.contains("Name\na colour.") && joined.ends_with("assistant\nMy\n\ncolour"), "{joined}");
     // The continuation is what a plain completion of that prompt gives.
     let chat = ok(&server, "/v1/chat/completions", &json!({ "messages": prefill, "max_tokens": 6, "temperature": 0 }));
     let plain = ok(&server, "/completion", &json!({ "prompt": prompt, "n_predict": 6, "temperature": 0 }));
@@ -364,4 +372,64 @@ fn the_end_of_generation_token_is_listed_like_any_other() {
     let streamed_tokens: Vec<Value> =
         stream.events.iter().filter_map(|event| event["tokens"].as_array()).flatten().cloned().collect();
     assert_eq!(&streamed_tokens, tokens, "the stream lists the same tokens, the end included");
+}
+
+#[test]
+fn streams_report_prompt_progress_when_asked() {
+    // A prompt of several 16-token steps.
+    let server = Server::start(&["-np", "1", "-b", "16"]);
+    let prompt = "one two three four five six seven eight nine ten ".repeat(4);
+    let body = json!({ "prompt": prompt, "n_predict": 2, "return_progress": true, "timings_per_token": true });
+    let stream = streamed(&server, "/completion", &body);
+    let progress: Vec<&Value> = stream.events.iter().filter_map(|event| event.get("prompt_progress")).collect();
+    assert!(progress.len() > 2, "one report at the start, then one per step: {:?}", stream.events);
+    let total = progress[0]["total"].as_u64().expect("total");
+    assert_eq!(progress[0]["processed"], progress[0]["cache"], "the first report comes before any work");
+    assert_eq!(stream.events[0]["timings"]["prompt_n"], 0, "{}", stream.events[0]);
+    for pair in progress.windows(2) {
+        assert_eq!(pair[1]["total"], total);
+        assert!(pair[1]["processed"].as_u64() > pair[0]["processed"].as_u64(), "{pair:?}");
+    }
+    assert_eq!(progress.last().map(|last| last["processed"].as_u64()), Some(Some(total)));
+
+    // The same request again borrows the cached prompt; chat reports
+    // progress on assistant-role deltas.
+    let chat = json!({
+        "messages": [{ "role": "user", "content": prompt }], "max_tokens": 2,
+        "return_progress": true,
+    });
+    streamed(&server, "/v1/chat/completions", &chat);
+    let stream = streamed(&server, "/v1/chat/completions", &chat);
+    let first = &stream.events[0];
+    assert_eq!(first["choices"][0]["delta"], json!({ "role": "assistant", "content": null }), "{first}");
+    assert!(first["prompt_progress"]["cache"].as_u64() > Some(0), "{first}");
+
+    // Without a stream, or without asking, there is none.
+    let plain = streamed(&server, "/completion", &json!({ "prompt": prompt, "n_predict": 2 }));
+    assert!(plain.events.iter().all(|event| event.get("prompt_progress").is_none()));
+}
+
+#[test]
+fn verbose_adds_the_native_response_to_openai_ones() {
+    let server = Server::start(&[]);
+    let messages =
+        json!([{ "role": "system", "content": "Book" }, { "role": "user", "content": "What is the best book" }]);
+    for verbose in [true, false] {
+        let answer =
+            ok(&server, "/v1/chat/completions", &json!({ "messages": messages, "max_tokens": 2, "verbose": verbose }));
+        match answer.get("__verbose") {
+            Some(native) => {
+                assert!(verbose);
+                assert!(native["prompt"].as_str().is_some_and(|prompt| prompt.contains("Book")), "{native}");
+                assert_eq!(native["tokens_predicted"], answer["usage"]["completion_tokens"]);
+            }
+            None => assert!(!verbose, "{answer}"),
+        }
+    }
+    // --verbose makes it the default, streamed too (on the final chunks' first).
+    let server = Server::start(&["--verbose"]);
+    let answer = ok(&server, "/v1/completions", &json!({ "prompt": PROMPT, "max_tokens": 2 }));
+    assert!(answer.get("__verbose").is_some(), "{answer}");
+    let stream = streamed(&server, "/v1/chat/completions", &json!({ "messages": messages, "max_tokens": 2 }));
+    assert_eq!(stream.events.iter().filter(|event| event.get("__verbose").is_some()).count(), 1);
 }

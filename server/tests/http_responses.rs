@@ -256,7 +256,7 @@ fn bad_requests_are_refused_naming_the_field() {
         ("/v1/responses", json!({"input": "x", "previous_response_id": "resp_1"}), 501, "`previous_response_id`"),
         ("/v1/responses", json!({"input": "x", "tools": [{"type": "function", "name": "f"}]}), 501, "`tools`"),
         ("/v1/responses", json!({"input": "x", "tools": {}}), 400, "`tools`"),
-        ("/v1/responses", json!({"input": "x", "reasoning": {"effort": "low"}}), 501, "`reasoning`"),
+        ("/v1/responses", json!({"input": "x", "reasoning": "low"}), 400, "`reasoning`"),
         ("/v1/responses", json!({"input": "x", "text": {"format": {"type": "json_schema"}}}), 501, "`text.format`"),
         (
             "/v1/responses",

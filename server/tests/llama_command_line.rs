@@ -82,8 +82,7 @@ fn serve(args: &[&str]) -> (Option<i32>, String) {
 fn refused_flags_stop_the_start_naming_the_flag_and_the_feature() {
     for (args, message) in [
         (&["--embedding"][..], "error: `--embedding`: embeddings are not supported yet"),
-        (&["-ctk", "q8_0"][..], "error: `-ctk q8_0`: a KV cache of a type other than f16 is not supported yet"),
-        (&["--context-shift"][..], "error: `--context-shift`: context shift is not implemented"),
+        (&["-ctkd", "q8_0"][..], "error: `-ctkd q8_0`: the draft's KV cache is f16 only"),
         (&["--draft-max", "8"][..], "error: `--draft-max 8`: llama-server removed this flag: use --spec-draft-n-max"),
         (&["-ngl"][..], "error: `-ngl` needs a value"),
     ] {
@@ -111,4 +110,22 @@ fn chat_template_names_are_llama_cpp_s_built_in_ones_and_other_text_is_a_templat
     let server = Server::start(&["--chat-template", "This is not a chat template, it is"]);
     let (_, applied) = server.post("/apply-template", &json!({ "messages": messages }));
     assert_eq!(applied["prompt"], "This is not a chat template, it is");
+}
+
+#[test]
+fn host_takes_a_list_of_addresses() {
+    if std::net::TcpListener::bind(("::1", 0)).is_err() {
+        eprintln!("no IPv6 loopback here: skipped");
+        return;
+    }
+    let server = Server::start(&["--host", "127.0.0.1,::1"]);
+    let log = server.log();
+    let listening: Vec<&str> = log.lines().filter(|line| line.contains("listening on http://")).collect();
+    assert_eq!(listening.len(), 2, "{log}");
+    assert!(listening[1].contains("http://[::1]:"), "{log}");
+    let address =
+        listening[1].split("http://").nth(1).and_then(|rest| rest.split_whitespace().next()).expect("address");
+    let request = server.client().get(format!("http://{address}/health"));
+    let (status, _) = server.send(request);
+    assert_eq!(status.as_u16(), 200);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sluice::model::session::Session;
 use sluice::model::{Model, Transformer};
-use sluice_kernels::backend::CpuBackend;
+use sluice_kernels::backend::{CpuBackend, KvTypes};
 use sluice_tests::gguf_writer::{Rng, TinyModel};
 
 fn tiny(arch: &'static str, sections: Option<[i32; 4]>) -> Arc<dyn Model> {
@@ -23,7 +23,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 
 /// Run rows with explicit positions on one sequence; logits of the last row.
 fn run_rows(model: &Arc<dyn Model>, rows: &[(RowInput, Position)], embeddings: &[f32]) -> Vec<f32> {
-    let mut context = Arc::clone(model).context(4, 16).expect("a context");
+    let mut context = Arc::clone(model).context(4, 16, KvTypes::default()).expect("a context");
     let batch = Batch {
         rows: rows
             .iter()
@@ -94,7 +94,7 @@ fn mrope_with_one_temporal_section_equals_neox_on_text() {
 fn hidden_state_taps_expose_layer_inputs() {
     let model = tiny("llama", None);
     let hp = model.hparams().clone();
-    let mut context = Arc::clone(&model).context(2, 16).expect("a context");
+    let mut context = Arc::clone(&model).context(2, 16, KvTypes::default()).expect("a context");
     let rows = [3u32, 1, 4]
         .iter()
         .enumerate()

@@ -233,7 +233,7 @@ fn run_engine(
         let mut tokens = Vec::new();
         loop {
             match receivers[index].blocking_recv().expect("the engine answers") {
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Progress(_) => {}
                 Event::Token(event) => tokens.push(event.token),
                 Event::Done(completion) => {
                     outputs.drafted += completion.timings.draft_n;

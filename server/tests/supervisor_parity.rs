@@ -106,7 +106,7 @@ fn live(
         loop {
             match events.blocking_recv().expect("the request ends") {
                 Event::Done(_) | Event::Failed(_) => break,
-                Event::Started { .. } | Event::Token(_) => {}
+                Event::Started { .. } | Event::Progress(_) | Event::Token(_) => {}
             }
         }
     }

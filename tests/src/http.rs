@@ -39,17 +39,24 @@ impl Server {
     /// Start without waiting for the model (`/health` may still be 503).
     /// `/metrics` is on, as the tests read it.
     pub fn spawn(args: &[&str]) -> Server {
-        Self::launch(&[&["--metrics"], args].concat())
+        Self::launch(&[&["--metrics"], args].concat(), &[])
     }
 
     /// [`Server::start`] with the server's own defaults (no `--metrics`).
     pub fn start_plain(args: &[&str]) -> Server {
-        let server = Self::launch(args);
+        let server = Self::launch(args, &[]);
         server.wait_healthy();
         server
     }
 
-    fn launch(args: &[&str]) -> Server {
+    /// [`Server::start`] with `env` set in the server's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let server = Self::launch(&[&["--metrics"], args].concat(), env);
+        server.wait_healthy();
+        server
+    }
+
+    fn launch(args: &[&str], env: &[(&str, &str)]) -> Server {
         let model = default_model();
         let mut child = Command::new(sluice_binary())
             .arg("serve")
@@ -57,6 +64,7 @@ impl Server {
             .arg(&model)
             .args(args)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

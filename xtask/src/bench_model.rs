@@ -19,13 +19,23 @@ struct Plan {
     threads: Vec<usize>,
     depths: Vec<usize>,
     rounds: usize,
+    /// The KV cache types, as llama-bench takes them (`-ctk q8_0`): both
+    /// programs measure the same cache.
+    kv_types: Vec<String>,
     /// Everything else, passed to `sluice bench model` as is.
     rest: Vec<String>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Plan> {
-    let mut plan =
-        Plan { models: Vec::new(), llama_bench: None, threads: vec![2], depths: vec![0], rounds: 3, rest: Vec::new() };
+    let mut plan = Plan {
+        models: Vec::new(),
+        llama_bench: None,
+        threads: vec![2],
+        depths: vec![0],
+        rounds: 3,
+        kv_types: Vec::new(),
+        rest: Vec::new(),
+    };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().with_context(|| format!("{flag} needs a value"));
@@ -43,6 +53,13 @@ fn parse(args: &[String]) -> anyhow::Result<Plan> {
                     .with_context(|| format!("--rounds: `{rounds}` is not a positive whole number"))?;
             }
             "--reps" => bail!("--reps is --rounds here (one repetition of each program per round)"),
+            "-ctk" | "--cache-type-k" | "-ctv" | "--cache-type-v" => {
+                let (llama, sluice) =
+                    if arg.ends_with('k') { ("-ctk", "--cache-type-k") } else { ("-ctv", "--cache-type-v") };
+                let kv_type = value(sluice)?;
+                plan.kv_types.extend([llama.to_owned(), kv_type.clone()]);
+                plan.rest.extend([sluice.to_owned(), kv_type.clone()]);
+            }
             _ => plan.rest.push(arg.clone()),
         }
     }
@@ -91,7 +108,7 @@ pub fn bench_model(args: &[String]) -> anyhow::Result<()> {
                 for round in 0..plan.rounds {
                     eprintln!("xtask: {} t{threads} d{depth}: round {}/{}", name(model), round + 1, plan.rounds);
                     ours.push(sluice_once(&sluice, model, threads, depth, &plan.rest)?);
-                    theirs.push(llama_once(llama_bench, model, threads, depth)?);
+                    theirs.push(llama_once(llama_bench, model, threads, depth, &plan.kv_types)?);
                 }
                 let (ours, theirs) = (medians(&mut ours), medians(&mut theirs));
                 let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "–".into() };
@@ -149,11 +166,18 @@ fn sluice_once(
 
 /// (prefill, decode) tokens/s of one llama-bench repetition of pp512 and
 /// tg128 at the same depth and thread count.
-fn llama_once(llama_bench: &Path, model: &Path, threads: usize, depth: usize) -> anyhow::Result<(f64, f64)> {
+fn llama_once(
+    llama_bench: &Path,
+    model: &Path,
+    threads: usize,
+    depth: usize,
+    kv_types: &[String],
+) -> anyhow::Result<(f64, f64)> {
     let output = Command::new(llama_bench)
         .arg("-m")
         .arg(model)
         .args(["-t", &threads.to_string(), "-d", &depth.to_string(), "-p", "512", "-n", "128", "-r", "1", "-o", "json"])
+        .args(kv_types)
         .output()
         .with_context(|| format!("running {}", llama_bench.display()))?;
     if !output.status.success() {
@@ -195,6 +219,9 @@ mod tests {
         assert_eq!((plan.threads, plan.depths, plan.rounds), (vec![1, 2], vec![0, 2048], 5));
         assert_eq!(plan.rest, ["--prefill", "256"]);
         assert!(plan.llama_bench.is_none());
+        let plan = parse(&args("-ctk q8_0 --cache-type-v q8_0")).expect("valid");
+        assert_eq!(plan.kv_types, ["-ctk", "q8_0", "-ctv", "q8_0"], "llama-bench's spelling");
+        assert_eq!(plan.rest, ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"], "sluice's");
     }
 
     #[test]

@@ -85,8 +85,16 @@ def pytest_unconfigure(config):
 #[derive(clap::Args)]
 pub struct PeerSuiteArgs {
     /// Also run the suite against this llama-server binary.
-    #[arg(long, value_name = "BIN")]
+    #[arg(long, value_name = "BIN", conflicts_with = "reuse_llama_server")]
     llama_server: Option<PathBuf>,
+    /// Compare with llama-server's results of an earlier `--llama-server`
+    /// run (its junit-llama-server.xml) instead of running it again.
+    #[arg(long)]
+    reuse_llama_server: bool,
+    /// Run only llama-server (needs `--llama-server`): its results are
+    /// then reused with `--reuse-llama-server`.
+    #[arg(long, requires = "llama_server")]
+    skip_sluice: bool,
     /// Test files under unit/, comma-separated (default: every unit/test_*.py).
     #[arg(long, value_delimiter = ',', value_name = "FILES")]
     files: Vec<String>,
@@ -130,9 +138,11 @@ pub fn peer_suite(args: PeerSuiteArgs) -> anyhow::Result<()> {
     fs::create_dir_all(tests.join("tmp"))?;
 
     let suite = Suite { dir: &dir, tests: &tests, python: &python, plugin_dir: &plugin_dir, model: &model };
-    let sluice_results = suite.run("sluice", &wrapper, &files, &args)?;
+    let sluice_results =
+        if args.skip_sluice { Results::new() } else { suite.run("sluice", &wrapper, &files, &args)? };
     let llama_results = match &llama_server {
         Some(binary) => Some(suite.run("llama-server", binary, &files, &args)?),
+        None if args.reuse_llama_server => Some(earlier_results(&dir, &files, &sluice_results)?),
         None => None,
     };
     let (summary, table) = render(&sluice_results, llama_results.as_ref());
@@ -366,6 +376,22 @@ impl Suite<'_> {
         };
         parse_junit(&xml).with_context(|| format!("parsing {}", junit.display()))
     }
+}
+
+/// llama-server's results from an earlier run, for the tests of `files`
+/// (and, with `-k`, only those sluice ran).
+fn earlier_results(dir: &Path, files: &[String], sluice: &Results) -> anyhow::Result<Results> {
+    let junit = dir.join("junit-llama-server.xml");
+    let xml = fs::read_to_string(&junit)
+        .with_context(|| format!("reading {} (run once with --llama-server BIN first)", junit.display()))?;
+    let mut results = parse_junit(&xml).with_context(|| format!("parsing {}", junit.display()))?;
+    let prefixes: Vec<String> =
+        files.iter().map(|file| format!("{}::", file.strip_prefix("unit/").unwrap_or(file))).collect();
+    results.retain(|id, _| prefixes.iter().any(|prefix| id.starts_with(prefix.as_str())));
+    if !sluice.is_empty() {
+        results.retain(|id, _| sluice.contains_key(id));
+    }
+    Ok(results)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

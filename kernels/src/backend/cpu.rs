@@ -10,11 +10,9 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use half::f16;
-
-use super::{Backend, BackendError, Embed, KvShape, MatrixSource, PassLayout, PassRow, SharedBytes};
+use super::{Backend, BackendError, Embed, KvBlockFormat, KvShape, MatrixSource, PassLayout, PassRow, SharedBytes};
 use crate::matmul::{QuantMatrix, matmuls, share};
-use crate::ops::{self, HeadShape, KvPages, PageTable, Rope, RopeAngles};
+use crate::ops::{self, HeadShape, KvArena, KvPages, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
 use crate::quant::SimdLevel;
 
@@ -53,16 +51,27 @@ impl CpuMatrix {
     }
 }
 
-/// Per layer, a pool of fixed-size blocks of f16 keys and values.
+/// Per layer, a pool of fixed-size blocks of keys and values, each stored
+/// as the shape's types say (f16 values or Q8_0 blocks).
 pub struct CpuKv {
     shape: KvShape,
-    /// Per layer: (keys, values), each `n_blocks × block_tokens × kv_dim`.
-    layers: Vec<(Vec<f16>, Vec<f16>)>,
+    /// Bytes of one block of a layer's keys, and of its values.
+    block_bytes: (usize, usize),
+    /// Per layer: (keys, values), each `n_blocks × block_tokens × kv_dim`
+    /// values.
+    layers: Vec<(KvArena, KvArena)>,
 }
 
 impl CpuKv {
-    fn block_len(&self) -> usize {
-        self.shape.block_tokens * self.shape.kv_dim
+    /// The bytes of block `block` in each layer's keys and in its values,
+    /// or why there is no such block.
+    fn block_range(&self, block: u32) -> Result<(Range<usize>, Range<usize>), BackendError> {
+        let block = block as usize;
+        if block >= self.shape.n_blocks {
+            return Err(BackendError::Input(format!("KV block {block} of a store of {}", self.shape.n_blocks)));
+        }
+        let (k, v) = self.block_bytes;
+        Ok((block * k..(block + 1) * k, block * v..(block + 1) * v))
     }
 }
 
@@ -98,22 +107,55 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, shape: KvShape) -> Result<CpuKv, BackendError> {
-        let len = shape
-            .n_blocks
-            .checked_mul(shape.block_tokens)
-            .and_then(|cells| cells.checked_mul(shape.kv_dim))
-            .ok_or_else(|| BackendError::Unavailable(format!("a KV store of {shape:?} is too large to address")))?;
-        let layers = (0..shape.n_layer).map(|_| (vec![f16::ZERO; len], vec![f16::ZERO; len])).collect();
-        Ok(CpuKv { shape, layers })
+        // Checks the types against the heads, and that the bytes (never
+        // fewer than the values) can be addressed.
+        shape.bytes()?;
+        let (k_cell, v_cell) = shape.cell_bytes()?;
+        let values = shape.cells().and_then(|cells| cells.checked_mul(shape.kv_dim)).unwrap_or(usize::MAX);
+        let layers =
+            (0..shape.n_layer).map(|_| (KvArena::zeros(shape.types.k, values), KvArena::zeros(shape.types.v, values)));
+        let block_bytes = (shape.block_tokens * k_cell, shape.block_tokens * v_cell);
+        Ok(CpuKv { shape, block_bytes, layers: layers.collect() })
     }
 
+    /// Copies the stored bytes, whatever the types.
     fn copy_kv_block(&self, kv: &mut CpuKv, from: u32, to: u32) {
-        let block_len = kv.block_len();
-        let (from, to) = (from as usize * block_len, to as usize * block_len);
+        let (from, to) = (from as usize, to as usize);
+        let (k, v) = kv.block_bytes;
         for (keys, values) in &mut kv.layers {
-            keys.copy_within(from..from + block_len, to);
-            values.copy_within(from..from + block_len, to);
+            keys.bytes_mut().copy_within(from * k..(from + 1) * k, to * k);
+            values.bytes_mut().copy_within(from * v..(from + 1) * v, to * v);
         }
+    }
+
+    fn kv_block_format(&self, kv: &CpuKv) -> KvBlockFormat {
+        let (k, v) = kv.block_bytes;
+        KvBlockFormat { element: kv.shape.types.name(), bytes: kv.shape.n_layer * (k + v) }
+    }
+
+    fn read_kv_block(&self, kv: &CpuKv, block: u32) -> Result<Vec<u8>, BackendError> {
+        let (k, v) = kv.block_range(block)?;
+        let mut bytes = Vec::with_capacity(self.kv_block_format(kv).bytes);
+        for (keys, values) in &kv.layers {
+            bytes.extend_from_slice(&keys.bytes()[k.clone()]);
+            bytes.extend_from_slice(&values.bytes()[v.clone()]);
+        }
+        Ok(bytes)
+    }
+
+    fn write_kv_block(&self, kv: &mut CpuKv, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
+        let (k, v) = kv.block_range(block)?;
+        let expected = self.kv_block_format(kv).bytes;
+        if bytes.len() != expected {
+            return Err(BackendError::Input(format!("{} bytes for a KV block of {expected}", bytes.len())));
+        }
+        // `max(1)`: a store of empty blocks has nothing to write.
+        for ((keys, values), layer) in kv.layers.iter_mut().zip(bytes.chunks_exact((k.len() + v.len()).max(1))) {
+            let (k_bytes, v_bytes) = layer.split_at(k.len());
+            keys.bytes_mut()[k.clone()].copy_from_slice(k_bytes);
+            values.bytes_mut()[v.clone()].copy_from_slice(v_bytes);
+        }
+        Ok(())
     }
 
     fn upload(&self, values: &[f32], out: &mut Vec<f32>) -> Result<(), BackendError> {
@@ -238,8 +280,8 @@ impl Backend for CpuBackend {
         let (keys, values) = &mut kv.layers[layer];
         for (row, pass_row) in pass.rows.iter().enumerate() {
             let at = pass_row.slot * kv_dim;
-            ops::f32_to_f16_row(&k[row * kv_dim..(row + 1) * kv_dim], &mut keys[at..at + kv_dim]);
-            ops::f32_to_f16_row(&v[row * kv_dim..(row + 1) * kv_dim], &mut values[at..at + kv_dim]);
+            keys.write(at, &k[row * kv_dim..(row + 1) * kv_dim]);
+            values.write(at, &v[row * kv_dim..(row + 1) * kv_dim]);
         }
     }
 
@@ -255,7 +297,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         let q_dim = heads.q_len();
         resize(out, pass.rows.len() * q_dim);
-        let (keys, values) = &kv.layers[layer];
+        let (keys, values) = (kv.layers[layer].0.rows(), kv.layers[layer].1.rows());
         let block_tokens = kv.shape.block_tokens;
         // Rows are independent, and so are a row's heads. Pieces are runs of up to
         // four consecutive rows of one sequence, which `attend_heads` steps
@@ -342,8 +384,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::backend::PassSequence;
-    use crate::quant::DType;
+    use crate::backend::{KvType, KvTypes, PassSequence};
+    use crate::quant::{DType, dequantize_row};
 
     fn f32_matrix(backend: &CpuBackend, rows: &[[f32; 3]]) -> CpuMatrix {
         let bytes: Vec<u8> = rows.iter().flatten().flat_map(|value| value.to_le_bytes()).collect();
@@ -392,30 +434,100 @@ mod tests {
         let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &[0], hidden: &[] }] };
         let error = backend.prepare(&rope, &layout, &mut CpuPass::default()).expect_err("sequence 1 is not there");
         assert_eq!(error.to_string(), "a row of sequence 1 in a pass of 1 sequences");
-        let shape = KvShape { n_layer: 1, kv_dim: usize::MAX, n_blocks: 2, block_tokens: 16 };
-        assert!(backend.kv(shape).is_err(), "too large to address");
+        let shape = KvShape {
+            n_layer: 1,
+            kv_dim: usize::MAX,
+            head_dim: 1,
+            n_blocks: 2,
+            block_tokens: 16,
+            types: KvTypes::default(),
+        };
+        assert!(matches!(backend.kv(shape), Err(BackendError::Unavailable(_))), "too large to address");
+        let q8_0 = KvTypes { k: KvType::F16, v: KvType::Q8_0 };
+        let heads_of_48 = KvShape { kv_dim: 96, head_dim: 48, types: q8_0, ..shape };
+        assert!(matches!(backend.kv(heads_of_48), Err(BackendError::Unsupported(_))), "heads are not whole blocks");
+    }
+
+    /// A store of 2 layers, 3 blocks of 2 cells, one head of 32.
+    fn shape(types: KvTypes) -> KvShape {
+        KvShape { n_layer: 2, kv_dim: 32, head_dim: 32, n_blocks: 3, block_tokens: 2, types }
+    }
+
+    /// Every pair of K and V types.
+    fn all_types() -> impl Iterator<Item = KvTypes> {
+        KvType::ALL.into_iter().flat_map(|k| KvType::ALL.into_iter().map(move |v| KvTypes { k, v }))
+    }
+
+    /// Values `range` (whole blocks) of an arena, as stored.
+    fn stored(arena: &KvArena, range: Range<usize>) -> Vec<f32> {
+        let kv_type = arena.rows().kv_type();
+        let (start, end) = kv_type.row_bytes(range.start).zip(kv_type.row_bytes(range.end)).expect("whole blocks");
+        let mut out = vec![0.0; range.len()];
+        dequantize_row(kv_type.dtype(), &arena.bytes()[start..end], &mut out).expect("whole blocks");
+        out
     }
 
     #[test]
     fn kv_blocks_copy_across_every_layer() {
         let backend = CpuBackend::new(1);
-        let shape = KvShape { n_layer: 2, kv_dim: 2, n_blocks: 3, block_tokens: 2 };
-        let mut kv = backend.kv(shape).expect("a small store");
-        let k = vec![1.0, 2.0, 3.0, 4.0];
-        let v = vec![5.0, 6.0, 7.0, 8.0];
+        // Whole numbers and ±127 in every block of 32, which both types
+        // store exactly.
+        let row = |sign: f32| -> Vec<f32> {
+            (0..64).map(|i| sign * if i % 32 == 0 { 127.0 } else { i as f32 - 40.0 }).collect()
+        };
+        let (k, v) = (row(1.0), row(-1.0));
         let rope = Rope::new(2, 2, 10000.0, 1.0, ops::RopeKind::Neox).expect("valid rope");
         let rows = [0, 1].map(|slot| PassRow { pos: [slot as u32; 4], slot, seq: 0, visible: slot + 1 });
         let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &[0], hidden: &[] }] };
         let mut pass = CpuPass::default();
         backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
-        for layer in 0..2 {
-            backend.store_kv(&mut kv, layer, &k, &v, &pass);
+        for types in all_types() {
+            let mut kv = backend.kv(shape(types)).expect("a small store");
+            for layer in 0..2 {
+                backend.store_kv(&mut kv, layer, &k, &v, &pass);
+            }
+            backend.copy_kv_block(&mut kv, 0, 2);
+            for (keys, values) in &kv.layers {
+                assert_eq!((stored(keys, 128..192), stored(values, 128..192)), (k.clone(), v.clone()), "{types:?}");
+            }
         }
-        backend.copy_kv_block(&mut kv, 0, 2);
-        for (keys, values) in &kv.layers {
-            let keys: Vec<f32> = keys[8..12].iter().map(|x| x.to_f32()).collect();
-            let values: Vec<f32> = values[8..12].iter().map(|x| x.to_f32()).collect();
-            assert_eq!((keys, values), (k.clone(), v.clone()));
+    }
+
+    #[test]
+    fn kv_blocks_read_back_into_another_store_bit_for_bit() {
+        let backend = CpuBackend::new(1);
+        for types in all_types() {
+            let mut kv = backend.kv(shape(types)).expect("a small store");
+            for (layer, (keys, values)) in kv.layers.iter_mut().enumerate() {
+                for (arena, salt) in [(keys, 0x7c), (values, 0)] {
+                    // Bytes, not values: NaN payloads and any scale too.
+                    for (index, byte) in arena.bytes_mut().iter_mut().enumerate() {
+                        *byte = (index * 7 + layer * 31 + salt) as u8 | 1;
+                    }
+                }
+            }
+            let format = backend.kv_block_format(&kv);
+            let (k_cell, v_cell) = shape(types).cell_bytes().expect("whole blocks");
+            assert_eq!(format, KvBlockFormat { element: types.name(), bytes: 2 * 2 * (k_cell + v_cell) });
+            let bytes = backend.read_kv_block(&kv, 1).expect("block 1 exists");
+            assert_eq!(bytes.len(), format.bytes);
+            let mut other = backend.kv(shape(types)).expect("a small store");
+            backend.write_kv_block(&mut other, 2, &bytes).expect("same format");
+            assert_eq!(backend.read_kv_block(&other, 2).expect("block 2 exists"), bytes);
+            let (kb, vb) = other.block_bytes;
+            for ((keys, values), (copied_keys, copied_values)) in kv.layers.iter().zip(&other.layers) {
+                assert_eq!(keys.bytes()[kb..2 * kb], copied_keys.bytes()[2 * kb..], "{types:?}");
+                assert_eq!(values.bytes()[vb..2 * vb], copied_values.bytes()[2 * vb..], "{types:?}");
+                assert!(copied_keys.bytes()[..2 * kb].iter().all(|&byte| byte == 0), "other blocks untouched");
+            }
+            assert!(backend.read_kv_block(&kv, 3).is_err(), "past the store");
+            assert!(backend.write_kv_block(&mut other, 3, &bytes).is_err(), "past the store");
+            assert!(backend.write_kv_block(&mut other, 0, &bytes[1..]).is_err(), "short");
         }
+        // Two layers of keys and values of a block of two cells of 32:
+        // 64 bytes a cell as f16, 34 as Q8_0.
+        let bytes = |k, v| backend.kv_block_format(&backend.kv(shape(KvTypes { k, v })).expect("a store")).bytes;
+        assert_eq!(bytes(KvType::F16, KvType::F16), 2 * 2 * 2 * 64);
+        assert_eq!(bytes(KvType::Q8_0, KvType::Q8_0), 2 * 2 * 2 * 34);
     }
 }

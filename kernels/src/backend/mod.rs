@@ -2,7 +2,7 @@
 //! it (docs/architecture.md, "The Backend seam").
 //!
 //! A [`Backend`] owns everything device-specific: where weights live, the
-//! activation buffers, the paged f16 KV store, the threads. Model code is
+//! activation buffers, the paged KV store (f16 or Q8_0), the threads. Model code is
 //! written once against the operations below (embedding lookup, RMSNorm,
 //! matmul over quantized weights, RoPE, KV writes, paged attention, SwiGLU,
 //! residual adds) and reads results back to the host only where the host
@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::ops::{HeadShape, OpsError, Rope, RopePos};
 use crate::quant::{DType, KernelError};
 
+pub use crate::ops::KvType;
 pub use cpu::{CpuBackend, CpuKv};
 pub use device::Device;
 
@@ -59,17 +60,77 @@ pub struct MatrixSource {
     pub n_in: usize,
 }
 
+/// How a KV store holds its keys and its values, chosen independently
+/// (llama.cpp's `-ctk` and `-ctv`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KvTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvTypes {
+    /// One name for both: the type when they agree (`f16`), else
+    /// `k=q8_0,v=f16`.
+    pub fn name(&self) -> &'static str {
+        match (self.k, self.v) {
+            (KvType::F16, KvType::F16) => "f16",
+            (KvType::Q8_0, KvType::Q8_0) => "q8_0",
+            (KvType::F16, KvType::Q8_0) => "k=f16,v=q8_0",
+            (KvType::Q8_0, KvType::F16) => "k=q8_0,v=f16",
+        }
+    }
+}
+
 /// The shape of a paged KV store: per layer, `n_blocks` blocks of
-/// `block_tokens` cells of `kv_dim` keys and as many values.
+/// `block_tokens` cells of `kv_dim` keys and as many values, in heads of
+/// `head_dim`, stored as `types` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
     pub n_layer: usize,
     pub kv_dim: usize,
+    pub head_dim: usize,
     pub n_blocks: usize,
     pub block_tokens: usize,
+    pub types: KvTypes,
 }
 
 impl KvShape {
+    /// Bytes of one cell's keys and of its values in one layer, or why the
+    /// types cannot hold them: a block-quantized type stores every head in
+    /// whole blocks (Q8_0: of 32 values).
+    pub fn cell_bytes(&self) -> Result<(usize, usize), BackendError> {
+        let row = |kv_type: KvType, what: &str, flag: &str| {
+            let block = kv_type.block_values();
+            if !self.head_dim.is_multiple_of(block) || !self.kv_dim.is_multiple_of(block) {
+                return Err(BackendError::Unsupported(format!(
+                    "{kv_type} {what} ({flag}) are stored in blocks of {block} values, which this model's \
+                     heads of {} values do not fill",
+                    self.head_dim
+                )));
+            }
+            kv_type.row_bytes(self.kv_dim).ok_or_else(|| self.too_large())
+        };
+        Ok((row(self.types.k, "keys", "--cache-type-k")?, row(self.types.v, "values", "--cache-type-v")?))
+    }
+
+    /// Bytes of the whole store, every layer's keys and values.
+    pub fn bytes(&self) -> Result<usize, BackendError> {
+        let (k, v) = self.cell_bytes()?;
+        self.cells()
+            .and_then(|cells| cells.checked_mul(k + v))
+            .and_then(|layer| layer.checked_mul(self.n_layer))
+            .ok_or_else(|| self.too_large())
+    }
+
+    /// Cells per layer, `n_blocks × block_tokens`; `None` on overflow.
+    pub fn cells(&self) -> Option<usize> {
+        self.n_blocks.checked_mul(self.block_tokens)
+    }
+
+    fn too_large(&self) -> BackendError {
+        BackendError::Unavailable(format!("a KV store of {self:?} is too large to address"))
+    }
+
     /// The cell index (in `0..n_blocks × block_tokens`) that holds cell
     /// `cell` of a sequence whose blocks are `table`; `None` when the table
     /// does not reach it or names a block past the store.
@@ -77,6 +138,15 @@ impl KvShape {
         let block = *table.get(cell.checked_div(self.block_tokens)?)? as usize;
         (block < self.n_blocks).then(|| block * self.block_tokens + cell % self.block_tokens)
     }
+}
+
+/// The raw layout of one block of a KV store ([`Backend::read_kv_block`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvBlockFormat {
+    /// The element type keys and values are stored in (`f16`).
+    pub element: &'static str,
+    /// Bytes of one block: every layer's keys and values.
+    pub bytes: usize,
 }
 
 /// The input of one batch row.
@@ -133,6 +203,10 @@ pub enum BackendError {
     /// The device cannot be used, or ran out of memory.
     #[error("{0}")]
     Unavailable(String),
+    /// What was asked does not fit the model: a KV type whose blocks its
+    /// heads do not fill.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// The operations a decoder forward pass needs, on one device.
@@ -151,7 +225,7 @@ pub trait Backend: Send + Sync + 'static {
     type Rows: Default + Send;
     /// A pass's [`PassLayout`] and rotary angles, prepared for the device.
     type Pass: Default + Send;
-    /// A paged f16 KV store.
+    /// A paged KV store of the types its [`KvShape`] names.
     type Kv: Send;
 
     /// One line for the log: the device and how it computes.
@@ -163,6 +237,15 @@ pub trait Backend: Send + Sync + 'static {
     fn kv(&self, shape: KvShape) -> Result<Self::Kv, BackendError>;
     /// Copy one block of every layer (copy-on-write of a shared tail).
     fn copy_kv_block(&self, kv: &mut Self::Kv, from: u32, to: u32);
+    /// How [`Backend::read_kv_block`] lays out a block of this store.
+    fn kv_block_format(&self, kv: &Self::Kv) -> KvBlockFormat;
+    /// One block of every layer as the store holds it (layer by layer, its
+    /// keys then its values), whatever the element type: saved slots carry
+    /// these bytes and [`Backend::write_kv_block`] puts them back exactly.
+    fn read_kv_block(&self, kv: &Self::Kv, block: u32) -> Result<Vec<u8>, BackendError>;
+    /// Overwrite one block of every layer with what
+    /// [`Backend::read_kv_block`] gave (of a store of the same format).
+    fn write_kv_block(&self, kv: &mut Self::Kv, block: u32, bytes: &[u8]) -> Result<(), BackendError>;
 
     /// Host values into a buffer.
     fn upload(&self, values: &[f32], out: &mut Self::Rows) -> Result<(), BackendError>;
@@ -209,7 +292,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Rotate every row of `x` (one per row of the pass) in place.
     fn rope(&self, rope: &Rope, pass: &Self::Pass, x: &mut Self::Rows);
     /// Write row i of `k` and `v` into the pass's row i's KV cell of
-    /// `layer`, rounded to f16.
+    /// `layer`, rounded to f16 or quantized to Q8_0 (the store's types).
     fn store_kv(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Rows, v: &Self::Rows, pass: &Self::Pass);
     /// Attention of each query row of `q` over what its pass row sees in
     /// `layer`, into `out` (the shape of `q`).
@@ -232,13 +315,40 @@ mod tests {
 
     #[test]
     fn slots_follow_the_block_table_and_stop_at_its_end() {
-        let shape = KvShape { n_layer: 1, kv_dim: 8, n_blocks: 4, block_tokens: 16 };
+        let shape =
+            KvShape { n_layer: 1, kv_dim: 8, head_dim: 8, n_blocks: 4, block_tokens: 16, types: KvTypes::default() };
         assert_eq!(shape.slot(&[2, 0], 0), Some(32));
         assert_eq!(shape.slot(&[2, 0], 17), Some(1));
         assert_eq!(shape.slot(&[2, 0], 32), None);
         assert_eq!(shape.slot(&[9], 0), None, "a block past the store");
         let empty = KvShape { block_tokens: 0, ..shape };
         assert_eq!(empty.slot(&[0], 0), None);
+    }
+
+    #[test]
+    fn cells_take_the_bytes_of_their_types_and_heads_fill_whole_blocks() {
+        let (f16, q8_0) = (KvType::F16, KvType::Q8_0);
+        let types = |k, v| KvTypes { k, v };
+        let shape =
+            KvShape { n_layer: 30, kv_dim: 192, head_dim: 64, n_blocks: 4, block_tokens: 16, types: types(f16, f16) };
+        assert_eq!(shape.cell_bytes().unwrap(), (384, 384));
+        assert_eq!(shape.bytes().unwrap(), 30 * 64 * 768);
+        // 34 bytes per 32 values.
+        let quantized = KvShape { types: types(q8_0, q8_0), ..shape };
+        assert_eq!(quantized.cell_bytes().unwrap(), (204, 204));
+        assert_eq!(quantized.bytes().unwrap(), 30 * 64 * 408);
+        assert_eq!(KvShape { types: types(f16, q8_0), ..shape }.cell_bytes().unwrap(), (384, 204));
+        assert_eq!(types(q8_0, f16).name(), "k=q8_0,v=f16");
+        let heads_of_48 = KvShape { kv_dim: 96, head_dim: 48, ..quantized };
+        assert_eq!(
+            heads_of_48.cell_bytes().unwrap_err().to_string(),
+            "q8_0 keys (--cache-type-k) are stored in blocks of 32 values, which this model's heads of 48 values \
+             do not fill"
+        );
+        let error = KvShape { types: types(f16, q8_0), ..heads_of_48 }.cell_bytes().unwrap_err().to_string();
+        assert!(error.starts_with("q8_0 values (--cache-type-v) are stored in blocks of 32 values"), "{error}");
+        assert!(KvShape { types: types(f16, f16), ..heads_of_48 }.cell_bytes().is_ok());
+        assert!(KvShape { n_blocks: usize::MAX, ..shape }.bytes().is_err(), "too large");
     }
 
     #[test]

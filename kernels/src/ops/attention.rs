@@ -1,4 +1,5 @@
-//! Attention of one query row over a paged f16 KV cache.
+//! Attention of one query row over a paged KV cache of f16 values or Q8_0
+//! blocks (see `kv`).
 //!
 //! A layer's K and V each live in an arena of physical blocks of
 //! `block_tokens` rows; a row holds one position's `n_kv_head × head_dim`
@@ -11,7 +12,8 @@ use std::ops::Range;
 use half::f16;
 
 use super::OpsError;
-use super::simd::{LANES, Simd, dispatch, padded};
+use super::kv::{KvElement, KvRows, head, q8_0_blocks};
+use super::simd::{LANES, Simd, dispatch};
 
 /// Where a sequence's positions live in a layer's K and V arenas.
 #[derive(Clone, Copy, Debug)]
@@ -37,8 +39,8 @@ impl PageTable<'_> {
 /// One layer's KV cache as seen by one sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct KvPages<'a> {
-    pub k: &'a [f16],
-    pub v: &'a [f16],
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub pages: PageTable<'a>,
     /// Positions the query does not see (sorted, disjoint ranges): cells a
     /// draft model holds nothing for, such as an image its target saw.
@@ -143,9 +145,10 @@ impl HeadShape {
 /// fused multiply-add; the output is that sum times the denominator's
 /// reciprocal. (Small models amplify even f16-level
 /// differences in attention into visible log-probability changes, so
-/// matching these roundings matters.) Nothing depends on how the positions
-/// are split into blocks or on other rows, so the result for a query is the
-/// same bits whatever the paging, batching or chunking.
+/// matching these roundings matters.) K or V stored as Q8_0 enter these
+/// same steps as their exact values `d · q`. Nothing depends on how the
+/// positions are split into blocks or on other rows, so the result for a
+/// query is the same bits whatever the paging, batching or chunking.
 ///
 /// `scratch` is grown to `2 × n_head × head_dim` floats (rounded up to
 /// whole chunks) plus two per head; reuse it to stay allocation-free.
@@ -183,6 +186,32 @@ pub fn attend_heads(
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
     check(q, &kv, n_visible, shape, &kv_heads, out).map_err(OpsError::Attention)?;
+    use KvRows::{F16, Q8_0};
+    // One kernel per pair of storage types.
+    match (kv.k, kv.v) {
+        (F16(k), F16(v)) => attend_in((k, v), q, kv, n_visible, shape, kv_heads, scale, out, scratch),
+        (F16(k), Q8_0(v)) => attend_in((k, q8_0_blocks(v)), q, kv, n_visible, shape, kv_heads, scale, out, scratch),
+        (Q8_0(k), F16(v)) => attend_in((q8_0_blocks(k), v), q, kv, n_visible, shape, kv_heads, scale, out, scratch),
+        (Q8_0(k), Q8_0(v)) => {
+            attend_in((q8_0_blocks(k), q8_0_blocks(v)), q, kv, n_visible, shape, kv_heads, scale, out, scratch)
+        }
+    }
+    Ok(())
+}
+
+/// [`attend_heads`], its inputs checked, over K and V stored as `K` and `V`.
+#[allow(clippy::too_many_arguments)]
+fn attend_in<K: KvElement, V: KvElement>(
+    arenas: (&[K], &[V]),
+    q: &[f32],
+    kv: KvPages<'_>,
+    n_visible: &[usize],
+    shape: HeadShape,
+    kv_heads: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
     let HeadShape { n_head, n_kv_head, head_dim } = shape;
     let group = n_head / n_kv_head;
     // From here on, heads are counted within the selection, row after row.
@@ -221,11 +250,11 @@ pub fn attend_heads(
                 block.positions[block.len] = (position, at + kv_at);
                 block.len += 1;
                 if block.len == POSITION_BLOCK {
-                    step_block(s, &block, &kv, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
+                    step_block(s, &block, arenas, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
                     block.len = 0;
                 }
             });
-            step_block(s, &block, &kv, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
+            step_block(s, &block, arenas, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
         }
         for (h, (acc, sum)) in acc.chunks_exact(chunks).zip(sums.iter()).enumerate() {
             let inv = s.splat(1.0 / sum);
@@ -235,7 +264,6 @@ pub fn attend_heads(
             }
         }
     });
-    Ok(())
 }
 
 /// Positions visited at a time: their scores, which do not depend on each
@@ -265,10 +293,10 @@ struct HeadState<'a> {
 /// independent work differs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn step_block<S: Simd>(
+fn step_block<S: Simd, K: KvElement, V: KvElement>(
     s: S,
     block: &Block,
-    kv: &KvPages<'_>,
+    (k, v): (&[K], &[V]),
     q_pad: &[[f32; LANES]],
     state: &mut HeadState<'_>,
     n_visible: &[usize],
@@ -289,7 +317,7 @@ fn step_block<S: Simd>(
         for h in heads(row) {
             let q = &q_pad[h * chunks..(h + 1) * chunks];
             for (score, &(_, at)) in state.scores[h * POSITION_BLOCK..].iter_mut().zip(&positions[..n]) {
-                *score = score_of(s, q, &kv.k[at..at + head_dim]) * scale;
+                *score = score_of(s, q, head(k, at, head_dim)) * scale;
             }
         }
     }
@@ -317,10 +345,10 @@ fn step_block<S: Simd>(
             for (group, acc) in acc.chunks_mut(V_CHUNKS).enumerate() {
                 let first = group * V_CHUNKS;
                 match acc.len() {
-                    4 => weigh_v::<S, 4>(s, &steps, kv.v, head_dim, first, acc),
-                    3 => weigh_v::<S, 3>(s, &steps, kv.v, head_dim, first, acc),
-                    2 => weigh_v::<S, 2>(s, &steps, kv.v, head_dim, first, acc),
-                    _ => weigh_v::<S, 1>(s, &steps, kv.v, head_dim, first, acc),
+                    4 => weigh_v::<S, V, 4>(s, &steps, v, head_dim, first, acc),
+                    3 => weigh_v::<S, V, 3>(s, &steps, v, head_dim, first, acc),
+                    2 => weigh_v::<S, V, 2>(s, &steps, v, head_dim, first, acc),
+                    _ => weigh_v::<S, V, 1>(s, &steps, v, head_dim, first, acc),
                 }
             }
         }
@@ -348,17 +376,17 @@ struct Steps<'a> {
 /// (rounded again), as llama.cpp's two f16 vector steps do. Every chunk
 /// takes the same steps in the same order whatever `W` is.
 #[inline(always)]
-fn weigh_v<S: Simd, const W: usize>(
+fn weigh_v<S: Simd, V: KvElement, const W: usize>(
     s: S,
     steps: &Steps<'_>,
-    v: &[f16],
+    v: &[V],
     head_dim: usize,
     first: usize,
     acc: &mut [[f32; LANES]],
 ) {
     let mut sum_v: [S::V; W] = std::array::from_fn(|j| s.load(&acc[j]));
     for ((&(_, at), &weight), rescale) in steps.positions.iter().zip(steps.weights).zip(steps.rescales) {
-        let row = &v[at..at + head_dim];
+        let row = head(v, at, head_dim);
         let weight = s.splat(weight);
         if let Some(old_scale) = rescale {
             let old_scale = s.splat(*old_scale);
@@ -367,7 +395,7 @@ fn weigh_v<S: Simd, const W: usize>(
             }
         }
         for (j, sum) in sum_v.iter_mut().enumerate() {
-            *sum = s.round_f16(s.mul_add(load_chunk(s, row, first + j), weight, *sum));
+            *sum = s.round_f16(s.mul_add(V::load_chunk(s, row, first + j), weight, *sum));
         }
     }
     for (sum, acc) in sum_v.into_iter().zip(acc) {
@@ -379,31 +407,20 @@ fn weigh_v<S: Simd, const W: usize>(
 /// multiply-adds, then (a0 + a2) + (a1 + a3): the order of GGML's f16 dot
 /// product with 16-lane vectors.
 #[inline(always)]
-fn score_of<S: Simd>(s: S, q: &[[f32; LANES]], k: &[f16]) -> f32 {
+fn score_of<S: Simd, K: KvElement>(s: S, q: &[[f32; LANES]], k: &[K]) -> f32 {
     let mut dot = [s.splat(0.0); 4];
     // Whole groups of four chunks with a fixed accumulator each, so that
     // the accumulators stay in registers.
     let (groups, rest) = q.as_chunks::<4>();
     for (g, group) in groups.iter().enumerate() {
         for (j, (q, dot)) in group.iter().zip(&mut dot).enumerate() {
-            *dot = s.mul_add(s.load(q), load_chunk(s, k, 4 * g + j), *dot);
+            *dot = s.mul_add(s.load(q), K::load_chunk(s, k, 4 * g + j), *dot);
         }
     }
     for (j, (q, dot)) in rest.iter().zip(&mut dot).enumerate() {
-        *dot = s.mul_add(s.load(q), load_chunk(s, k, 4 * groups.len() + j), *dot);
+        *dot = s.mul_add(s.load(q), K::load_chunk(s, k, 4 * groups.len() + j), *dot);
     }
     s.reduce_sum(s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3])))
-}
-
-/// Chunk `c` of a head's row, zero-padded past its end.
-#[inline(always)]
-fn load_chunk<S: Simd>(s: S, row: &[f16], c: usize) -> S::V {
-    let (chunks, tail) = row.as_chunks::<LANES>();
-    match chunks.get(c) {
-        Some(chunk) => s.load_f16(chunk),
-        None if c == chunks.len() && !tail.is_empty() => s.load_f16(&padded(tail, f16::ZERO)),
-        None => s.splat(0.0),
-    }
 }
 
 /// Stores chunk `c` of a head's row, dropping lanes past its end.
@@ -435,6 +452,17 @@ fn check(
     if q.len() != q_len || out.len() != q_len {
         return Err(format!("q has {} and out {} values, the rows' heads need {q_len}", q.len(), out.len()));
     }
+    // Heads are read in whole blocks.
+    for (name, rows) in [("K", kv.k), ("V", kv.v)] {
+        let kv_type = rows.kv_type();
+        if !shape.head_dim.is_multiple_of(kv_type.block_values()) {
+            return Err(format!(
+                "{name} as {kv_type} is stored in blocks of {} values, which heads of {} do not fill",
+                kv_type.block_values(),
+                shape.head_dim
+            ));
+        }
+    }
     let (Some(&fewest), Some(&most)) = (n_visible.iter().min(), n_visible.iter().max()) else {
         return Err("no query rows".into());
     };
@@ -463,312 +491,14 @@ fn check_positions(kv: &KvPages<'_>, n_visible: usize, shape: HeadShape) -> Resu
         return Err(format!("{} blocks of {block_tokens} positions do not cover {n_visible} positions", blocks.len()));
     }
     let block_len = block_tokens.saturating_mul(shape.kv_len());
-    let arena = kv.k.len().min(kv.v.len());
+    let arena = kv.k.values().min(kv.v.values());
     if let Some(b) = blocks[..n_blocks].iter().find(|&&b| {
         (b as usize).checked_add(1).and_then(|end| end.checked_mul(block_len)).is_none_or(|end| end > arena)
     }) {
-        return Err(format!("block {b} lies outside the K/V arenas ({} and {} values)", kv.k.len(), kv.v.len()));
+        return Err(format!("block {b} lies outside the K/V arenas ({} and {} values)", kv.k.values(), kv.v.values()));
     }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops::noise;
-    use crate::ops::row::f32_to_f16_row;
-    use crate::ops::simd::same_on_every_level;
-
-    /// A layer's cache holding `k` and `v` (positions × kv_len) in blocks of
-    /// `block_tokens`, laid out in reverse physical order after one spare
-    /// block, every unused value NaN so that reading one shows.
-    struct Cache {
-        k: Vec<f16>,
-        v: Vec<f16>,
-        blocks: Vec<u32>,
-        block_tokens: usize,
-    }
-
-    impl Cache {
-        fn new(k: &[f32], v: &[f32], kv_len: usize, block_tokens: usize) -> Self {
-            let n_blocks = (k.len() / kv_len).div_ceil(block_tokens);
-            let arena = (n_blocks + 1) * block_tokens * kv_len;
-            let blocks = (1..=n_blocks as u32).rev().collect();
-            let mut cache = Self { k: vec![f16::NAN; arena], v: vec![f16::NAN; arena], blocks, block_tokens };
-            for (pos, (k, v)) in k.chunks(kv_len).zip(v.chunks(kv_len)).enumerate() {
-                let at = cache.pages().row_offset(pos, kv_len).unwrap();
-                f32_to_f16_row(k, &mut cache.k[at..at + kv_len]);
-                f32_to_f16_row(v, &mut cache.v[at..at + kv_len]);
-            }
-            cache
-        }
-
-        fn pages(&self) -> PageTable<'_> {
-            PageTable { blocks: &self.blocks, block_tokens: self.block_tokens }
-        }
-
-        fn kv(&self) -> KvPages<'_> {
-            KvPages { k: &self.k, v: &self.v, pages: self.pages(), hidden: &[] }
-        }
-
-        fn attend(&self, q: &[f32], n_visible: usize, shape: HeadShape) -> Vec<f32> {
-            let mut out = vec![f32::NAN; shape.q_len()];
-            let scale = 1.0 / (shape.head_dim() as f32).sqrt();
-            attend(q, self.kv(), n_visible, shape, scale, &mut out, &mut Vec::new()).unwrap();
-            out
-        }
-    }
-
-    fn reference(q: &[f32], k: &[f32], v: &[f32], n_visible: usize, shape: HeadShape) -> Vec<f64> {
-        let (hd, kv_len) = (shape.head_dim(), shape.kv_len());
-        let group = shape.n_head() / shape.n_kv_head();
-        let round = |x: f32| f16::from_f32(x).to_f64();
-        let scale = 1.0 / (hd as f64).sqrt();
-        let mut out = Vec::new();
-        for h in 0..shape.n_head() {
-            let q = &q[h * hd..][..hd];
-            let at = |rows: &[f32], i: usize| -> Vec<f64> {
-                rows[i * kv_len + h / group * hd..][..hd].iter().map(|&x| round(x)).collect()
-            };
-            let scores: Vec<f64> = (0..n_visible)
-                .map(|i| at(k, i).iter().zip(q).map(|(k, &q)| k * q as f64).sum::<f64>() * scale)
-                .collect();
-            let max = scores.iter().copied().fold(f64::MIN, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            let mut o = vec![0.0; hd];
-            for (i, w) in weights.iter().enumerate() {
-                for (o, v) in o.iter_mut().zip(at(v, i)) {
-                    *o += w / total * v;
-                }
-            }
-            out.extend(o);
-        }
-        out
-    }
-
-    const SHAPES: [(usize, usize, usize); 4] = [(9, 3, 64), (4, 4, 80), (8, 2, 24), (2, 1, 128)];
-
-    #[test]
-    fn rows_stepped_together_give_the_bits_of_one_at_a_time() {
-        for (n_head, n_kv_head, head_dim) in SHAPES {
-            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
-            let n = 40;
-            let (k, v) = (noise(n * shape.kv_len(), 8, 1.0), noise(n * shape.kv_len(), 9, 1.0));
-            let cache = Cache::new(&k, &v, shape.kv_len(), 8);
-            // Causal rows (each sees one more position), a repeated count
-            // and a row that sees fewer than the one before it.
-            let visible = [33, 34, 35, 35, 3];
-            let q = noise(visible.len() * shape.q_len(), 10, 2.0);
-            let got = same_on_every_level(|| {
-                let mut out = vec![f32::NAN; q.len()];
-                attend_heads(&q, cache.kv(), &visible, shape, 0..n_kv_head, 0.125, &mut out, &mut Vec::new()).unwrap();
-                out
-            });
-            for (r, &n_visible) in visible.iter().enumerate() {
-                let mut want = vec![f32::NAN; shape.q_len()];
-                let q = &q[r * shape.q_len()..(r + 1) * shape.q_len()];
-                attend(q, cache.kv(), n_visible, shape, 0.125, &mut want, &mut Vec::new()).unwrap();
-                assert_eq!(got[r * shape.q_len()..(r + 1) * shape.q_len()], want, "{shape:?} row {r}");
-            }
-            let mut out = vec![0.0; q.len()];
-            assert!(attend_heads(&q, cache.kv(), &[], shape, 0..n_kv_head, 1.0, &mut [], &mut Vec::new()).is_err());
-            let zero = [33, 0, 35, 35, 3];
-            assert!(attend_heads(&q, cache.kv(), &zero, shape, 0..n_kv_head, 1.0, &mut out, &mut Vec::new()).is_err());
-        }
-    }
-
-    #[test]
-    fn any_split_of_the_heads_gives_the_bits_of_all_at_once() {
-        for (n_head, n_kv_head, head_dim) in SHAPES {
-            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
-            let n = 37;
-            let q = noise(shape.q_len(), 5, 2.0);
-            let (k, v) = (noise(n * shape.kv_len(), 6, 1.0), noise(n * shape.kv_len(), 7, 1.0));
-            let cache = Cache::new(&k, &v, shape.kv_len(), 8);
-            let per_kv_head = shape.q_len() / n_kv_head;
-            for first in 0..n_kv_head {
-                for end in first + 1..=n_kv_head {
-                    let part = first * per_kv_head..end * per_kv_head;
-                    let got = same_on_every_level(|| {
-                        let mut out = vec![f32::NAN; part.len()];
-                        attend_heads(
-                            &q[part.clone()],
-                            cache.kv(),
-                            &[n],
-                            shape,
-                            first..end,
-                            0.125,
-                            &mut out,
-                            &mut Vec::new(),
-                        )
-                        .unwrap();
-                        out
-                    });
-                    let mut want = vec![f32::NAN; shape.q_len()];
-                    attend(&q, cache.kv(), n, shape, 0.125, &mut want, &mut Vec::new()).unwrap();
-                    assert_eq!(got, want[part.clone()], "{shape:?} heads {first}..{end}");
-                }
-            }
-            let mut out = vec![0.0; per_kv_head];
-            #[allow(clippy::reversed_empty_ranges)]
-            for bad in [0..0, 1..0, n_kv_head..n_kv_head + 1] {
-                assert!(
-                    attend_heads(
-                        &q[..per_kv_head],
-                        cache.kv(),
-                        &[n],
-                        shape,
-                        bad.clone(),
-                        1.0,
-                        &mut out,
-                        &mut Vec::new()
-                    )
-                    .is_err(),
-                    "{bad:?}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn matches_f64_on_every_level() {
-        for (n_head, n_kv_head, head_dim) in SHAPES {
-            let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
-            for n_visible in [1, 2, 17, 100] {
-                let seed = (n_head * 1000 + n_visible) as u64;
-                let q = noise(shape.q_len(), seed, 2.0);
-                let k = noise(n_visible * shape.kv_len(), seed + 1, 2.0);
-                let v = noise(n_visible * shape.kv_len(), seed + 2, 1.0);
-                let cache = Cache::new(&k, &v, shape.kv_len(), 16);
-                let got = same_on_every_level(|| cache.attend(&q, n_visible, shape));
-                // The kernel rounds q to f16 (so does the reference here)
-                // and keeps the weighted sum of V in f16: each position adds
-                // at most half an f16 ulp of the running sum (|v| ≤ 1).
-                let q16: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-                let want = reference(&q16, &k, &v, n_visible, shape);
-                let tolerance = 2e-3 * (n_visible as f64).sqrt();
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!((*g as f64 - w).abs() < tolerance, "{shape:?} n={n_visible} [{i}]: {g} vs {w}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn paging_does_not_change_a_bit() {
-        let shape = HeadShape::new(9, 3, 64).unwrap();
-        let n = 50;
-        let q = noise(shape.q_len(), 7, 3.0);
-        let k = noise(n * shape.kv_len(), 8, 3.0);
-        let v = noise(n * shape.kv_len(), 9, 1.0);
-        let whole = Cache::new(&k, &v, shape.kv_len(), n).attend(&q, n, shape);
-        for block_tokens in [1, 7, 16] {
-            let cache = Cache::new(&k, &v, shape.kv_len(), block_tokens);
-            let got = same_on_every_level(|| cache.attend(&q, n, shape));
-            assert_eq!(got, whole, "block_tokens {block_tokens}");
-        }
-        // A prefix attends the same whether later positions exist yet.
-        let prefix = 33;
-        let short = Cache::new(&k[..prefix * shape.kv_len()], &v[..prefix * shape.kv_len()], shape.kv_len(), 7);
-        let long = Cache::new(&k, &v, shape.kv_len(), 7);
-        assert_eq!(short.attend(&q, prefix, shape), long.attend(&q, prefix, shape));
-    }
-
-    #[test]
-    fn one_position_returns_its_value() {
-        let shape = HeadShape::new(6, 2, 20).unwrap();
-        let q = noise(shape.q_len(), 1, 1.0);
-        let k = noise(shape.kv_len(), 2, 1.0);
-        let v = noise(shape.kv_len(), 3, 1.0);
-        let got = same_on_every_level(|| Cache::new(&k, &v, shape.kv_len(), 4).attend(&q, 1, shape));
-        for h in 0..6 {
-            let want: Vec<f32> = v[h / 3 * 20..][..20].iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-            assert_eq!(&got[h * 20..][..20], &want[..], "head {h}");
-        }
-    }
-
-    #[test]
-    fn query_heads_share_their_group_kv_head() {
-        let shape = HeadShape::new(6, 3, 16).unwrap();
-        let n = 5;
-        let q = noise(shape.q_len(), 4, 1.0);
-        let k = noise(n * shape.kv_len(), 5, 1.0);
-        // Every position's V is constant per KV head, so each query head
-        // must return its group's constant whatever its weights.
-        let v: Vec<f32> = (0..n * shape.kv_len()).map(|i| (1 + i % 48 / 16) as f32).collect();
-        let got = Cache::new(&k, &v, shape.kv_len(), 2).attend(&q, n, shape);
-        for (h, head) in got.chunks(16).enumerate() {
-            let want = (1 + h / 2) as f32;
-            // The f16 running sum rounds each update.
-            assert!(head.iter().all(|&x| (x - want).abs() < 2e-3 * want), "head {h}: {head:?}");
-        }
-    }
-
-    #[test]
-    fn rejects_bad_inputs() {
-        assert!(HeadShape::new(9, 2, 64).is_err());
-        assert!(HeadShape::new(9, 0, 64).is_err());
-        assert!(HeadShape::new(0, 1, 64).is_err());
-        let shape = HeadShape::new(2, 1, 16).unwrap();
-        let kv = noise(4 * shape.kv_len(), 1, 1.0);
-        let cache = Cache::new(&kv, &kv, shape.kv_len(), 2);
-        let q = vec![0.0; shape.q_len()];
-        let mut out = vec![0.0; shape.q_len()];
-        let run =
-            |q: &[f32], kv: KvPages<'_>, n: usize, out: &mut [f32]| attend(q, kv, n, shape, 1.0, out, &mut Vec::new());
-        assert!(run(&q, cache.kv(), 4, &mut out).is_ok());
-        assert!(run(&q[1..], cache.kv(), 4, &mut out).is_err());
-        assert!(run(&q, cache.kv(), 4, &mut out[1..]).is_err());
-        assert!(run(&q, cache.kv(), 0, &mut out).is_err());
-        assert!(run(&q, cache.kv(), 5, &mut out).is_err());
-        let outside = [0, 9];
-        let kv = KvPages { pages: PageTable { blocks: &outside, block_tokens: 2 }, ..cache.kv() };
-        assert!(matches!(run(&q, kv, 3, &mut out), Err(OpsError::Attention(_))));
-        let kv = KvPages { pages: PageTable { blocks: &outside, block_tokens: 0 }, ..cache.kv() };
-        assert!(run(&q, kv, 1, &mut out).is_err());
-        let kv = KvPages { v: &cache.v[..10], ..cache.kv() };
-        assert!(run(&q, kv, 1, &mut out).is_err());
-    }
-
-    #[test]
-    fn hidden_positions_are_as_if_they_were_not_there() {
-        let shape = HeadShape::new(4, 2, 32).unwrap();
-        let n = 23;
-        let q = noise(shape.q_len(), 11, 1.0);
-        let k = noise(n * shape.kv_len(), 12, 1.0);
-        let v = noise(n * shape.kv_len(), 13, 1.0);
-        let hidden = [3..9, 12..13, 20..22];
-        let kept: Vec<usize> = (0..n).filter(|p| !hidden.iter().any(|range| range.contains(p))).collect();
-        let rows = |values: &[f32]| -> Vec<f32> {
-            kept.iter().flat_map(|&p| values[p * shape.kv_len()..(p + 1) * shape.kv_len()].to_vec()).collect()
-        };
-        same_on_every_level(|| {
-            let full = Cache::new(&k, &v, shape.kv_len(), 4);
-            let mut with_holes = vec![f32::NAN; shape.q_len()];
-            let scale = 1.0 / (shape.head_dim() as f32).sqrt();
-            let kv = KvPages { hidden: &hidden, ..full.kv() };
-            attend(&q, kv, n, shape, scale, &mut with_holes, &mut Vec::new()).unwrap();
-            let compact = Cache::new(&rows(&k), &rows(&v), shape.kv_len(), 4).attend(&q, kept.len(), shape);
-            assert_eq!(with_holes, compact);
-            with_holes
-        });
-        let cache = Cache::new(&k, &v, shape.kv_len(), 4);
-        let mut out = vec![0.0; shape.q_len()];
-        let (empty, everything) = (4..4, 0..23);
-        for bad in [&[5..9, 3..4][..], std::slice::from_ref(&empty), std::slice::from_ref(&everything)] {
-            let kv = KvPages { hidden: bad, ..cache.kv() };
-            assert!(attend(&q, kv, n, shape, 1.0, &mut out, &mut Vec::new()).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn row_offsets_follow_the_table() {
-        let pages = PageTable { blocks: &[3, 0, 5], block_tokens: 4 };
-        assert_eq!(pages.row_offset(0, 10), Some(120));
-        assert_eq!(pages.row_offset(5, 10), Some(10));
-        assert_eq!(pages.row_offset(11, 10), Some(230));
-        assert_eq!(pages.row_offset(12, 10), None);
-        assert_eq!(PageTable { blocks: &[0], block_tokens: 0 }.row_offset(0, 10), None);
-    }
-}
+mod tests;

@@ -1,6 +1,6 @@
 //! CPU kernels for everything in a transformer layer but the matrix products:
 //! RMSNorm, softmax, SiLU/SwiGLU, residual add, RoPE and attention over a
-//! paged f16 KV cache.
+//! paged KV cache of f16 values or Q8_0 blocks.
 //!
 //! # Batch invariance
 //!
@@ -20,11 +20,14 @@
 //! has.
 
 mod attention;
+mod kv;
 mod rope;
 mod row;
 mod simd;
 
 pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
+pub(crate) use kv::KvArena;
+pub use kv::{KvRows, KvType};
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use row::{add_in_place, f32_to_f16_row, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu};
 

@@ -121,6 +121,9 @@ pub(crate) trait Simd: Copy {
     fn load(self, x: &[f32; LANES]) -> Self::V;
     /// Widening is exact, so every level agrees on it.
     fn load_f16(self, x: &[f16; LANES]) -> Self::V;
+    /// Sixteen int8 as f32 (exact, as `load_f16`): the quants of half a
+    /// Q8_0 block.
+    fn load_i8(self, x: &[i8; LANES]) -> Self::V;
     fn store(self, v: Self::V, out: &mut [f32; LANES]);
     /// Rounds to nearest, ties to even.
     fn store_f16(self, v: Self::V, out: &mut [f16; LANES]);
@@ -200,6 +203,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn load_f16(self, x: &[f16; LANES]) -> Self::V {
         lanewise(|i| x[i].to_f32())
+    }
+    #[inline(always)]
+    fn load_i8(self, x: &[i8; LANES]) -> Self::V {
+        lanewise(|i| f32::from(x[i]))
     }
     #[inline(always)]
     fn store(self, v: Self::V, out: &mut [f32; LANES]) {
@@ -363,6 +370,13 @@ pub(crate) mod x86 {
         }
     }
 
+    /// The low eight int8 of `q` as f32.
+    #[inline(always)]
+    fn widen_i8(q: __m128i) -> __m256 {
+        // SAFETY: see the module comment.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)) }
+    }
+
     #[inline(always)]
     fn select_lt8(a: __m256, b: __m256, x: __m256, y: __m256) -> __m256 {
         // SAFETY: see the module comment.
@@ -387,6 +401,13 @@ pub(crate) mod x86 {
             let p = x.as_ptr().cast::<__m128i>();
             // SAFETY: see the module comment.
             unsafe { [_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)))] }
+        }
+        #[inline(always)]
+        fn load_i8(self, x: &[i8; LANES]) -> Self::V {
+            // SAFETY: see the module comment (one 16-byte load of the array).
+            let q = unsafe { _mm_loadu_si128(x.as_ptr().cast()) };
+            // SAFETY: see the module comment.
+            [widen_i8(q), widen_i8(unsafe { _mm_unpackhi_epi64(q, q) })]
         }
         #[inline(always)]
         fn store(self, v: Self::V, out: &mut [f32; LANES]) {
@@ -496,6 +517,11 @@ pub(crate) mod x86 {
         fn load_f16(self, x: &[f16; LANES]) -> Self::V {
             // SAFETY: see the module comment.
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn load_i8(self, x: &[i8; LANES]) -> Self::V {
+            // SAFETY: see the module comment (one 16-byte load of the array).
+            unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(x.as_ptr().cast()))) }
         }
         #[inline(always)]
         fn store(self, v: Self::V, out: &mut [f32; LANES]) {
@@ -740,6 +766,17 @@ mod tests {
         });
         assert_eq!(got[0], Scalar::tree(chunk, |a, b| a + b));
         assert_eq!(got[1], x.iter().copied().fold(f32::MIN, f32::max));
+    }
+
+    #[test]
+    fn int8_widens_exactly_on_every_level() {
+        let x: [i8; LANES] = [i8::MIN, i8::MAX, -1, 0, 1, -77, 55, 2, -3, 100, -100, 64, -64, 13, -13, 126];
+        let got = same_on_every_level(|| {
+            let mut out = [0.0; LANES];
+            dispatch!(s => s.store(s.load_i8(&x), &mut out));
+            out.to_vec()
+        });
+        assert_eq!(got, x.map(f32::from));
     }
 
     #[test]

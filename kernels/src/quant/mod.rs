@@ -13,7 +13,7 @@
 //! process, see [`SimdLevel::detected`]) never changes a result, and
 //! `matmul` computes every output element with this same dot.
 
-mod blocks;
+pub(crate) mod blocks;
 mod scalar;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use sluice::model::session::Session;
 use sluice::startup::load_model;
-use sluice_kernels::backend::Device;
+use sluice_kernels::backend::{Device, KvType, KvTypes};
 
 #[derive(clap::Args)]
 pub struct BenchModelArgs {
@@ -34,6 +34,12 @@ pub struct BenchModelArgs {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// How the KV cache holds keys: f16 or q8_0 (llama-bench's `-ctk`).
+    #[arg(long, value_name = "TYPE", default_value_t = KvType::F16)]
+    cache_type_k: KvType,
+    /// How the KV cache holds values: f16 or q8_0 (llama-bench's `-ctv`).
+    #[arg(long, value_name = "TYPE", default_value_t = KvType::F16)]
+    cache_type_v: KvType,
     /// End with a JSON line {"decode_tps": …, "prefill_tps": …}.
     #[arg(long)]
     json: bool,
@@ -41,6 +47,7 @@ pub struct BenchModelArgs {
 
 pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     let model = load_model(&args.model, args.device, args.threads.max(1))?;
+    let kv_types = KvTypes { k: args.cache_type_k, v: args.cache_type_v };
     let n_vocab = model.hparams().n_vocab as u32;
     // Deterministic, varied token ids: speed does not depend on the text.
     let token = |i: usize| (i as u32).wrapping_mul(7919).wrapping_add(17) % n_vocab;
@@ -50,7 +57,7 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     // A session holding `depth` cached positions (at least one, so that
     // decoding has logits to start from) with room for `more`.
     let warm = |more: usize| -> anyhow::Result<(Session, Vec<f32>)> {
-        let mut session = Session::new(Arc::clone(&model), context.len() + more)?;
+        let mut session = Session::with_kv_types(Arc::clone(&model), context.len() + more, kv_types)?;
         let logits = session.prefill(&context, CHUNK)?;
         Ok((session, logits))
     };
@@ -58,7 +65,7 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     let mut prefill_tps = Vec::new();
     for _ in 0..if prompt.is_empty() { 0 } else { reps } {
         let (mut session, _) = if args.depth == 0 {
-            (Session::new(Arc::clone(&model), prompt.len())?, Vec::new())
+            (Session::with_kv_types(Arc::clone(&model), prompt.len(), kv_types)?, Vec::new())
         } else {
             warm(prompt.len())?
         };
@@ -80,6 +87,7 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     let at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
     println!("model: {}", args.model.display());
     println!("backend: {}", model.describe());
+    println!("KV cache: K {}, V {}", kv_types.k, kv_types.v);
     println!("pp{}{at}: {prefill:.1} tokens/s", args.prefill);
     println!("tg{}{at}: {decode:.1} tokens/s", args.decode);
     if args.json {

@@ -137,7 +137,7 @@ impl Bench {
         let mut first_token = None;
         loop {
             match events.blocking_recv().context("the engine stopped")? {
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Progress(_) => {}
                 // Decode speed from the first token on (the prompt is not timed).
                 Event::Token(_) => {
                     first_token.get_or_insert_with(Instant::now);

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::builder::TypedValueParser;
+use sluice_kernels::backend::KvType;
 
-use super::schema::{Config, LogFormat, LoraConfig, SpecType};
+use super::schema::{Config, LogFormat, LoraConfig, ReasoningFormat, SpecType, Thinking};
 
 impl Config {
     /// Apply command-line flags (they win over the file), then validate.
@@ -27,6 +28,9 @@ impl Config {
             self.server.threads_http = threads;
         }
         set(&mut self.server.cors_origins, &flags.cors_origins);
+        if flags.slot_save_path.is_some() {
+            self.server.slot_save_path.clone_from(&flags.slot_save_path);
+        }
         if flags.metrics {
             self.server.metrics = true;
         }
@@ -65,6 +69,12 @@ impl Config {
         if let Some(batch) = flags.batch_size {
             self.engine.batch_tokens = batch;
         }
+        if let Some(ubatch) = flags.ubatch_size {
+            self.engine.ubatch_tokens = ubatch;
+        }
+        if let Some(keep) = flags.keep {
+            self.defaults.n_keep = keep;
+        }
         if let Some(n_predict) = flags.n_predict {
             self.defaults.n_predict = n_predict;
         }
@@ -73,6 +83,10 @@ impl Config {
         }
         if let Some(seed) = flags.seed {
             self.defaults.seed = seed;
+        }
+        // llama-server's `verbose` default is verbosity above 9.
+        if flags.verbose || flags.verbosity.is_some_and(|verbosity| verbosity > 9) {
+            self.defaults.verbose = true;
         }
         if let Some(cache_prompt) = flags.cache_prompt_default() {
             self.defaults.cache_prompt = cache_prompt;
@@ -92,6 +106,15 @@ impl Config {
         }
         if let Some(p_min) = flags.spec_draft_p_min {
             self.speculative.p_min = p_min;
+        }
+        if let Some(format) = &flags.reasoning_format {
+            self.defaults.reasoning_format = ReasoningFormat::parse(format).ok_or_else(|| {
+                format!("--reasoning-format {format}: expected none, deepseek, deepseek-legacy or auto")
+            })?;
+        }
+        if let Some(mode) = &flags.reasoning {
+            self.defaults.reasoning =
+                Thinking::parse(mode).ok_or_else(|| format!("--reasoning {mode}: expected on, off or auto"))?;
         }
         let defaults = &mut self.defaults;
         let sampling = [
@@ -113,10 +136,24 @@ impl Config {
         if let Some(last_n) = flags.repeat_last_n {
             defaults.repeat_last_n = last_n;
         }
+        if let Some(mib) = flags.cache_ram {
+            self.engine.cache_ram_mib = mib;
+        }
         if flags.cache_ram == Some(0) {
             // llama-server's "no prompt cache"; other sizes are moot: the
             // prefix cache lives in the KV pool.
             self.engine.prefix_cache = false;
+        }
+        if let Some(kv_type) = flags.cache_type_k {
+            self.engine.cache_type_k = kv_type;
+        }
+        if let Some(kv_type) = flags.cache_type_v {
+            self.engine.cache_type_v = kv_type;
+        }
+        match (flags.context_shift, flags.no_context_shift) {
+            (true, _) => self.engine.context_shift = true,
+            (_, true) => self.engine.context_shift = false,
+            _ => {}
         }
         if let Some(seconds) = flags.sse_ping_interval {
             self.server.sse_ping_interval = seconds;
@@ -164,7 +201,7 @@ pub struct Overrides {
     /// Model file, GGUF (`model.path`).
     #[arg(short = 'm', long, value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// Address to listen on (`server.host`).
+    /// Address to listen on, or a comma-separated list (`server.host`).
     #[arg(long)]
     pub host: Option<String>,
     /// Port to listen on; 0 = any free port (`server.port`).
@@ -191,6 +228,15 @@ pub struct Overrides {
     /// Most tokens per step (`engine.batch_tokens`).
     #[arg(short = 'b', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub batch_size: Option<usize>,
+    /// Most rows one forward pass runs: a step of more runs as several
+    /// passes, which bounds activation memory (`engine.ubatch_tokens`; also
+    /// `-ub`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub ubatch_size: Option<usize>,
+    /// Default prompt tokens a context shift keeps; -1 = the whole prompt
+    /// (`defaults.n_keep`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub keep: Option<i64>,
     /// Default tokens to generate per request; -1 = no limit
     /// (`defaults.n_predict`).
     #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true)]
@@ -232,6 +278,10 @@ pub struct Overrides {
     /// Answer /slots with 501.
     #[arg(long, overrides_with = "slots")]
     pub no_slots: bool,
+    /// Folder of slot files for `POST /slots/{id}?action=save|restore`
+    /// (`server.slot_save_path`).
+    #[arg(long, value_name = "DIR")]
+    pub slot_save_path: Option<PathBuf>,
     /// Chat template: a llama.cpp built-in name (chatml, llama3, …) or
     /// Jinja source (`model.chat_template`).
     #[arg(long, value_name = "TEMPLATE")]
@@ -250,6 +300,16 @@ pub struct Overrides {
     /// by default the draft's architecture decides).
     #[arg(long, value_name = "TYPE")]
     pub spec_type: Option<String>,
+    /// Where chat replies put a `<think>` block: none (left in the
+    /// content), deepseek (in `reasoning_content`), deepseek-legacy (also
+    /// left in streamed content) or auto, as deepseek
+    /// (`defaults.reasoning_format`).
+    #[arg(long, value_name = "FORMAT")]
+    pub reasoning_format: Option<String>,
+    /// The chat template's `enable_thinking`: off (false), on or auto
+    /// (true) (`defaults.reasoning`; also `-rea`).
+    #[arg(long, value_name = "on|off|auto")]
+    pub reasoning: Option<String>,
     /// Most drafted tokens per step (`speculative.n_max`).
     #[arg(long, value_name = "N")]
     pub spec_draft_n_max: Option<u32>,
@@ -284,11 +344,26 @@ pub struct Overrides {
     /// Default frequency penalty (`defaults.frequency_penalty`).
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
-    /// Prompt cache size in MiB (also `-cram`): 0 turns the prefix cache off
-    /// (`engine.prefix_cache`); other sizes change nothing, as the prefix
-    /// cache lives in the KV pool that -c and -np size.
-    #[arg(long, value_name = "MIB", allow_negative_numbers = true)]
+    /// Most MiB of KV the prefix cache keeps for finished requests (also
+    /// `-cram`; `engine.cache_ram_mib`): -1 = no bound, 0 turns the prefix
+    /// cache off (`engine.prefix_cache`).
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
     pub cache_ram: Option<i64>,
+    /// How the KV cache holds keys: f16, or q8_0 in about half the memory
+    /// (`engine.cache_type_k`; also `-ctk`).
+    #[arg(long, value_name = "TYPE")]
+    pub cache_type_k: Option<KvType>,
+    /// How the KV cache holds values: f16 or q8_0 (`engine.cache_type_v`;
+    /// also `-ctv`).
+    #[arg(long, value_name = "TYPE")]
+    pub cache_type_v: Option<KvType>,
+    /// When a slot's context is full, drop the older half of what follows
+    /// `n_keep` and go on generating (`engine.context_shift`).
+    #[arg(long, overrides_with = "no_context_shift")]
+    pub context_shift: bool,
+    /// Stop a request whose slot's context is full (the default).
+    #[arg(long, overrides_with = "context_shift")]
+    pub no_context_shift: bool,
     /// Seconds of silence before an SSE stream gets a comment; 0 = never
     /// (`server.sse_ping_interval`).
     #[arg(long, value_name = "SECONDS")]

@@ -188,7 +188,7 @@ mod tests {
 
     #[test]
     fn ignored_flags_drop_with_their_values_and_say_why() {
-        let out = translate(&["-ngl", "99", "-fa", "on", "--jinja", "-m", "m.gguf", "-ctk", "f16", "--cont_batching"])
+        let out = translate(&["-ngl", "99", "-fa", "on", "--jinja", "-m", "m.gguf", "-ctkd", "f16", "--cont_batching"])
             .unwrap();
         assert_eq!(strings(&out), ["-m", "m.gguf"]);
         assert_eq!(out.ignored.len(), 5, "{:?}", out.ignored);
@@ -200,12 +200,19 @@ mod tests {
     fn refused_flags_name_the_flag_and_the_missing_feature() {
         let error = translate(&["-m", "m.gguf", "--embedding"]).unwrap_err();
         assert!(error.starts_with("`--embedding`: ") && error.contains("embeddings"), "{error}");
-        let error = translate(&["-ctk", "q8_0"]).unwrap_err();
-        assert!(error.starts_with("`-ctk q8_0`: "), "{error}");
+        let error = translate(&["-ctkd", "q8_0"]).unwrap_err();
+        assert!(error.starts_with("`-ctkd q8_0`: "), "{error}");
         assert!(translate(&["--mirostat", "0.0"]).is_ok(), "the disabled value is llama-server's default");
         assert!(translate(&["--mirostat", "2"]).is_err());
         assert_eq!(translate(&["-ngl"]).unwrap_err(), "`-ngl` needs a value");
         assert_eq!(translate(&["--jinja=1"]).unwrap_err(), "`--jinja` takes no value");
+    }
+
+    #[test]
+    fn kv_cache_types_are_sluice_s_own_flags() {
+        let out = translate(&["-ctk", "q8_0", "-ctv=f16", "--cache_type_v", "q8_0"]).unwrap();
+        assert_eq!(strings(&out), ["--cache-type-k", "q8_0", "--cache-type-v", "f16", "--cache-type-v", "q8_0"]);
+        assert!(out.ignored.is_empty());
     }
 
     #[test]

@@ -73,6 +73,9 @@ impl Config {
         if let Some(draft) = config.speculative.draft_model.as_mut() {
             resolve(draft);
         }
+        if let Some(folder) = config.server.slot_save_path.as_mut() {
+            resolve(folder);
+        }
         for fixup in config.speculative.fixups.iter_mut().flatten() {
             if looks_like_path(fixup) && Path::new(fixup.as_str()).is_relative() {
                 *fixup = base.join(&*fixup).display().to_string();
@@ -109,12 +112,19 @@ impl Config {
             ("policy.stall_steps", u64::from(policy.stall_steps)),
             ("engine.slots", engine.slots as u64),
             ("engine.batch_tokens", engine.batch_tokens as u64),
+            ("engine.ubatch_tokens", engine.ubatch_tokens as u64),
             ("engine.kv_block_tokens", engine.kv_block_tokens as u64),
             ("engine.queue_limit", engine.queue_limit as u64),
             ("server.limits.body_bytes", self.server.limits.body_bytes as u64),
         ];
         if let Some((key, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
             return Err(Invalid::new(key, format!("`{key}` must be at least 1")));
+        }
+        if engine.cache_ram_mib < -1 {
+            return Err(Invalid::new(
+                "engine.cache_ram_mib",
+                "`engine.cache_ram_mib` must be -1 (no bound), 0 (no prefix cache) or more",
+            ));
         }
         if engine.slots > 1024 {
             return Err(Invalid::new("engine.slots", "`engine.slots` must be at most 1024"));
@@ -124,6 +134,12 @@ impl Config {
         }
         if self.server.host.is_empty() {
             return Err(Invalid::new("server.host", "`server.host` must not be empty"));
+        }
+        if self.server.slot_save_path.as_ref().is_some_and(|folder| folder.as_os_str().is_empty()) {
+            return Err(Invalid::new(
+                "server.slot_save_path",
+                "`server.slot_save_path` must not be empty (leave it out to serve without slot files)",
+            ));
         }
         if self.server.api_key.as_deref() == Some("") {
             return Err(Invalid::new(

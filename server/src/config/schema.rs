@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use sluice_kernels::backend::KvType;
 
 use crate::plugins::PluginLimits;
 
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     /// credentials), "localhost" echoes only local origins, anything else is
     /// sent as it is.
     pub cors_origins: String,
+    /// The folder `POST /slots/{id}?action=save|restore` writes and reads
+    /// slot files in; without it the action answers 501.
+    pub slot_save_path: Option<PathBuf>,
     pub limits: ServerLimits,
 }
 
@@ -70,6 +74,7 @@ impl Default for ServerConfig {
             slots: true,
             sse_ping_interval: 30,
             cors_origins: "*".into(),
+            slot_save_path: None,
             limits: ServerLimits::default(),
         }
     }
@@ -159,10 +164,28 @@ pub struct EngineSection {
     pub ctx: usize,
     /// Most tokens one step may process (llama-server `-b`).
     pub batch_tokens: usize,
+    /// Most rows one forward pass runs (llama-server `-ub`): a step of more
+    /// runs as several passes, with the same results.
+    pub ubatch_tokens: usize,
     /// Tokens per KV-cache block.
     pub kv_block_tokens: usize,
+    /// How the KV cache holds keys (llama-server `-ctk`): `f16`, or
+    /// `q8_0` in about half the memory, each value within about 1/254 of
+    /// the largest in its block of 32.
+    #[serde(deserialize_with = "kv_type")]
+    pub cache_type_k: KvType,
+    /// How it holds values (llama-server `-ctv`), as `cache_type_k`.
+    #[serde(deserialize_with = "kv_type")]
+    pub cache_type_v: KvType,
     /// Share prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// Most MiB of KV the prefix cache keeps for finished requests
+    /// (llama-server `--cache-ram`; -1 = no bound but the KV pool's).
+    pub cache_ram_mib: i64,
+    /// When a slot's context is full, drop the older half of what follows
+    /// a request's `n_keep` tokens and go on (llama-server
+    /// `--context-shift`); otherwise the request stops there.
+    pub context_shift: bool,
     /// Most requests waiting for a slot; more are refused with 503.
     pub queue_limit: usize,
 }
@@ -173,11 +196,21 @@ impl Default for EngineSection {
             slots: 4,
             ctx: 4096,
             batch_tokens: 512,
+            ubatch_tokens: 512,
             kv_block_tokens: 16,
+            cache_type_k: KvType::F16,
+            cache_type_v: KvType::F16,
             prefix_cache: true,
+            cache_ram_mib: 8192,
+            context_shift: false,
             queue_limit: 256,
         }
     }
+}
+
+/// A KV cache type by llama.cpp's name (`f16`, `q8_0`).
+fn kv_type<'de, D: Deserializer<'de>>(deserializer: D) -> Result<KvType, D::Error> {
+    String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
 }
 
 /// `[defaults]`: what a request gets for fields it leaves out.
@@ -191,6 +224,12 @@ pub struct RequestDefaults {
     pub seed: i64,
     /// Reuse cached prompt prefixes.
     pub cache_prompt: bool,
+    /// Context shift: prompt tokens kept; -1 = all (llama-server `--keep`);
+    /// a request's `n_keep` wins.
+    pub n_keep: i64,
+    /// OpenAI responses carry `__verbose`, the native response (llama-server
+    /// does so at `--verbose`); a request's `verbose` wins.
+    pub verbose: bool,
     /// 0 = off.
     pub top_k: i32,
     /// 1 = off.
@@ -207,6 +246,12 @@ pub struct RequestDefaults {
     pub presence_penalty: f32,
     /// 0 = off.
     pub frequency_penalty: f32,
+    /// Where chat replies put a `<think>` block (llama-server
+    /// `--reasoning-format`); a request's `reasoning_format` wins.
+    pub reasoning_format: ReasoningFormat,
+    /// The chat template's `enable_thinking` (llama-server `--reasoning`); a
+    /// request's `chat_template_kwargs` win.
+    pub reasoning: Thinking,
 }
 
 impl Default for RequestDefaults {
@@ -217,6 +262,8 @@ impl Default for RequestDefaults {
             temperature: 0.8,
             seed: -1,
             cache_prompt: true,
+            n_keep: 0,
+            verbose: false,
             top_k: 40,
             top_p: 0.95,
             min_p: 0.05,
@@ -225,7 +272,68 @@ impl Default for RequestDefaults {
             repeat_last_n: 64,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            reasoning_format: ReasoningFormat::Auto,
+            reasoning: Thinking::Auto,
         }
+    }
+}
+
+/// `defaults.reasoning_format`, llama-server's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReasoningFormat {
+    /// Left in the content as generated.
+    None,
+    /// llama-server's default: as `deepseek` for templates that think (it
+    /// picks by template; sluice knows only `<think>` blocks).
+    Auto,
+    /// Out of the content, into `reasoning_content`.
+    Deepseek,
+    /// As `deepseek`, but left in the content between its tags when
+    /// streamed.
+    DeepseekLegacy,
+}
+
+impl ReasoningFormat {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "none" => Some(ReasoningFormat::None),
+            "auto" => Some(ReasoningFormat::Auto),
+            "deepseek" => Some(ReasoningFormat::Deepseek),
+            "deepseek-legacy" => Some(ReasoningFormat::DeepseekLegacy),
+            _ => None,
+        }
+    }
+}
+
+/// `defaults.reasoning`: whether chat templates are told to think.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Thinking {
+    On,
+    Off,
+    /// As `on`: llama-server tells templates that react to
+    /// `enable_thinking` to think, and for the others it makes no
+    /// difference.
+    Auto,
+}
+
+impl Thinking {
+    /// llama-server's spellings, its synonyms included.
+    pub(super) fn parse(name: &str) -> Option<Self> {
+        match name {
+            "on" | "enabled" | "true" | "1" => Some(Thinking::On),
+            "off" | "disabled" | "false" | "0" => Some(Thinking::Off),
+            "auto" => Some(Thinking::Auto),
+            _ => None,
+        }
+    }
+
+    /// The `enable_thinking` a template is rendered with (llama-server
+    /// always sets it: templates that test `not enable_thinking` read an
+    /// unset one as false).
+    pub fn enable_thinking(self) -> bool {
+        self != Thinking::Off
     }
 }
 

@@ -166,6 +166,7 @@ fn validation_errors_name_file_line_and_key() {
     for (text, key) in [
         ("[engine]\nbatch_tokens = 0\n", "`engine.batch_tokens` must be at least 1"),
         ("[server]\napi_key = \"\"\n", "`server.api_key` must not be empty"),
+        ("[server]\nslot_save_path = \"\"\n", "`server.slot_save_path` must not be empty"),
         ("[defaults]\nn_predict = -2\n", "`defaults.n_predict` must be -1"),
         ("[defaults]\nseed = 4294967296\n", "`defaults.seed` must be -1"),
         ("[speculative]\ntype = \"draft-simple\"\n", "needs `speculative.draft_model`"),
@@ -185,9 +186,12 @@ fn relative_model_paths_resolve_against_the_config_file() {
     let dir = std::env::temp_dir().join(format!("sluice-config-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("sluice.toml");
-    std::fs::write(&file, "[model]\npath = \"models/m.gguf\"\n[[lora]]\npath = \"/abs/a.gguf\"\n").expect("write");
+    let text =
+        "[server]\nslot_save_path = \"slots\"\n[model]\npath = \"models/m.gguf\"\n[[lora]]\npath = \"/abs/a.gguf\"\n";
+    std::fs::write(&file, text).expect("write");
     let config = Config::load(&file).expect("valid");
     assert_eq!(config.model.path(), dir.join("models/m.gguf"));
+    assert_eq!(config.server.slot_save_path, Some(dir.join("slots")));
     assert_eq!(config.lora[0].path, PathBuf::from("/abs/a.gguf"));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
@@ -204,9 +208,11 @@ fn flags_override_the_file() {
         no_cache_prompt: true,
         model: Some("x.gguf".into()),
         device: Some("cuda:1".into()),
+        slot_save_path: Some("slots".into()),
         ..Overrides::default()
     };
     config.apply(&flags).expect("valid flags");
+    assert_eq!(config.server.slot_save_path, Some(PathBuf::from("slots")));
     assert_eq!((config.engine.slots, config.server.port, config.server.slots), (1, 0, false));
     assert_eq!((config.defaults.n_predict, config.defaults.seed, config.defaults.cache_prompt), (8, 7, false));
     assert_eq!(config.model.path(), PathBuf::from("x.gguf"));
@@ -249,4 +255,57 @@ fn the_context_flag_counts_as_llama_server_s_does() {
     assert_eq!(ctx(Overrides { parallel: Some(4), ..base.clone() }), 512, "shared out among -np slots");
     assert_eq!(ctx(Overrides { parallel: Some(4), kv_unified: true, ..base.clone() }), 2048, "unified");
     assert_eq!(ctx(Overrides { parallel: Some(4), kv_unified_per_slot: Some(100), ..base }), 100);
+}
+
+#[test]
+fn reasoning_defaults_come_from_the_file_and_llama_server_flags() {
+    let mut config = Config::parse("[defaults]\nreasoning_format = \"none\"\nreasoning = \"off\"\n").expect("valid");
+    assert_eq!((config.defaults.reasoning_format, config.defaults.reasoning), (ReasoningFormat::None, Thinking::Off));
+    assert_eq!(
+        (RequestDefaults::default().reasoning_format, RequestDefaults::default().reasoning),
+        (ReasoningFormat::Auto, Thinking::Auto)
+    );
+    let wrong = Config::parse("[defaults]\n\nreasoning_format = \"deepseek_legacy\"\n").unwrap_err();
+    assert!(wrong.contains("line 3") && wrong.contains("deepseek-legacy"), "{wrong}");
+
+    use clap::{Args, FromArgMatches};
+    let command = Overrides::augment_args(clap::Command::new("serve"));
+    let args = ["sluice", "serve", "-rea", "enabled", "--reasoning-format", "deepseek-legacy"].map(OsString::from);
+    let matches = command.try_get_matches_from(llama_style_args(args).unwrap().args.split_off(1)).expect("parse");
+    let flags = Overrides::from_arg_matches(&matches).expect("flags convert");
+    config.apply(&flags).expect("valid flags");
+    assert_eq!(
+        (config.defaults.reasoning_format, config.defaults.reasoning),
+        (ReasoningFormat::DeepseekLegacy, Thinking::On)
+    );
+    assert_eq!([Thinking::On, Thinking::Auto, Thinking::Off].map(Thinking::enable_thinking), [true, true, false]);
+    let bad_format = Overrides { reasoning_format: Some("nothink".into()), ..Overrides::default() };
+    assert!(config.apply(&bad_format).unwrap_err().starts_with("--reasoning-format nothink"));
+    let bad_mode = Overrides { reasoning: Some("maybe".into()), ..Overrides::default() };
+    assert!(config.apply(&bad_mode).unwrap_err().starts_with("--reasoning maybe"));
+}
+
+#[test]
+fn kv_cache_types_come_from_the_file_and_llama_server_flags() {
+    use sluice_kernels::backend::KvType;
+    let defaults = Config::default();
+    assert_eq!((defaults.engine.cache_type_k, defaults.engine.cache_type_v), (KvType::F16, KvType::F16));
+    let mut config = Config::parse("[engine]\ncache_type_k = \"q8_0\"\n").expect("valid");
+    assert_eq!((config.engine.cache_type_k, config.engine.cache_type_v), (KvType::Q8_0, KvType::F16));
+    let wrong = Config::parse("[engine]\n\ncache_type_v = \"q4_0\"\n").unwrap_err();
+    assert!(wrong.contains("line 3") && wrong.contains("the KV cache holds f16 or q8_0, not \"q4_0\""), "{wrong}");
+
+    use clap::{Args, FromArgMatches};
+    let command = Overrides::augment_args(clap::Command::new("serve"));
+    let args = ["sluice", "serve", "-ctk", "f16", "-ctv", "q8_0"].map(OsString::from);
+    let matches =
+        command.clone().try_get_matches_from(llama_style_args(args).unwrap().args.split_off(1)).expect("parse");
+    config.apply(&Overrides::from_arg_matches(&matches).expect("flags convert")).expect("valid flags");
+    assert_eq!((config.engine.cache_type_k, config.engine.cache_type_v), (KvType::F16, KvType::Q8_0));
+    for other in ["f32", "bf16", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] {
+        let args = ["sluice", "serve", "-ctk", other].map(OsString::from);
+        let error = command.clone().try_get_matches_from(llama_style_args(args).unwrap().args.split_off(1));
+        let error = error.expect_err(other).to_string();
+        assert!(error.contains("--cache-type-k") && error.contains("the KV cache holds f16 or q8_0"), "{error}");
+    }
 }

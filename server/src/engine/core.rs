@@ -3,6 +3,8 @@
 //! decode tokens, run the model, sample, stream events, stop and free what
 //! finished.
 
+mod slot_actions;
+
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
@@ -13,17 +15,20 @@ use sluice_plugin_api::rules::has_runnable_work;
 
 use super::batch::{Assembled, Work, assemble};
 use super::drafting::{self, Committed};
-use super::emit::{Emitted, Emitter, Ending};
+use super::emit::{self, Emitted, Emitter, Ending};
 use super::kv::BlockManager;
 use super::metrics::Metrics;
 use super::policy::{Decision, EndReason, EndedRequest, OccupiedSlot, Phase, StepView, WaitingRequest};
-use super::request::{EngineError, Event, IMAGE_ROW, RequestId};
+use super::request::{EngineError, Event, IMAGE_ROW, Progress, RequestId};
 use super::sampling::Sampler;
+use super::shift;
 use super::slot::{Active, Waiting, trace_phase};
+use super::slot_store::SlotAction;
 use super::speculative::{DraftState, Speculation};
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
 use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 use super::text::TextStream;
+use crate::model::batch::forward_in_parts;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{Context, Model};
 
@@ -50,6 +55,12 @@ pub(super) struct Engine {
     adapter_groups: Vec<Vec<(u32, f32)>>,
     started: Instant,
     step: u64,
+    /// Per slot: the tokens of the last sequence that named it (`id_slot`)
+    /// or ran in it naming none, whose KV the prefix cache may still hold
+    /// (what saving the slot saves).
+    slot_tokens: Vec<Vec<u32>>,
+    /// Actions waiting for their (busy) slots.
+    deferred_slot_actions: Vec<(usize, SlotAction)>,
 }
 
 /// The [`Emitter`] over an engine's fields, borrowed one by one so that a
@@ -61,6 +72,7 @@ macro_rules! emitter {
             metrics: &$engine.shared.metrics,
             blocks: &mut $engine.blocks,
             ctx: $engine.config.ctx,
+            context_shift: $engine.config.context_shift,
             step: $engine.step,
         }
     };
@@ -107,16 +119,25 @@ impl Engine {
         commands: mpsc::Receiver<Command>,
     ) -> Result<Self, BackendError> {
         let (n_blocks, block_tokens) = config.kv_blocks();
+        let context = Arc::clone(&model).context(n_blocks, block_tokens, config.kv_types)?;
+        let mut blocks = BlockManager::new(n_blocks, block_tokens);
+        // `--cache-ram` in blocks of this store.
+        if let Some(mib) = config.cache_mib {
+            let bytes = usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+            blocks.limit_cache(bytes / context.block_format().bytes.max(1));
+        }
         Ok(Engine {
-            context: Arc::clone(&model).context(n_blocks, block_tokens)?,
+            context,
             speculation,
-            blocks: BlockManager::new(n_blocks, block_tokens),
+            blocks,
             slots: (0..config.slots).map(|_| None).collect(),
             waiting: VecDeque::new(),
             ended: Vec::new(),
             adapter_groups: vec![Vec::new()],
             started: Instant::now(),
             step: 0,
+            slot_tokens: vec![Vec::new(); config.slots],
+            deferred_slot_actions: Vec::new(),
             model,
             tokenizer,
             supervisor,
@@ -129,7 +150,8 @@ impl Engine {
     pub(super) fn run(mut self) {
         self.publish();
         loop {
-            let idle = self.waiting.is_empty() && self.slots.iter().all(Option::is_none);
+            let idle =
+                self.waiting.is_empty() && self.slots.iter().all(Option::is_none) && !self.has_deferred_slot_actions();
             let command = if idle {
                 match self.commands.recv() {
                     Ok(command) => Some(command),
@@ -150,6 +172,8 @@ impl Engine {
                 }
             }
             self.reap_disconnected();
+            // Before the policy can admit into a slot that just freed up.
+            self.run_deferred_slot_actions();
             self.step();
             self.publish();
         }
@@ -173,6 +197,7 @@ impl Engine {
                 self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group });
             }
             Command::Cancel(id) => self.cancel(id),
+            Command::Slot { slot, action } => self.slot_action(slot, action),
             Command::ReplacePolicy(policy, applied) => {
                 tracing::info!(policy = policy.name(), "scheduling policy replaced");
                 self.supervisor.replace(policy);
@@ -351,12 +376,7 @@ impl Engine {
                 return;
             }
         };
-        if let Some((from, to)) = admission.copy {
-            self.context.copy_block(from, to);
-            if let Some(speculation) = self.speculation.as_mut() {
-                speculation.drafter.copy_block(from, to);
-            }
-        }
+        self.copy_block(admission.copy);
         Metrics::add(&self.shared.metrics.prefix_cache_hit_tokens_total, admission.cached_tokens as u64);
         let mut sampler = Sampler::new(waiting.request.sampling.clone());
         // Image rows are not tokens: penalties never see them.
@@ -367,17 +387,23 @@ impl Engine {
         let text = TextStream::new(waiting.request.stop.clone());
         let _ = waiting.events.send(Event::Started { id_slot: slot as u32 });
         let cached = admission.cached_tokens;
+        if waiting.request.return_progress {
+            let total = waiting.request.prompt.len();
+            let _ =
+                waiting.events.send(Event::Progress(Progress { total, cache: cached, processed: cached, time_ms: 0 }));
+        }
         trace_phase(self.step, slot, waiting.id, "prefilling");
         self.slots[slot] = Some(Active {
             id: waiting.id,
             tokens: waiting.request.prompt[..cached].to_vec(),
-            request: waiting.request,
             events: waiting.events,
             arrival_ms: waiting.arrival_ms,
             adapter_group: waiting.adapter_group,
             blocks: admission.blocks,
             phase: Phase::Prefilling,
             prompt_done: cached,
+            n_prompt: waiting.request.prompt.len(),
+            request: waiting.request,
             cached,
             cells: cached,
             generated: 0,
@@ -386,11 +412,13 @@ impl Engine {
             text,
             prompt_started: None,
             prompt_ms: 0.0,
+            admitted: Instant::now(),
             decode_started: None,
             layout,
             draft: DraftState::new(cached),
             draft_n: 0,
             draft_accepted: 0,
+            truncated: false,
         });
         Metrics::add(&self.shared.metrics.requests_processing, 1);
     }
@@ -407,6 +435,10 @@ impl Engine {
                 self.end_slot(slot, ending);
                 false
             }
+            Emitted::Shift => {
+                self.shift(slot);
+                false
+            }
             // Only a draft can be rejected.
             Emitted::Rejected => false,
         }
@@ -417,7 +449,7 @@ impl Engine {
         let taps = self.speculation.as_ref().map_or(&[][..], |speculation| speculation.drafter.taps());
         let Assembled { batch, prefill_tokens, decode_tokens } = assemble(&work, &self.slots, taps, n_embd);
         let started = Instant::now();
-        let output = match self.context.forward(&batch) {
+        let output = match forward_in_parts(&mut *self.context, &batch, self.config.ubatch_tokens, n_embd) {
             Ok(output) => output,
             Err(error) => {
                 tracing::error!(%error, "forward pass refused");
@@ -449,21 +481,39 @@ impl Engine {
                     active.tokens.extend_from_slice(&active.request.prompt[start..start + tokens]);
                     active.prompt_done += tokens;
                     active.cells += tokens;
+                    // A shifted context's prefill is not the prompt's.
+                    if active.request.return_progress && active.decode_started.is_none() {
+                        active.send(Event::Progress(Progress {
+                            total: active.n_prompt,
+                            cache: active.cached,
+                            processed: active.prompt_done,
+                            time_ms: active.admitted.elapsed().as_millis() as u64,
+                        }));
+                    }
                     if n_logits > 0 {
                         active.held_logits = logits.to_vec();
                         active.phase = Phase::Ready;
                         trace_phase(self.step, slot, active.id, "ready");
-                        active.prompt_ms =
-                            active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
+                        if active.decode_started.is_none() {
+                            active.prompt_ms =
+                                active.prompt_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
+                        }
                     }
                 }
                 Work::Decode { drafts, .. } => {
                     active.cells += 1;
                     active.held_logits = logits[..n_vocab].to_vec();
                     let mut emitter = emitter!(self);
-                    if let Some(ending) = emitter.verify(slot, active, &drafts, logits) {
-                        self.end_slot(slot, ending);
-                        continue;
+                    match emitter.verify(slot, active, &drafts, logits) {
+                        Emitted::Ended(ending) => {
+                            self.end_slot(slot, ending);
+                            continue;
+                        }
+                        Emitted::Shift => {
+                            self.shift(slot);
+                            continue;
+                        }
+                        Emitted::Continue | Emitted::Rejected => {}
                     }
                 }
             }
@@ -476,6 +526,37 @@ impl Engine {
         }
         if let Some(speculation) = self.speculation.as_mut() {
             drafting::commit(speculation, &mut self.slots, &committed, &output.taps);
+        }
+    }
+
+    /// Copy a shared block an admission writes into, in the target's and
+    /// the drafter's KV.
+    fn copy_block(&mut self, copy: Option<(u32, u32)>) {
+        let Some((from, to)) = copy else { return };
+        self.context.copy_block(from, to);
+        if let Some(speculation) = self.speculation.as_mut() {
+            speculation.drafter.copy_block(from, to);
+        }
+    }
+
+    /// Shift a slot whose context is full (see [`shift`]); a slot with
+    /// nothing to drop ends as if shifting were off.
+    fn shift(&mut self, slot: usize) {
+        let Some(active) = self.slots[slot].as_mut() else { return };
+        let bos = self.tokenizer.adds_bos();
+        let request = &active.request;
+        let Some(cut) =
+            shift::cut(active.cells, self.config.ctx, active.n_prompt, request.n_keep, request.n_discard, bos)
+        else {
+            let ending = emit::truncated(slot, active);
+            self.end_slot(slot, ending);
+            return;
+        };
+        tracing::info!(slot, keep = cut.keep, discard = cut.discard, cells = active.cells, "context shift");
+        trace_phase(self.step, slot, active.id, "prefilling");
+        match shift::apply(active, cut, &mut self.blocks) {
+            Ok(copy) => self.copy_block(copy),
+            Err(error) => self.fail_slot(slot, EngineError::ResourceExhausted(error.to_string())),
         }
     }
 
@@ -516,7 +597,11 @@ impl Engine {
         );
         // Bookkeeping first: a client that reads /metrics or /slots right
         // after its response must see the request gone.
+        let cache_slot = self.cache_slot(slot, &active);
         self.blocks.release(active.blocks);
+        let mut tokens = active.tokens;
+        tokens.truncate(active.cells);
+        self.slot_tokens[cache_slot] = tokens;
         self.ended.push(EndedRequest { request_id: active.id, slot: Some(slot as u32), reason });
         self.shared.metrics.requests_processing.fetch_sub(1, Ordering::Relaxed);
         self.publish();

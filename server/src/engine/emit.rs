@@ -9,6 +9,7 @@ use super::metrics::Metrics;
 use super::policy::{EndReason, Phase};
 use super::request::{Completion, EngineError, Event, StopType, Timings, TokenEvent, TokenProbs};
 use super::sampling::{TokenProb, token_prob, top_probs};
+use super::shift;
 use super::slot::{Active, trace_phase};
 use super::text::Appended;
 use crate::model::tokenizer::Tokenizer;
@@ -29,6 +30,9 @@ pub(super) enum Emitted {
     Rejected,
     /// The request ends.
     Ended(Ending),
+    /// The token was emitted but the slot's context is full: the slot must
+    /// shift (see `super::shift`) before the token runs.
+    Shift,
 }
 
 /// What emission needs from the engine.
@@ -38,6 +42,8 @@ pub(super) struct Emitter<'a> {
     pub blocks: &'a mut BlockManager,
     /// Each slot's context.
     pub ctx: usize,
+    /// Shift a full context instead of ending the request.
+    pub context_shift: bool,
     /// For the phase log.
     pub step: u64,
 }
@@ -50,7 +56,7 @@ impl Emitter<'_> {
     pub fn emit(&mut self, slot: usize, active: &mut Active, draft: Option<u32>) -> Emitted {
         if active.request.n_predict == Some(0) {
             // n_predict 0 evaluates the prompt only.
-            return done(slot, active, StopType::Limit, String::new(), false);
+            return Emitted::Ended(done(slot, active, StopType::Limit, String::new(), false));
         }
         active.decode_started.get_or_insert_with(Instant::now);
         let n_probs = active.request.n_probs;
@@ -93,7 +99,7 @@ impl Emitter<'_> {
             if !active.send(Event::Token(TokenEvent { token, text: String::new(), probs })) {
                 return Emitted::Ended(Ending { reason: EndReason::Cancelled, event: None });
             }
-            return done(slot, active, StopType::Eos, String::new(), false);
+            return Emitted::Ended(done(slot, active, StopType::Eos, String::new(), false));
         }
         let (text, stop_word) = match active.text.push(self.tokenizer.render_bytes(token, false)) {
             Appended::Text(text) => (text, None),
@@ -103,15 +109,22 @@ impl Emitter<'_> {
             return Emitted::Ended(Ending { reason: EndReason::Cancelled, event: None });
         }
         if let Some(word) = stop_word {
-            return done(slot, active, StopType::Word, word, false);
+            return Emitted::Ended(done(slot, active, StopType::Word, word, false));
+        }
+        // As in llama-server, a context is full when the token just sampled
+        // would take its last cell, and that is checked before the limit.
+        let full = active.cells + 1 >= self.ctx;
+        let shift = full && self.context_shift && shift::shiftable(active);
+        if full && !shift {
+            return Emitted::Ended(done(slot, active, StopType::Limit, String::new(), true));
         }
         if active.request.n_predict.is_some_and(|limit| active.generated >= limit) {
-            return done(slot, active, StopType::Limit, String::new(), false);
-        }
-        if active.cells + 1 > self.ctx {
-            return done(slot, active, StopType::Limit, String::new(), true);
+            return Emitted::Ended(done(slot, active, StopType::Limit, String::new(), false));
         }
         active.tokens.push(token);
+        if shift {
+            return Emitted::Shift;
+        }
         if let Err(error) = self.blocks.reserve(&mut active.blocks, active.cells + 1) {
             let event = Event::Failed(EngineError::ResourceExhausted(error.to_string()));
             return Emitted::Ended(Ending { reason: EndReason::Failed, event: Some(event) });
@@ -121,11 +134,11 @@ impl Emitter<'_> {
 
     /// Emit the drafts the target's sampler agrees with, from `logits`
     /// (after the sampled token, then after each draft, `n_vocab` each).
-    /// Leaves the held logits after the last accepted token. `Some` when
-    /// the request ended.
-    pub fn verify(&mut self, slot: usize, active: &mut Active, drafts: &[u32], logits: &[f32]) -> Option<Ending> {
+    /// Leaves the held logits after the last accepted token. `Continue`
+    /// unless the request ended or must shift.
+    pub fn verify(&mut self, slot: usize, active: &mut Active, drafts: &[u32], logits: &[f32]) -> Emitted {
         if drafts.is_empty() {
-            return None;
+            return Emitted::Continue;
         }
         let n_vocab = active.held_logits.len();
         Metrics::add(&self.metrics.drafts_total, 1);
@@ -139,32 +152,37 @@ impl Emitter<'_> {
                     active.held_logits.copy_from_slice(&logits[(index + 1) * n_vocab..(index + 2) * n_vocab]);
                 }
                 Emitted::Rejected => break,
-                Emitted::Ended(ending) => {
+                ended @ (Emitted::Ended(_) | Emitted::Shift) => {
                     self.metrics.count_accepted_at(index);
-                    return Some(ending);
+                    return ended;
                 }
             }
         }
-        None
+        Emitted::Continue
     }
 }
 
+/// The request ends because its context is full.
+pub(super) fn truncated(slot: usize, active: &mut Active) -> Ending {
+    done(slot, active, StopType::Limit, String::new(), true)
+}
+
 /// The request completed: its final event.
-fn done(slot: usize, active: &mut Active, stop_type: StopType, stopping_word: String, truncated: bool) -> Emitted {
+fn done(slot: usize, active: &mut Active, stop_type: StopType, stopping_word: String, truncated: bool) -> Ending {
     let text = active.text.finish();
     let predicted_ms = active.decode_started.map_or(0.0, |started| started.elapsed().as_secs_f64() * 1e3);
     let completion = Completion {
         stop_type,
         stopping_word,
         text,
-        truncated,
+        truncated: truncated || active.truncated,
         tokens_predicted: active.generated,
-        tokens_evaluated: active.request.prompt.len(),
+        tokens_evaluated: active.n_prompt,
         tokens_cached: active.cached,
         id_slot: slot as u32,
         timings: Timings {
             cache_n: active.cached,
-            prompt_n: active.request.prompt.len() - active.cached,
+            prompt_n: active.n_prompt - active.cached,
             prompt_ms: active.prompt_ms,
             predicted_n: active.generated,
             predicted_ms,
@@ -172,5 +190,5 @@ fn done(slot: usize, active: &mut Active, stop_type: StopType, stopping_word: St
             draft_n_accepted: active.draft_accepted,
         },
     };
-    Emitted::Ended(Ending { reason: EndReason::Completed, event: Some(Event::Done(completion)) })
+    Ending { reason: EndReason::Completed, event: Some(Event::Done(completion)) }
 }

@@ -7,11 +7,12 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use sluice_kernels::backend::BackendError;
-use tokio::sync::mpsc as events;
+use tokio::sync::{mpsc as events, oneshot};
 
 use super::core::{Engine, Models};
 use super::policy::SchedulingPolicy;
 use super::request::{Event, GenerationRequest, RequestId};
+use super::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile, SlotReply};
 use super::speculative::Speculation;
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
 use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
@@ -54,6 +55,8 @@ pub struct EngineHandle {
     image_width: Option<usize>,
     /// Whether a draft is paired with the model.
     speculative: bool,
+    /// What slot files must match.
+    kv_layout: Arc<KvLayout>,
 }
 
 impl EngineHandle {
@@ -75,8 +78,10 @@ impl EngineHandle {
         let models = Models { model, tokenizer, speculation };
         let supervisor = Supervisor::new(policy, fallback, config.faults);
         let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver)?;
+        let kv_layout = Arc::new(engine.kv_layout());
         std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
-        Ok(EngineHandle { commands, shared, next_id: Arc::new(AtomicU64::new(1)), config, image_width, speculative })
+        let next_id = Arc::new(AtomicU64::new(1));
+        Ok(EngineHandle { commands, shared, next_id, config, image_width, speculative, kv_layout })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -160,6 +165,37 @@ impl EngineHandle {
             return Err(SubmitError::Unavailable("the engine has stopped".into()));
         }
         Ok(())
+    }
+
+    /// What a slot file must match to be restored here.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv_layout
+    }
+
+    /// The slot's cached tokens and their KV blocks. Like every slot
+    /// action, on a busy slot this waits until its request ends.
+    pub async fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
+        self.slot_action(slot, SlotAction::Save).await
+    }
+
+    /// Cache `file`'s tokens and KV as `slot`'s; the tokens restored.
+    pub async fn restore_slot(&self, slot: usize, file: SlotFile) -> Result<usize, SlotActionError> {
+        self.slot_action(slot, |reply| SlotAction::Restore(file, reply)).await
+    }
+
+    /// Drop the slot's cached tokens; how many there were.
+    pub async fn erase_slot(&self, slot: usize) -> Result<usize, SlotActionError> {
+        self.slot_action(slot, SlotAction::Erase).await
+    }
+
+    async fn slot_action<T>(
+        &self,
+        slot: usize,
+        action: impl FnOnce(SlotReply<T>) -> SlotAction,
+    ) -> Result<T, SlotActionError> {
+        let (reply, done) = oneshot::channel();
+        self.commands.send(Command::Slot { slot, action: action(reply) }).map_err(|_| SlotActionError::Stopped)?;
+        done.await.map_err(|_| SlotActionError::Stopped)?
     }
 
     pub fn health(&self) -> Health {

@@ -23,6 +23,19 @@ pub struct SeqBlocks {
     cacheable: bool,
 }
 
+impl SeqBlocks {
+    /// Whether its blocks are offered to the prefix cache.
+    pub fn cacheable(&self) -> bool {
+        self.cacheable
+    }
+
+    /// A sequence whose KV is written from elsewhere (a restored slot):
+    /// committed and released, its blocks stay in the prefix cache.
+    pub fn restored() -> Self {
+        SeqBlocks { cacheable: true, ..SeqBlocks::default() }
+    }
+}
+
 /// What admitting a sequence borrowed from the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
@@ -84,6 +97,9 @@ pub struct BlockManager {
     free: Vec<u32>,
     /// Unreferenced cached blocks by last use.
     lru: BTreeMap<u64, u32>,
+    /// Most blocks `lru` may hold (`--cache-ram`); the least recently used
+    /// beyond go back to the free list.
+    cache_limit: usize,
     last_use: Vec<u64>,
     clock: u64,
     hits: u64,
@@ -110,6 +126,7 @@ impl BlockManager {
             children: HashMap::new(),
             free: (0..n_blocks as u32).rev().collect(),
             lru: BTreeMap::new(),
+            cache_limit: usize::MAX,
             last_use: vec![0; n_blocks],
             clock: 0,
             hits: 0,
@@ -118,6 +135,20 @@ impl BlockManager {
 
     pub fn block_tokens(&self) -> usize {
         self.block_tokens
+    }
+
+    /// Keep at most `blocks` unreferenced blocks cached.
+    pub fn limit_cache(&mut self, blocks: usize) {
+        self.cache_limit = blocks;
+        self.trim_cache();
+    }
+
+    fn trim_cache(&mut self) {
+        while self.lru.len() > self.cache_limit {
+            let Some((_, block)) = self.lru.pop_first() else { return };
+            self.forget(block);
+            self.free.push(block);
+        }
     }
 
     fn n_blocks(&self) -> usize {
@@ -151,6 +182,30 @@ impl BlockManager {
             .map(|&block| (block, shared(block)))
             .max_by_key(|&(_, n)| n);
         Matched { whole: found, partial: partial.filter(|&(_, n)| n > 0) }
+    }
+
+    /// The cached blocks holding the longest cached prefix of `tokens`, in
+    /// cell order, and that prefix's length (the last block may hold only
+    /// part of it, or more).
+    pub fn cached_run(&self, tokens: &[u32]) -> (Vec<u32>, usize) {
+        let matched = self.matching_blocks(tokens);
+        let n = matched.tokens(self.block_tokens);
+        let blocks = matched.whole.iter().map(|&(block, _)| block).chain(matched.partial.map(|(block, _)| block));
+        (blocks.collect(), n)
+    }
+
+    /// Drop these cached blocks from the cache (an erased slot's); blocks a
+    /// sequence uses, and ids that are not cached blocks, are left alone.
+    pub fn evict(&mut self, blocks: &[u32]) {
+        for &block in blocks {
+            let Some(&last_use) = self.last_use.get(block as usize) else { continue };
+            if self.refcount[block as usize] > 0 || self.lru.get(&last_use) != Some(&block) {
+                continue;
+            }
+            self.lru.remove(&last_use);
+            self.forget(block);
+            self.free.push(block);
+        }
     }
 
     /// Prompt tokens the cache would serve for `prompt` (at most all but the
@@ -216,24 +271,29 @@ impl BlockManager {
             Some(block) => block,
             None => {
                 let (_, block) = self.lru.pop_first()?;
-                if let Some(key) = self.key[block as usize].take() {
-                    self.index.remove(&key);
-                }
-                if let Some(parent) = self.parent[block as usize].take()
-                    && let Some(siblings) = self.children.get_mut(&parent)
-                {
-                    siblings.retain(|&sibling| sibling != block);
-                    if siblings.is_empty() {
-                        self.children.remove(&parent);
-                    }
-                }
-                self.tokens[block as usize].clear();
+                self.forget(block);
                 block
             }
         };
         self.refcount[block as usize] = 1;
         self.touch(block);
         Some(block)
+    }
+
+    /// Take a cached block out of the index and the chains.
+    fn forget(&mut self, block: u32) {
+        if let Some(key) = self.key[block as usize].take() {
+            self.index.remove(&key);
+        }
+        if let Some(parent) = self.parent[block as usize].take()
+            && let Some(siblings) = self.children.get_mut(&parent)
+        {
+            siblings.retain(|&sibling| sibling != block);
+            if siblings.is_empty() {
+                self.children.remove(&parent);
+            }
+        }
+        self.tokens[block as usize].clear();
     }
 
     /// Make `blocks` hold at least `cells` cells.
@@ -313,6 +373,7 @@ impl BlockManager {
                 self.free.push(block);
             }
         }
+        self.trim_cache();
     }
 
     pub fn stats(&self) -> BlockStats {
@@ -444,6 +505,24 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_keeps_at_most_its_limit_least_recently_used_first() {
+        let mut manager = BlockManager::new(16, 4);
+        let (old, new) = (tokens(8, 1), tokens(8, 2));
+        run(&mut manager, &old, &[]);
+        run(&mut manager, &new, &[]);
+        assert_eq!(manager.stats().cached, 4);
+        manager.limit_cache(2);
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 14 });
+        assert_eq!(manager.cached_prefix(&old), 0, "the older prompt went first");
+        assert_eq!(manager.cached_prefix(&new), 7);
+        // Releasing keeps to the limit too.
+        run(&mut manager, &tokens(12, 3), &[]);
+        assert_eq!(manager.stats().cached, 2);
+        manager.limit_cache(0);
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 16 });
+    }
+
+    #[test]
     fn tails_are_cached_once_and_evicted_like_whole_blocks() {
         let mut manager = BlockManager::new(3, 4);
         let prompt = tokens(6, 9);
@@ -456,6 +535,32 @@ mod tests {
         assert_eq!(manager.cached_prefix(&prompt), 0);
         manager.release(other.blocks);
         assert_eq!(manager.cached_prefix(&prompt), 0, "an uncommitted sequence caches nothing");
+    }
+
+    #[test]
+    fn a_finished_sequence_is_found_evicted_and_restored() {
+        let mut manager = BlockManager::new(8, 4);
+        let written = tokens(10, 11);
+        let table = run(&mut manager, &written[..6], &written[6..]);
+        assert_eq!(manager.cached_run(&written), (table[..3].to_vec(), 10), "two whole blocks and the tail");
+        assert_eq!(manager.cached_run(&written[..5]), (table[..2].to_vec(), 5), "ends inside the second block");
+        // A live sequence keeps its borrowed block through an eviction.
+        let live = manager.admit(&written[..5], true).expect("room");
+        manager.evict(&table);
+        assert_eq!(manager.cached_run(&written), (table[..1].to_vec(), 4));
+        manager.release(live.blocks);
+        manager.evict(&table);
+        manager.evict(&[table[0], 99]);
+        assert_eq!(manager.cached_run(&written), (Vec::new(), 0));
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 8 });
+        // Restored KV: blocks reserved, written (by the caller), committed.
+        let mut restored = SeqBlocks::restored();
+        manager.reserve(&mut restored, written.len()).expect("room");
+        let blocks = restored.table.clone();
+        manager.commit(&mut restored, &written);
+        manager.release(restored);
+        assert_eq!(manager.cached_run(&written), (blocks, 10));
+        assert_eq!(manager.cached_prefix(&written), 9);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //!
 //! Files: `handle` (the public face) and `core` (the loop) share only
 //! `state`; `supervisor` gets each step's decision; `batch` assembles the
-//! pass, `emit` samples, stops and verifies drafts, `drafting` talks to the
-//! drafter.
+//! pass, `emit` samples, stops and verifies drafts, `shift` makes room in a
+//! full context, `drafting` talks to the drafter; `slot_store` saves and
+//! restores slots' caches.
 
 mod batch;
 mod core;
@@ -18,7 +19,9 @@ pub mod metrics;
 pub mod policy;
 pub mod request;
 pub mod sampling;
+mod shift;
 mod slot;
+pub mod slot_store;
 pub mod speculative;
 mod state;
 pub mod supervisor;

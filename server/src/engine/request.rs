@@ -34,6 +34,15 @@ pub struct GenerationRequest {
     pub priority: i32,
     /// LoRA adapters (id, scale); requests with equal lists share a group.
     pub lora: Vec<(u32, f32)>,
+    /// Report prompt progress ([`Event::Progress`]) as the prompt is
+    /// processed.
+    pub return_progress: bool,
+    /// Context shift: prompt tokens never dropped (`None` = the whole
+    /// prompt).
+    pub n_keep: Option<usize>,
+    /// Context shift: tokens dropped at once (0 = half of what follows
+    /// `n_keep`).
+    pub n_discard: usize,
     /// Image segments of the prompt (M-RoPE targets): each holds
     /// `nx × ny` cells of the prompt, which carry placeholder ids (see
     /// [`GenerationRequest::push_image`]).
@@ -93,6 +102,9 @@ impl GenerationRequest {
             id_slot: None,
             priority: 0,
             lora: Vec::new(),
+            return_progress: false,
+            n_keep: Some(0),
+            n_discard: 0,
             images: Vec::new(),
         }
     }
@@ -218,6 +230,19 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// How far a request's prompt is (llama-server's `prompt_progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Prompt tokens.
+    pub total: usize,
+    /// Of which borrowed from the prefix cache.
+    pub cache: usize,
+    /// Of which in the KV cache now (cached ones included).
+    pub processed: usize,
+    /// Since the request got its slot.
+    pub time_ms: u64,
+}
+
 /// What the engine tells a request's owner.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -225,6 +250,10 @@ pub enum Event {
     Started {
         id_slot: u32,
     },
+    /// Its prompt got this far: once when it gets its slot, then after
+    /// every step that processed some of it (only if it asked,
+    /// [`GenerationRequest::return_progress`]).
+    Progress(Progress),
     Token(TokenEvent),
     Done(Completion),
     Failed(EngineError),

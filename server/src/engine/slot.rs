@@ -53,6 +53,9 @@ pub(super) struct Active {
     /// sampled token not yet run.
     pub tokens: Vec<u32>,
     pub prompt_done: usize,
+    /// The prompt's length as submitted (a context shift replaces
+    /// `request.prompt` with what it keeps).
+    pub n_prompt: usize,
     pub cached: usize,
     /// KV cells written.
     pub cells: usize,
@@ -62,6 +65,8 @@ pub(super) struct Active {
     pub text: TextStream,
     pub prompt_started: Option<Instant>,
     pub prompt_ms: f64,
+    /// When it got its slot (for prompt progress).
+    pub admitted: Instant,
     pub decode_started: Option<Instant>,
     /// Where its cells sit (image segments move text positions on).
     pub layout: Layout,
@@ -70,6 +75,8 @@ pub(super) struct Active {
     pub draft_n: usize,
     /// Drafted tokens the target's sampler picked.
     pub draft_accepted: usize,
+    /// Its context was shifted: reported as `truncated`.
+    pub truncated: bool,
 }
 
 impl Active {

@@ -6,11 +6,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, mpsc};
 
+use sluice_kernels::backend::KvTypes;
 use tokio::sync::mpsc as events;
 
 use super::metrics::Metrics;
 use super::policy::{Phase, SchedulingPolicy};
 use super::request::{Event, GenerationRequest, RequestId};
+use super::slot_store::SlotAction;
 use super::supervisor::{FaultEvent, FaultRules, Health};
 
 /// The engine's settings (`startup` builds them from `[engine]` and the
@@ -24,10 +26,20 @@ pub struct EngineConfig {
     pub ctx: usize,
     /// Most tokens one step may process (llama-server `-b`).
     pub batch_tokens: usize,
+    /// Most rows one forward pass runs (llama-server `-ub`).
+    pub ubatch_tokens: usize,
     /// Tokens per KV-cache block.
     pub kv_block_tokens: usize,
+    /// How the KV cache holds keys and values (llama-server `-ctk`, `-ctv`).
+    pub kv_types: KvTypes,
     /// Share prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// Most MiB of KV the prefix cache keeps for finished requests; `None`
+    /// = as much as the pool has free.
+    pub cache_mib: Option<u64>,
+    /// Shift a full context instead of stopping the request (see
+    /// `engine::shift`).
+    pub context_shift: bool,
     /// Most requests waiting for a slot; more are refused with 503.
     pub queue_limit: usize,
     /// How the policy's faults are handled.
@@ -50,8 +62,12 @@ impl Default for EngineConfig {
             slots: 4,
             ctx: 4096,
             batch_tokens: 512,
+            ubatch_tokens: 512,
             kv_block_tokens: 16,
+            kv_types: KvTypes::default(),
             prefix_cache: true,
+            cache_mib: Some(8192),
+            context_shift: false,
             queue_limit: 256,
             faults: FaultRules::default(),
         }
@@ -68,6 +84,11 @@ pub(super) enum Command {
     Cancel(RequestId),
     /// Swap the policy; the sender hears once the swap is done.
     ReplacePolicy(Box<dyn SchedulingPolicy>, mpsc::Sender<()>),
+    /// Save, restore or erase a slot's cache once the slot is idle.
+    Slot {
+        slot: usize,
+        action: SlotAction,
+    },
 }
 
 /// A slot as `/slots` shows it.

@@ -6,7 +6,10 @@
 //!
 //! Where llama-server is silently permissive (unknown block types dropped,
 //! messages of the wrong shape passed on), sluice answers 400 naming the
-//! field, or 501 for what it cannot do yet (images, tools, thinking).
+//! field, or 501 for what it cannot do yet (images, tools, thinking
+//! blocks in the input). A reply's reasoning (see [`super::reasoning`])
+//! comes back as a `thinking` block before the text, as llama-server
+//! returns it.
 
 use std::sync::Arc;
 
@@ -18,6 +21,7 @@ use super::error::ApiError;
 use super::generate::{Plan, blocking, collect, engine_gone, submit};
 use super::openai::{chat_tokens, random_id};
 use super::params::{self, Fields, JsonBody, object, wrong};
+use super::reasoning::{Parts, Reasoning, Splitter};
 use super::{AppState, sse};
 use crate::engine::request::{Completion, StopType, TokenEvent};
 
@@ -34,12 +38,13 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
     let ready = state.ready()?;
     let parsing = Arc::clone(&ready);
     let defaults = state.config().defaults.clone();
-    let plan = blocking(move || {
+    let (plan, reasoning) = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), true)?;
         let fields = Fields(&chat);
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        let prompts = vec![chat_tokens(&parsing, fields)?];
-        Ok(Plan { generation, prompts })
+        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
+        Ok((Plan { generation, prompts: vec![prompt.tokens] }, reasoning))
     })
     .await?;
     // llama-server gives Anthropic messages its chat completion ids.
@@ -47,13 +52,20 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
     let model = ready.model.name.clone();
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
-        let render = MessageStream { id, model, prompt_len: plan.prompt(0).len(), started: false, text_open: false };
+        let render = MessageStream::new(id, model, plan.prompt(0).len(), reasoning.splitter());
         return sse::respond(jobs, render, state.ping()).await;
     }
     let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
-    let text = outcome.content();
-    // An empty reply has no text block at all, as in llama-server.
-    let content: Vec<Value> = if text.is_empty() { Vec::new() } else { vec![json!({ "type": "text", "text": text })] };
+    let Parts { reasoning, content: text } = reasoning.split(&outcome.content());
+    // Empty blocks are left out, as in llama-server. A local model signs
+    // nothing, so the signature Anthropic's clients expect is empty.
+    let mut content = Vec::new();
+    if !reasoning.is_empty() {
+        content.push(json!({ "type": "thinking", "thinking": reasoning, "signature": "" }));
+    }
+    if !text.is_empty() {
+        content.push(json!({ "type": "text", "text": text }));
+    }
     let completion = &outcome.completion;
     let message = json!({
         "id": id,
@@ -71,9 +83,10 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
 /// `POST /v1/messages/count_tokens`: the templated prompt's length.
 pub async fn count_tokens(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
     let ready = state.ready()?;
+    let thinking = state.config().defaults.reasoning;
     let input_tokens = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), false)?;
-        Ok(chat_tokens(&ready, Fields(&chat))?.len())
+        Ok(chat_tokens(&ready, Fields(&chat), thinking)?.tokens.len())
     })
     .await?;
     Ok(axum::Json(json!({ "input_tokens": input_tokens })).into_response())
@@ -115,12 +128,14 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
             return Err(ApiError::unsupported(&format!("`tool_choice` of type {kind:?}")));
         }
     }
-    // Extended thinking needs reasoning split out of the reply, which
-    // sluice does not do; answering without it would pretend otherwise.
+    // Whether the model thinks is the template's and the model's doing;
+    // what it thinks comes back as a thinking block. sluice has no
+    // reasoning budget, so `budget_tokens` does not cut thinking short
+    // (llama-server's does).
     if let Some(thinking) = request.get("thinking") {
         let kind = thinking.get("type").and_then(Value::as_str).ok_or_else(|| wrong("thinking.type", "a string"))?;
-        if kind != "disabled" {
-            return Err(ApiError::unsupported(&format!("`thinking` of type {kind:?}")));
+        if !matches!(kind, "enabled" | "adaptive" | "disabled") {
+            return Err(wrong("thinking.type", "\"enabled\", \"adaptive\" or \"disabled\""));
         }
     }
     // The chat fields would accept -1 (no limit); Anthropic's limit is a
@@ -249,18 +264,33 @@ fn usage(completion: &Completion, output_tokens: usize) -> Value {
     })
 }
 
-/// A message stream: `message_start`, one text block (`content_block_start`,
-/// `text_delta`s, `content_block_stop`) when there is text, `message_delta`,
-/// `message_stop`. Each payload's `type` is its event name.
+/// A message stream: `message_start`; a thinking block at index 0
+/// (`content_block_start`, `thinking_delta`s) when the reply reasons; a
+/// text block after it (`content_block_start`, `text_delta`s) when there is
+/// text; at the end the thinking block's empty `signature_delta`, each
+/// block's `content_block_stop`, `message_delta`, `message_stop`. As in
+/// llama-server, blocks are closed only at the end. Each payload's `type`
+/// is its event name.
 struct MessageStream {
     id: String,
     model: String,
     prompt_len: usize,
+    splitter: Splitter,
     started: bool,
+    thinking: bool,
     text_open: bool,
 }
 
 impl MessageStream {
+    fn new(id: String, model: String, prompt_len: usize, splitter: Splitter) -> Self {
+        MessageStream { id, model, prompt_len, splitter, started: false, thinking: false, text_open: false }
+    }
+
+    /// The text block follows the thinking block, if any.
+    fn text_index(&self) -> usize {
+        usize::from(self.thinking)
+    }
+
     /// `message_start`, once. Its usage is what is known when it is sent.
     fn start(&mut self, usage: Value, events: &mut Vec<Value>) {
         if self.started {
@@ -282,22 +312,37 @@ impl MessageStream {
         }));
     }
 
-    fn text(&mut self, text: &str, events: &mut Vec<Value>) {
-        if text.is_empty() {
+    fn parts(&mut self, parts: &Parts, events: &mut Vec<Value>) {
+        if !parts.reasoning.is_empty() {
+            if !self.thinking {
+                self.thinking = true;
+                events.push(json!({
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": { "type": "thinking", "thinking": "" },
+                }));
+            }
+            events.push(json!({
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": { "type": "thinking_delta", "thinking": parts.reasoning },
+            }));
+        }
+        if parts.content.is_empty() {
             return;
         }
         if !self.text_open {
             self.text_open = true;
             events.push(json!({
                 "type": "content_block_start",
-                "index": 0,
+                "index": self.text_index(),
                 "content_block": { "type": "text", "text": "" },
             }));
         }
         events.push(json!({
             "type": "content_block_delta",
-            "index": 0,
-            "delta": { "type": "text_delta", "text": text },
+            "index": self.text_index(),
+            "delta": { "type": "text_delta", "text": parts.content },
         }));
     }
 }
@@ -311,16 +356,27 @@ impl sse::Render for MessageStream {
         // token counts the whole prompt as input.
         let usage = json!({ "cache_read_input_tokens": 0, "input_tokens": self.prompt_len, "output_tokens": 0 });
         self.start(usage, &mut events);
-        self.text(&token.text, &mut events);
+        let parts = self.splitter.push(&token.text);
+        self.parts(&parts, &mut events);
         events
     }
 
     fn done(&mut self, _index: usize, completion: &Completion) -> Vec<Value> {
         let mut events = Vec::new();
         self.start(usage(completion, 0), &mut events);
-        self.text(&completion.text, &mut events);
-        if self.text_open {
+        let mut parts = self.splitter.push(&completion.text);
+        parts.append(self.splitter.finish());
+        self.parts(&parts, &mut events);
+        if self.thinking {
+            events.push(json!({
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": { "type": "signature_delta", "signature": "" },
+            }));
             events.push(json!({ "type": "content_block_stop", "index": 0 }));
+        }
+        if self.text_open {
+            events.push(json!({ "type": "content_block_stop", "index": self.text_index() }));
         }
         events.push(json!({
             "type": "message_delta",
@@ -344,6 +400,7 @@ impl sse::Render for MessageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ReasoningFormat;
     use crate::http::error::ErrorType;
 
     fn chat(request: Value) -> Result<Value, ApiError> {
@@ -391,15 +448,19 @@ mod tests {
         assert!(error.message.contains("messages[0].content[0]") && error.message.contains("image"));
         let error = refused(json!({"messages": user, "max_tokens": -1}));
         assert!(error.message.contains("max_tokens"), "{}", error.message);
-        let error = refused(json!({"messages": user, "thinking": {"type": "enabled", "budget_tokens": 10}}));
-        assert_eq!(error.kind, ErrorType::NotSupported);
+        let error = refused(json!({"messages": user, "thinking": {"type": "sometimes"}}));
+        assert!(error.message.contains("thinking.type"), "{}", error.message);
+        for kind in ["enabled", "adaptive", "disabled"] {
+            assert!(chat(json!({"messages": user, "thinking": {"type": kind, "budget_tokens": 10}})).is_ok(), "{kind}");
+        }
         let error = refused(json!({"messages": user, "tool_choice": {"type": "any"}}));
         assert!(error.message.contains("tool_choice"), "{}", error.message);
         assert!(chat(json!({"messages": user, "tool_choice": {"type": "auto"}, "tools": []})).is_ok());
     }
 
     fn stream() -> MessageStream {
-        MessageStream { id: "chatcmpl-x".into(), model: "m".into(), prompt_len: 9, started: false, text_open: false }
+        let plain = Reasoning::new(Fields(&Map::new()), ReasoningFormat::Deepseek, true, false).expect("valid");
+        MessageStream::new("chatcmpl-x".into(), "m".into(), 9, plain.splitter())
     }
 
     fn names(events: &[Value]) -> Vec<&str> {
@@ -446,6 +507,32 @@ mod tests {
         let (name, payload) = render.failure(&ApiError::invalid("bad"));
         assert_eq!(name.as_deref(), Some("error"));
         assert_eq!(payload, json!({"code": 400, "message": "bad", "type": "invalid_request_error"}));
+    }
+
+    #[test]
+    fn reasoning_streams_as_a_thinking_block_before_the_text() {
+        use sse::Render;
+        let mut render = stream();
+        let token = |text: &str| TokenEvent { token: 1, text: text.into(), probs: None };
+        let opening = render.token(0, &token("<think>Hm"));
+        assert_eq!(names(&opening), ["message_start", "content_block_start", "content_block_delta"]);
+        assert_eq!(opening[1]["content_block"], json!({"type": "thinking", "thinking": ""}));
+        assert_eq!(opening[2]["delta"], json!({"type": "thinking_delta", "thinking": "Hm"}));
+        let answer = render.token(0, &token("m.</think>\n\nYes"));
+        assert_eq!(names(&answer), ["content_block_delta", "content_block_start", "content_block_delta"]);
+        assert_eq!((&answer[0]["index"], &answer[1]["index"], &answer[2]["index"]), (&json!(0), &json!(1), &json!(1)));
+        assert_eq!(answer[2]["delta"], json!({"type": "text_delta", "text": "Yes"}));
+        let end = render.done(0, &completion(StopType::Eos, "", ""));
+        assert_eq!(
+            names(&end),
+            ["content_block_delta", "content_block_stop", "content_block_stop", "message_delta", "message_stop"]
+        );
+        assert_eq!(
+            end[0],
+            json!({"type": "content_block_delta", "index": 0,
+                                  "delta": {"type": "signature_delta", "signature": ""}})
+        );
+        assert_eq!((&end[1]["index"], &end[2]["index"]), (&json!(0), &json!(1)));
     }
 
     #[test]

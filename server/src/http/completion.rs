@@ -8,10 +8,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Outcome, Plan, StreamProgress, blocking, collect, probs_json, submit, timings_json};
+use super::generate::{
+    Outcome, Plan, StreamProgress, blocking, collect, probs_json, progress_json, progress_timings, submit, timings_json,
+};
 use super::params::{self, Fields, JsonBody, object, settings_json};
 use super::{AppState, Ready, prompt, sse};
-use crate::engine::request::{Completion, TokenEvent};
+use crate::engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /completion`.
 pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
@@ -49,7 +51,7 @@ pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody)
 /// The native final object. In a stream, `content` is only the held-back
 /// tail and `tokens` and `completion_probabilities` are left out (they
 /// were streamed).
-fn final_json(ready: &Ready, plan: &Plan, outcome: &Outcome, streamed: bool) -> Value {
+pub(super) fn final_json(ready: &Ready, plan: &Plan, outcome: &Outcome, streamed: bool) -> Value {
     let completion = &outcome.completion;
     let content = if streamed { completion.text.clone() } else { outcome.content() };
     let tokens = if plan.generation.return_tokens && !streamed { outcome.token_ids() } else { Vec::new() };
@@ -137,6 +139,24 @@ impl sse::Render for NativeStream {
         }
         if self.plan.generation.timings_per_token {
             object.insert("timings".into(), timings_json(&progress.timings(prompt_len)));
+        }
+        vec![chunk]
+    }
+
+    fn progress(&mut self, index: usize, progress: &Progress) -> Vec<Value> {
+        let id_slot = self.progress.get(index).and_then(|stream| stream.id_slot);
+        let mut chunk = json!({
+            "index": index,
+            "content": "",
+            "tokens": [],
+            "stop": false,
+            "id_slot": id_slot.map_or(-1, i64::from),
+            "tokens_predicted": 0,
+            "tokens_evaluated": progress.total,
+            "prompt_progress": progress_json(progress),
+        });
+        if self.plan.generation.timings_per_token {
+            chunk["timings"] = timings_json(&progress_timings(progress));
         }
         vec![chunk]
     }

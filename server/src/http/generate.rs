@@ -9,7 +9,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::error::{ApiError, ErrorType};
 use super::params::Generation;
 use crate::engine::EngineHandle;
-use crate::engine::request::{Completion, Event, RequestId, StopType, Timings, TokenEvent, TokenProbs};
+use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent, TokenProbs};
 use crate::engine::sampling::TokenProb;
 use crate::model::tokenizer::Tokenizer;
 
@@ -192,7 +192,7 @@ pub async fn collect(jobs: Vec<Submitted>) -> Result<Vec<Outcome>, ApiError> {
         let mut tokens = Vec::new();
         loop {
             match job.next().await {
-                Some(Event::Started { .. }) => {}
+                Some(Event::Started { .. } | Event::Progress(_)) => {}
                 Some(Event::Token(token)) => tokens.push(token),
                 Some(Event::Done(completion)) => {
                     outcomes.push(Outcome { index: job.index, tokens, completion });
@@ -265,6 +265,26 @@ pub fn probs_json(tokenizer: &Tokenizer, probs: &TokenProbs, top_n: usize) -> Va
 
 /// The `timings` object. Generation rates leave out the first token, which
 /// comes from the prompt's last batch (llama-server's rule).
+/// llama-server's `prompt_progress` object.
+pub fn progress_json(progress: &Progress) -> Value {
+    json!({
+        "total": progress.total,
+        "cache": progress.cache,
+        "processed": progress.processed,
+        "time_ms": progress.time_ms,
+    })
+}
+
+/// The timings a progress chunk carries: the prompt so far.
+pub fn progress_timings(progress: &Progress) -> Timings {
+    Timings {
+        cache_n: progress.cache,
+        prompt_n: progress.processed.saturating_sub(progress.cache),
+        prompt_ms: progress.time_ms as f64,
+        ..Timings::default()
+    }
+}
+
 pub fn timings_json(timings: &Timings) -> Value {
     let rate = |n: usize, ms: f64| if n > 0 && ms > 0.0 { (ms / n as f64, 1e3 * n as f64 / ms) } else { (0.0, 0.0) };
     let (prompt_per_token_ms, prompt_per_second) = rate(timings.prompt_n, timings.prompt_ms);

@@ -5,10 +5,13 @@
 //!   `/v1/chat/completions`; [`anthropic`]: `/v1/messages`; [`responses`]:
 //!   `/v1/responses` and the `input_tokens` counts; all on [`generate`]
 //!   (engine submission, results, shared JSON), [`params`] (request fields),
-//!   [`prompt`] and [`sse`] (streams).
+//!   [`prompt`], [`reasoning`] (chat replies' thinking split out) and
+//!   [`sse`] (streams).
 //! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
-//! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`.
+//! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`;
+//!   [`slot_files`]: `/slots/{id}?action=save|restore|erase`.
 //! * [`admin`]: `/admin/policy`, `/lora-adapters`, policy (re)loading.
+//! * [`vertex`]: Vertex AI's prediction route (`AIP_MODE=PREDICTION`).
 //! * [`auth`], [`error`]; [`server`]: listening, loading the model, signals.
 //!
 //! Until the model is loaded every path answers 503 "Loading model".
@@ -21,13 +24,17 @@ mod cors;
 pub mod error;
 pub mod generate;
 pub mod info;
+mod listen;
 pub mod openai;
 pub mod params;
 pub mod prompt;
+pub mod reasoning;
 pub mod responses;
 pub mod server;
+pub mod slot_files;
 pub mod sse;
 pub mod tokenize;
+pub mod vertex;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +46,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use tracing::Instrument;
 
 use crate::config::{Config, RequestDefaults};
@@ -170,35 +177,66 @@ impl AppState {
     }
 }
 
-/// Every route, behind the request span, CORS, the loading gate and the API key.
-pub fn router(state: AppState) -> Router {
+/// The GET routes.
+fn get_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/health", get(info::health)),
+        ("/v1/health", get(info::health)),
+        ("/props", get(info::props)),
+        ("/v1/models", get(info::models)),
+        ("/models", get(info::models)),
+        ("/slots", get(info::slots)),
+        ("/metrics", get(info::metrics)),
+        ("/lora-adapters", get(admin::list_lora)),
+    ]
+}
+
+/// The POST routes: also what Vertex AI instances can name, where an alias
+/// shared by several paths names the first (`completions`: `/completions`).
+fn post_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/completion", post(completion::completion)),
+        ("/completions", post(completion::completion)),
+        ("/v1/completions", post(openai::completions)),
+        ("/v1/chat/completions", post(openai::chat)),
+        ("/chat/completions", post(openai::chat)),
+        ("/v1/chat/completions/input_tokens", post(responses::chat_input_tokens)),
+        ("/chat/completions/input_tokens", post(responses::chat_input_tokens)),
+        ("/v1/responses", post(responses::responses)),
+        ("/responses", post(responses::responses)),
+        ("/v1/responses/input_tokens", post(responses::responses_input_tokens)),
+        ("/responses/input_tokens", post(responses::responses_input_tokens)),
+        ("/v1/messages", post(anthropic::messages)),
+        ("/v1/messages/count_tokens", post(anthropic::count_tokens)),
+        ("/tokenize", post(tokenize::tokenize)),
+        ("/detokenize", post(tokenize::detokenize)),
+        ("/apply-template", post(tokenize::apply_template)),
+        ("/props", post(info::set_props)),
+        ("/slots/{id_slot}", post(slot_files::action)),
+        ("/lora-adapters", post(admin::set_lora)),
+        ("/admin/policy", post(admin::replace_policy)),
+    ]
+}
+
+/// Every route, behind the request span, CORS, the loading gate and the
+/// API key; with `vertex`, also Vertex AI's prediction routes.
+pub fn router(state: AppState, vertex: Option<&vertex::Settings>) -> Router {
+    let routes = || {
+        get_routes()
+            .into_iter()
+            .chain(post_routes())
+            .fold(Router::new(), |router, (path, method)| router.route(path, method))
+    };
+    let api = layered(routes(), state.clone());
+    match vertex {
+        Some(settings) => layered(vertex::add_routes(routes(), settings, api), state),
+        None => api,
+    }
+}
+
+fn layered(routes: Router<AppState>, state: AppState) -> Router {
     let body_limit = state.config().server.limits.body_bytes;
-    Router::new()
-        .route("/health", get(info::health))
-        .route("/v1/health", get(info::health))
-        .route("/completion", post(completion::completion))
-        .route("/completions", post(completion::completion))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/chat/completions", post(openai::chat))
-        .route("/v1/chat/completions/input_tokens", post(responses::chat_input_tokens))
-        .route("/chat/completions/input_tokens", post(responses::chat_input_tokens))
-        .route("/v1/responses", post(responses::responses))
-        .route("/responses", post(responses::responses))
-        .route("/v1/responses/input_tokens", post(responses::responses_input_tokens))
-        .route("/responses/input_tokens", post(responses::responses_input_tokens))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
-        .route("/apply-template", post(tokenize::apply_template))
-        .route("/props", get(info::props).post(info::set_props))
-        .route("/v1/models", get(info::models))
-        .route("/models", get(info::models))
-        .route("/slots", get(info::slots))
-        .route("/metrics", get(info::metrics))
-        .route("/lora-adapters", get(admin::list_lora).post(admin::set_lora))
-        .route("/admin/policy", post(admin::replace_policy))
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))

@@ -15,11 +15,14 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
 use super::generate::{
-    Outcome, Plan, StreamProgress, blocking, collect, finish_reason, probs_json, submit, timings_json, usage_json,
+    Outcome, Plan, StreamProgress, blocking, collect, finish_reason, probs_json, progress_json, progress_timings,
+    submit, timings_json, usage_json,
 };
 use super::params::{self, Fields, JsonBody, object, wrong};
-use super::{AppState, Ready, prompt, sse};
-use crate::engine::request::{Completion, TokenEvent, TokenProbs};
+use super::reasoning::{self, Parts, Reasoning, Splitter};
+use super::{AppState, Ready, completion, prompt, sse};
+use crate::config::Thinking;
+use crate::engine::request::{Completion, Progress, TokenEvent, TokenProbs};
 use crate::model::chat_template::TemplateError;
 
 /// llama-server's default `top_logprobs` when chat asks for `logprobs`.
@@ -116,7 +119,7 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
     let ready = state.ready()?;
     let parsing = Arc::clone(&ready);
     let defaults = state.config().defaults.clone();
-    let parsed = blocking(move || {
+    let (parsed, reasoning) = blocking(move || {
         let fields = Fields(object(&body)?);
         let mut generation = params::generation(fields, &parsing.limits(&defaults))?;
         let top_n = match (fields.bool("logprobs")?, fields.int("top_logprobs")?) {
@@ -135,29 +138,50 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
-        let prompts = vec![chat_tokens(&parsing, fields)?];
-        Ok(Parsed { plan: Plan { generation, prompts }, envelope: Envelope::new(&parsing, fields), top_n })
+        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
+        let plan = Plan { generation, prompts: vec![prompt.tokens] };
+        Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n }, reasoning))
     })
     .await?;
-    run(state, ready, parsed, Kind::Chat).await
+    run(state, ready, parsed, Kind::Chat(reasoning)).await
+}
+
+/// A rendered chat prompt, tokenized.
+pub struct ChatPrompt {
+    pub tokens: Vec<u32>,
+    /// The prompt ends inside a think block, so the reply starts in it.
+    pub opens_thinking: bool,
 }
 
 /// The tokens of the rendered chat prompt (special tokens parsed, BOS
 /// added where the vocabulary asks for it).
-pub fn chat_tokens(ready: &Ready, fields: Fields<'_>) -> Result<Vec<u32>, ApiError> {
-    let text = chat_prompt(ready, fields)?;
-    Ok(ready.tokenizer.encode(&text, true, true))
+pub fn chat_tokens(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<ChatPrompt, ApiError> {
+    let text = chat_prompt(ready, fields, thinking)?;
+    Ok(ChatPrompt {
+        tokens: ready.tokenizer.encode(&text, true, true),
+        opens_thinking: reasoning::opens_thinking(&text),
+    })
 }
 
-/// Render `messages` with the model's chat template.
-pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError> {
+/// Render `messages` with the model's chat template. `thinking` (the
+/// server's `--reasoning`) sets `enable_thinking` unless the request's
+/// `chat_template_kwargs` or `reasoning_effort` do.
+pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<String, ApiError> {
     let messages = fields.get("messages").ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
-    if messages.is_empty() {
-        return Err(ApiError::invalid("`messages` must not be empty"));
-    }
-    let messages =
-        messages.iter().enumerate().map(|(index, message)| normalize(index, message)).collect::<Result<Vec<_>, _>>()?;
+    // An empty conversation renders as the template has it (llama-server
+    // accepts one too): usually just the generation prompt.
+    // A final assistant message is continued (below): llama-server joins
+    // its text parts with a blank line, every other message's with a newline.
+    let messages = messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let continued = index + 1 == messages.len() && message["role"] == "assistant";
+            normalize(index, message, if continued { "\n\n" } else { "\n" })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
     // A trailing assistant message is always continued (below); asking for
     // that and for a new assistant turn at once is a contradiction.
@@ -166,11 +190,25 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError
     {
         return Err(ApiError::invalid("Cannot set both add_generation_prompt and continue_final_message to true."));
     }
-    let extra = match fields.get("chat_template_kwargs") {
-        Some(Value::Object(extra)) => extra.clone(),
+    let mut extra = Map::new();
+    extra.insert("enable_thinking".into(), Value::Bool(thinking.enable_thinking()));
+    match fields.get("chat_template_kwargs") {
+        Some(Value::Object(kwargs)) => extra.extend(kwargs.clone()),
         Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
-        None => Map::new(),
-    };
+        None => {}
+    }
+    // OpenAI's effort levels reach templates that read them (gpt-oss's);
+    // "none" turns thinking off instead, as llama-server has it.
+    match fields.str("reasoning_effort")? {
+        Some("none") => {
+            extra.insert("enable_thinking".into(), Value::Bool(false));
+            extra.remove("reasoning_effort");
+        }
+        Some(effort) if !effort.is_empty() => {
+            extra.insert("reasoning_effort".into(), Value::String(effort.to_owned()));
+        }
+        _ => {}
+    }
     let render = |messages: &[Value], add_generation_prompt: bool| {
         ready.template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
             TemplateError::Raised(message) => ApiError::invalid(message),
@@ -201,8 +239,8 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>) -> Result<String, ApiError
 }
 
 /// A message as templates expect it: `content` as one string (text parts
-/// joined by newlines).
-fn normalize(index: usize, message: &Value) -> Result<Value, ApiError> {
+/// joined by `separator`).
+fn normalize(index: usize, message: &Value, separator: &str) -> Result<Value, ApiError> {
     let object =
         message.as_object().ok_or_else(|| ApiError::invalid(format!("`messages[{index}]` must be an object")))?;
     if !object.get("role").is_some_and(Value::is_string) {
@@ -227,7 +265,7 @@ fn normalize(index: usize, message: &Value) -> Result<Value, ApiError> {
                     }
                 }
             }
-            object.insert("content".into(), Value::String(texts.join("\n")));
+            object.insert("content".into(), Value::String(texts.join(separator)));
         }
         Some(_) => return Err(wrong(&format!("messages[{index}].content"), "a string or an array of parts")),
     }
@@ -238,8 +276,8 @@ fn normalize(index: usize, message: &Value) -> Result<Value, ApiError> {
 enum Kind {
     /// `text_completion` objects.
     Text,
-    /// `chat.completion` objects.
-    Chat,
+    /// `chat.completion` objects, the reasoning split as the request asks.
+    Chat(Reasoning),
 }
 
 async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> Result<Response, ApiError> {
@@ -247,6 +285,10 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
         let outputs = plan.outputs();
+        let splitters = match kind {
+            Kind::Chat(reasoning) => vec![reasoning.splitter(); outputs],
+            Kind::Text => Vec::new(),
+        };
         let render = OpenAiStream {
             ready,
             envelope,
@@ -254,6 +296,7 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
             top_n,
             include_usage: plan.generation.include_usage,
             role_sent: vec![false; outputs],
+            splitters,
             completions: Vec::with_capacity(outputs),
             progress: vec![StreamProgress::default(); outputs],
             plan: Arc::new(plan),
@@ -264,12 +307,15 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
     let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n)).collect();
     let object_kind = match kind {
         Kind::Text => "text_completion",
-        Kind::Chat => "chat.completion",
+        Kind::Chat(_) => "chat.completion",
     };
     let mut result = envelope.object(object_kind, choices);
     insert(&mut result, "usage", usage_json(outcomes.iter().map(|outcome| &outcome.completion)));
     if let Some(first) = outcomes.first() {
         insert(&mut result, "timings", timings_json(&first.completion.timings));
+        if plan.generation.verbose {
+            insert(&mut result, "__verbose", completion::final_json(&ready, &plan, first, false));
+        }
     }
     Ok(axum::Json(result).into_response())
 }
@@ -282,12 +328,14 @@ fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize) -> Value {
             let logprobs = if probs.is_empty() { Value::Null } else { logprobs_json(ready, &probs, top_n) };
             json!({ "text": outcome.content(), "index": outcome.index, "logprobs": logprobs, "finish_reason": reason })
         }
-        Kind::Chat => {
-            let mut choice = json!({
-                "finish_reason": reason,
-                "index": outcome.index,
-                "message": { "role": "assistant", "content": outcome.content() },
-            });
+        Kind::Chat(split) => {
+            let Parts { reasoning, content } = split.split(&outcome.content());
+            let mut message = json!({ "role": "assistant", "content": content });
+            // As llama-server, only a reply that reasoned has the field.
+            if !reasoning.is_empty() {
+                insert(&mut message, "reasoning_content", Value::String(reasoning));
+            }
+            let mut choice = json!({ "finish_reason": reason, "index": outcome.index, "message": message });
             if !probs.is_empty() {
                 insert(&mut choice, "logprobs", logprobs_json(ready, &probs, top_n));
             }
@@ -305,6 +353,8 @@ struct OpenAiStream {
     top_n: usize,
     include_usage: bool,
     role_sent: Vec<bool>,
+    /// Each chat choice's reasoning splitter (none for text completions).
+    splitters: Vec<Splitter>,
     completions: Vec<Completion>,
     /// For `timings_per_token`.
     progress: Vec<StreamProgress>,
@@ -315,7 +365,7 @@ impl OpenAiStream {
     fn chunk(&self, choices: Vec<Value>) -> Value {
         let kind = match self.kind {
             Kind::Text => "text_completion",
-            Kind::Chat => "chat.completion.chunk",
+            Kind::Chat(_) => "chat.completion.chunk",
         };
         self.envelope.object(kind, choices)
     }
@@ -323,7 +373,7 @@ impl OpenAiStream {
     /// Chat streams open each choice with the assistant role.
     fn role(&mut self, index: usize) -> Option<Value> {
         let sent = self.role_sent.get_mut(index)?;
-        if self.kind != Kind::Chat || *sent {
+        if self.kind == Kind::Text || *sent {
             return None;
         }
         *sent = true;
@@ -336,46 +386,47 @@ impl OpenAiStream {
 
     fn text_choice(&self, index: usize, text: &str, probs: Option<&TokenProbs>, reason: Option<&str>) -> Value {
         let logprobs = probs.map_or(Value::Null, |probs| logprobs_json(&self.ready, &[probs], self.top_n));
-        match self.kind {
-            Kind::Text => json!({ "text": text, "index": index, "logprobs": logprobs, "finish_reason": reason }),
-            Kind::Chat => {
-                let mut choice = json!({ "finish_reason": reason, "index": index, "delta": { "content": text } });
-                if !logprobs.is_null() {
-                    insert(&mut choice, "logprobs", logprobs);
+        json!({ "text": text, "index": index, "logprobs": logprobs, "finish_reason": reason })
+    }
+
+    /// The chat deltas of some reply text: reasoning and content each in
+    /// its own chunk, as llama-server sends them, the token's logprobs
+    /// with the last. A token whose text is all held back (a partial tag
+    /// or stop word) still carries its logprobs, in an empty content delta.
+    fn chat_choices(&self, index: usize, parts: &Parts, probs: Option<&TokenProbs>) -> Vec<Value> {
+        let mut deltas = Vec::new();
+        if !parts.reasoning.is_empty() {
+            deltas.push(json!({ "reasoning_content": parts.reasoning }));
+        }
+        if !parts.content.is_empty() || (deltas.is_empty() && probs.is_some()) {
+            deltas.push(json!({ "content": parts.content }));
+        }
+        let last = deltas.len().saturating_sub(1);
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(n, delta)| {
+                let mut choice = json!({ "finish_reason": null, "index": index, "delta": delta });
+                if let Some(probs) = probs.filter(|_| n == last) {
+                    insert(&mut choice, "logprobs", logprobs_json(&self.ready, &[probs], self.top_n));
                 }
                 choice
-            }
-        }
-    }
-}
-
-impl sse::Render for OpenAiStream {
-    fn started(&mut self, index: usize, id_slot: u32) {
-        if let Some(progress) = self.progress.get_mut(index) {
-            progress.start(id_slot);
-        }
+            })
+            .collect()
     }
 
-    fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value> {
-        if let Some(progress) = self.progress.get_mut(index) {
-            progress.token(&token.text);
+    fn split(&mut self, index: usize, text: &str, end: bool) -> Parts {
+        let Some(splitter) = self.splitters.get_mut(index) else { return Parts::default() };
+        let mut parts = splitter.push(text);
+        if end {
+            parts.append(splitter.finish());
         }
-        let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
-        // A token whose text is held back (a partial character or stop
-        // word) still carries its probabilities.
-        if !token.text.is_empty() || token.probs.is_some() || self.kind == Kind::Text {
-            let mut chunk = self.chunk(vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)]);
-            if self.plan.generation.timings_per_token
-                && let Some(progress) = self.progress.get(index)
-            {
-                insert(&mut chunk, "timings", timings_json(&progress.timings(self.plan.prompt(index).len())));
-            }
-            chunks.push(chunk);
-        }
-        chunks
+        parts
     }
 
-    fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value> {
+    /// The chunks that end choice `index`: held-back text, the finish
+    /// reason, usage and timings.
+    fn final_chunks(&mut self, index: usize, completion: &Completion) -> Vec<Value> {
         self.completions.push(completion.clone());
         let reason = finish_reason(completion.stop_type);
         let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
@@ -386,9 +437,10 @@ impl sse::Render for OpenAiStream {
                 insert(&mut last, "timings", timings_json(&completion.timings));
                 chunks.push(last);
             }
-            Kind::Chat => {
-                if !completion.text.is_empty() {
-                    chunks.push(self.chunk(vec![self.text_choice(index, &completion.text, None, None)]));
+            Kind::Chat(_) => {
+                let parts = self.split(index, &completion.text, true);
+                for choice in self.chat_choices(index, &parts, None) {
+                    chunks.push(self.chunk(vec![choice]));
                 }
                 let mut last = self.chunk(vec![json!({ "finish_reason": reason, "index": index, "delta": {} })]);
                 if !self.include_usage {
@@ -399,9 +451,75 @@ impl sse::Render for OpenAiStream {
         }
         chunks
     }
+}
+
+impl sse::Render for OpenAiStream {
+    fn started(&mut self, index: usize, id_slot: u32) {
+        if let Some(progress) = self.progress.get_mut(index) {
+            progress.start(id_slot);
+        }
+    }
+
+    /// As llama-server sends it: an empty text choice, or in chat an
+    /// assistant-role delta (the first token's chunk repeats the role).
+    fn progress(&mut self, index: usize, progress: &Progress) -> Vec<Value> {
+        let choice = match self.kind {
+            Kind::Text => self.text_choice(index, "", None, None),
+            Kind::Chat(_) => {
+                json!({ "finish_reason": null, "index": index, "delta": { "role": "assistant", "content": null } })
+            }
+        };
+        let mut chunk = self.chunk(vec![choice]);
+        insert(&mut chunk, "prompt_progress", progress_json(progress));
+        if self.plan.generation.timings_per_token {
+            insert(&mut chunk, "timings", timings_json(&progress_timings(progress)));
+        }
+        vec![chunk]
+    }
+
+    fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value> {
+        if let Some(progress) = self.progress.get_mut(index) {
+            progress.token(&token.text);
+        }
+        let mut chunks: Vec<Value> = self.role(index).into_iter().collect();
+        let choices = match self.kind {
+            Kind::Text => vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)],
+            Kind::Chat(_) => {
+                let parts = self.split(index, &token.text, false);
+                self.chat_choices(index, &parts, token.probs.as_ref())
+            }
+        };
+        let count = choices.len();
+        for (n, choice) in choices.into_iter().enumerate() {
+            let mut chunk = self.chunk(vec![choice]);
+            if n + 1 == count
+                && self.plan.generation.timings_per_token
+                && let Some(progress) = self.progress.get(index)
+            {
+                insert(&mut chunk, "timings", timings_json(&progress.timings(self.plan.prompt(index).len())));
+            }
+            chunks.push(chunk);
+        }
+        chunks
+    }
+
+    fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value> {
+        let chunks = self.final_chunks(index, completion);
+        if !self.plan.generation.verbose {
+            return chunks;
+        }
+        // llama-server puts the native response on the first of them.
+        let outcome = Outcome { index, tokens: Vec::new(), completion: completion.clone() };
+        let verbose = completion::final_json(&self.ready, &self.plan, &outcome, true);
+        let mut chunks = chunks;
+        if let Some(first) = chunks.first_mut() {
+            insert(first, "__verbose", verbose);
+        }
+        chunks
+    }
 
     fn finish(&mut self) -> Vec<Value> {
-        if self.kind != Kind::Chat || !self.include_usage {
+        if self.kind == Kind::Text || !self.include_usage {
             return Vec::new();
         }
         let mut usage = self.chunk(Vec::new());
@@ -433,9 +551,9 @@ mod tests {
     fn text_parts_are_joined() {
         let message =
             json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
-        assert_eq!(normalize(0, &message).expect("valid")["content"], "a\nb");
+        assert_eq!(normalize(0, &message, "\n").expect("valid")["content"], "a\nb");
         let image = json!({"role": "user", "content": [{"type": "image_url", "image_url": {}}]});
-        assert_eq!(normalize(0, &image).unwrap_err().kind, ErrorType::NotSupported);
-        assert!(normalize(1, &json!({"content": "x"})).unwrap_err().message.contains("messages[1].role"));
+        assert_eq!(normalize(0, &image, "\n").unwrap_err().kind, ErrorType::NotSupported);
+        assert!(normalize(1, &json!({"content": "x"}), "\n").unwrap_err().message.contains("messages[1].role"));
     }
 }

@@ -153,6 +153,8 @@ pub struct Generation {
     pub include_usage: bool,
     pub return_tokens: bool,
     pub timings_per_token: bool,
+    /// OpenAI responses carry `__verbose`, the native response.
+    pub verbose: bool,
     pub response_fields: Vec<String>,
     /// Completions per prompt (`n_cmpl` / `n`).
     pub n_cmpl: usize,
@@ -270,6 +272,18 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         Some(_) => return Err(wrong("stream_options", "an object")),
         None => false,
     };
+    let n_keep = match fields.int("n_keep")?.unwrap_or(defaults.n_keep) {
+        -1 => None,
+        n => Some(
+            usize::try_from(n)
+                .map_err(|_| ApiError::invalid(format!("`n_keep` must be -1 (the whole prompt) or more, not {n}")))?,
+        ),
+    };
+    let n_discard = match fields.int("n_discard")? {
+        None => 0,
+        Some(n) => usize::try_from(n)
+            .map_err(|_| ApiError::invalid(format!("`n_discard` must be 0 (half) or more, not {n}")))?,
+    };
     let request = GenerationRequest {
         prompt: Vec::new(),
         sampling,
@@ -279,9 +293,13 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         n_probs,
         post_sampling_probs: fields.bool_or("post_sampling_probs", false)?,
         cache_prompt: fields.bool_or("cache_prompt", defaults.cache_prompt)?,
+        // Progress is only ever streamed.
+        return_progress: fields.bool_or("stream", false)? && fields.bool_or("return_progress", false)?,
         id_slot,
         priority,
         lora: Vec::new(),
+        n_keep,
+        n_discard,
         images: Vec::new(),
     };
     Ok(Generation {
@@ -292,6 +310,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         include_usage,
         return_tokens: fields.bool_or("return_tokens", false)?,
         timings_per_token: fields.bool_or("timings_per_token", false)?,
+        verbose: fields.bool_or("verbose", defaults.verbose)?,
         response_fields: fields.strings("response_fields")?.unwrap_or_default(),
         n_cmpl,
     })
@@ -447,6 +466,8 @@ pub fn settings_json(generation: &Generation) -> Value {
         "stop": request.stop,
         "max_tokens": generation.n_predict,
         "n_probs": request.n_probs,
+        "n_keep": request.n_keep.map_or(-1, |n| n as i64),
+        "n_discard": request.n_discard,
         "min_keep": sampling.min_keep,
         "samplers": sampling.stages.iter().map(|&stage| stage_name(stage)).collect::<Vec<_>>(),
         "ignore_eos": request.ignore_eos,

@@ -8,9 +8,11 @@
 //! `max_output_tokens` becomes `max_tokens`, every other field passes
 //! through), so the prompt, the sampling fields and the engine work are the
 //! chat endpoint's ([`super::openai::chat_tokens`], [`params::generation`],
-//! [`super::generate`]); only the answer's shape is this module's. Server-side
-//! state (`previous_response_id`, `conversation`), tools, reasoning,
-//! structured outputs and non-text input are refused rather than ignored.
+//! [`super::generate`]); only the answer's shape is this module's, with a
+//! reply's reasoning (see [`super::reasoning`]) as a `reasoning` item before
+//! the message. Server-side state (`previous_response_id`, `conversation`),
+//! tools, reasoning items in the input, structured outputs and non-text input
+//! are refused rather than ignored.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -21,18 +23,21 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Plan, StreamProgress, blocking, collect, engine_gone, submit, timings_json};
+use super::generate::{
+    Plan, StreamProgress, blocking, collect, engine_gone, progress_json, progress_timings, submit, timings_json,
+};
 use super::openai::{chat_tokens, random_id};
 use super::params::{self, Fields, JsonBody, object, wrong};
+use super::reasoning::{Parts, Reasoning, Splitter};
 use super::{AppState, sse};
-use crate::engine::request::{Completion, TokenEvent};
+use crate::engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /v1/responses`.
 pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let parsing = Arc::clone(&ready);
     let defaults = state.config().defaults.clone();
-    let plan = blocking(move || {
+    let (plan, reasoning) = blocking(move || {
         let request = object(&body)?;
         // A response has one output; the chat pipeline would happily make
         // several, and there is nowhere to put them.
@@ -46,7 +51,9 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         let chat = to_chat(request)?;
         let fields = Fields(&chat);
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        Ok(Plan { generation, prompts: vec![chat_tokens(&parsing, fields)?] })
+        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
+        Ok((Plan { generation, prompts: vec![prompt.tokens] }, reasoning))
     })
     .await?;
     let ids = Ids::new();
@@ -59,6 +66,8 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
             ids,
             model,
             opened: false,
+            splitter: reasoning.splitter(),
+            reasoning: None,
             text: None,
             timings_per_token: plan.generation.timings_per_token,
             progress: StreamProgress::default(),
@@ -67,7 +76,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         return sse::respond(jobs, render, state.ping()).await;
     }
     let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
-    let text = outcome.content();
+    let parts = reasoning.split(&outcome.content());
     let now = unix_now();
     Ok(Json(json!({
         "id": ids.response,
@@ -76,7 +85,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         "completed_at": now,
         "status": "completed",
         "model": model,
-        "output": output(&ids, &text),
+        "output": output(&ids, &parts, Some("completed")),
         "usage": usage(&outcome.completion),
     }))
     .into_response())
@@ -102,6 +111,7 @@ async fn count(
     responses: bool,
 ) -> Result<Json<Value>, ApiError> {
     let ready = state.ready()?;
+    let thinking = state.config().defaults.reasoning;
     blocking(move || {
         let request = object(&body)?;
         let converted;
@@ -114,7 +124,7 @@ async fn count(
             check_tools(Fields(request))?;
             request
         };
-        let n_tokens = chat_tokens(&ready, Fields(chat))?.len();
+        let n_tokens = chat_tokens(&ready, Fields(chat), thinking)?.tokens.len();
         Ok(Json(json!({ "object": "response.input_tokens", "input_tokens": n_tokens })))
     })
     .await
@@ -142,10 +152,20 @@ fn to_chat(request: &Map<String, Value>) -> Result<Map<String, Value>, ApiError>
         return Err(ApiError::invalid("`input` must not be empty"));
     }
     let mut chat = request.clone();
-    for key in ["input", "instructions", "max_output_tokens"] {
+    for key in ["input", "instructions", "max_output_tokens", "reasoning"] {
         chat.remove(key);
     }
     chat.insert("messages".into(), Value::Array(messages));
+    // Only the effort has a chat counterpart, as in llama-server.
+    if let Some(reasoning) = fields.get("reasoning") {
+        let reasoning = reasoning.as_object().ok_or_else(|| wrong("reasoning", "an object"))?;
+        if let Some(effort) = Fields(reasoning).get("effort") {
+            if !effort.is_string() {
+                return Err(wrong("reasoning.effort", "a string"));
+            }
+            chat.insert("reasoning_effort".into(), effort.clone());
+        }
+    }
     // Checked here so that an error names the field the client sent.
     if let Some(max) = fields.int("max_output_tokens")? {
         if max < -1 {
@@ -165,7 +185,6 @@ fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
     }
     for (key, what) in [
         ("conversation", "`conversation` (sluice keeps no conversations)"),
-        ("reasoning", "`reasoning`"),
         ("prompt", "`prompt` (stored prompt templates)"),
     ] {
         if fields.get(key).is_some() {
@@ -269,15 +288,20 @@ fn content_parts(index: usize, content: Option<&Value>) -> Result<Vec<Value>, Ap
     Ok(texts)
 }
 
-/// The ids of one response and its message.
+/// The ids of one response, its reasoning item and its message.
 struct Ids {
     response: String,
+    reasoning: String,
     message: String,
 }
 
 impl Ids {
     fn new() -> Self {
-        Ids { response: format!("resp_{}", random_id()), message: format!("msg_{}", random_id()) }
+        Ids {
+            response: format!("resp_{}", random_id()),
+            reasoning: format!("rs_{}", random_id()),
+            message: format!("msg_{}", random_id()),
+        }
     }
 }
 
@@ -293,10 +317,32 @@ fn message(ids: &Ids, status: &str, content: Vec<Value>) -> Value {
     json!({ "type": "message", "id": ids.message, "status": status, "role": "assistant", "content": content })
 }
 
-/// The `output` list: one message, or none when nothing was generated (as
-/// llama-server leaves an empty message out).
-fn output(ids: &Ids, text: &str) -> Vec<Value> {
-    if text.is_empty() { Vec::new() } else { vec![message(ids, "completed", vec![text_part(text)])] }
+/// A reasoning item; `content` is empty while it streams. llama-server
+/// gives it a `status` only when it opens and in whole responses.
+fn reasoning_item(ids: &Ids, content: Vec<Value>, status: Option<&str>) -> Value {
+    let mut item =
+        json!({ "id": ids.reasoning, "summary": [], "type": "reasoning", "content": content, "encrypted_content": "" });
+    if let (Some(status), Some(item)) = (status, item.as_object_mut()) {
+        item.insert("status".into(), json!(status));
+    }
+    item
+}
+
+fn reasoning_text(text: &str) -> Value {
+    json!({ "text": text, "type": "reasoning_text" })
+}
+
+/// The `output` list: the reasoning item (with `reasoning_status`), then
+/// the message, each left out when empty (as llama-server leaves them out).
+fn output(ids: &Ids, parts: &Parts, reasoning_status: Option<&str>) -> Vec<Value> {
+    let mut output = Vec::new();
+    if !parts.reasoning.is_empty() {
+        output.push(reasoning_item(ids, vec![reasoning_text(&parts.reasoning)], reasoning_status));
+    }
+    if !parts.content.is_empty() {
+        output.push(message(ids, "completed", vec![text_part(&parts.content)]));
+    }
+    output
 }
 
 fn usage(completion: &Completion) -> Value {
@@ -320,16 +366,22 @@ fn event(kind: &str, fields: Value) -> Value {
 }
 
 /// llama-server's Responses stream: `response.created` and
-/// `response.in_progress` with the first token; `response.output_item.added`
-/// and `response.content_part.added` before the first text, then one
-/// `response.output_text.delta` per piece of text; at the end
-/// `response.output_text.done`, `response.content_part.done`,
+/// `response.in_progress` with the first token; when the reply reasons,
+/// `response.output_item.added` (the reasoning item) then one
+/// `response.reasoning_text.delta` per piece of reasoning;
+/// `response.output_item.added` and `response.content_part.added` before
+/// the first text, then one `response.output_text.delta` per piece of
+/// text; at the end `response.output_item.done` for the reasoning (when
+/// there is some), `response.output_text.done`, `response.content_part.done`,
 /// `response.output_item.done` (these three only when there is text) and
 /// `response.completed`. No `[DONE]`.
 struct ResponsesStream {
     ids: Ids,
     model: String,
     opened: bool,
+    splitter: Splitter,
+    /// The reasoning so far, once its item is open.
+    reasoning: Option<String>,
     /// The text so far, once the message item is open.
     text: Option<String>,
     timings_per_token: bool,
@@ -354,8 +406,23 @@ impl ResponsesStream {
         ]
     }
 
-    fn delta(&mut self, piece: &str, events: &mut Vec<Value>) {
-        if piece.is_empty() {
+    fn delta(&mut self, parts: &Parts, events: &mut Vec<Value>) {
+        if !parts.reasoning.is_empty() {
+            let reasoning = match &mut self.reasoning {
+                Some(reasoning) => reasoning,
+                None => {
+                    let item = reasoning_item(&self.ids, vec![], Some("in_progress"));
+                    events.push(event("response.output_item.added", json!({ "item": item })));
+                    self.reasoning.insert(String::new())
+                }
+            };
+            reasoning.push_str(&parts.reasoning);
+            events.push(event(
+                "response.reasoning_text.delta",
+                json!({ "delta": parts.reasoning, "item_id": self.ids.reasoning }),
+            ));
+        }
+        if parts.content.is_empty() {
             return;
         }
         let text = match &mut self.text {
@@ -372,8 +439,9 @@ impl ResponsesStream {
                 self.text.insert(String::new())
             }
         };
-        text.push_str(piece);
-        events.push(event("response.output_text.delta", json!({ "item_id": self.ids.message, "delta": piece })));
+        text.push_str(&parts.content);
+        events
+            .push(event("response.output_text.delta", json!({ "item_id": self.ids.message, "delta": parts.content })));
     }
 }
 
@@ -382,10 +450,27 @@ impl sse::Render for ResponsesStream {
         self.progress.start(id_slot);
     }
 
+    /// On a `response.in_progress` event (the stream's opening pair's
+    /// second, the first time), as llama-server sends it.
+    fn progress(&mut self, _index: usize, progress: &Progress) -> Vec<Value> {
+        let mut events = self.open();
+        if events.is_empty() {
+            events.push(event("response.in_progress", json!({ "response": self.summary("in_progress") })));
+        }
+        if let Some(last) = events.last_mut().and_then(Value::as_object_mut) {
+            last.insert("prompt_progress".into(), progress_json(progress));
+            if self.timings_per_token {
+                last.insert("timings".into(), timings_json(&progress_timings(progress)));
+            }
+        }
+        events
+    }
+
     fn token(&mut self, _index: usize, token: &TokenEvent) -> Vec<Value> {
         self.progress.token(&token.text);
         let mut events = self.open();
-        self.delta(&token.text, &mut events);
+        let parts = self.splitter.push(&token.text);
+        self.delta(&parts, &mut events);
         if self.timings_per_token
             && let Some(last) = events.last_mut().and_then(Value::as_object_mut)
         {
@@ -396,13 +481,23 @@ impl sse::Render for ResponsesStream {
 
     fn done(&mut self, _index: usize, completion: &Completion) -> Vec<Value> {
         let mut events = self.open();
-        // The held-back tail (a partial stop word that never completed).
-        self.delta(&completion.text, &mut events);
-        let text = self.text.clone().unwrap_or_default();
-        if !text.is_empty() {
-            let part = text_part(&text);
+        // The held-back tail (a partial stop word that never completed),
+        // and what the splitter held.
+        let mut parts = self.splitter.push(&completion.text);
+        parts.append(self.splitter.finish());
+        self.delta(&parts, &mut events);
+        let whole = Parts {
+            reasoning: self.reasoning.clone().unwrap_or_default(),
+            content: self.text.clone().unwrap_or_default(),
+        };
+        let output = output(&self.ids, &whole, None);
+        if let Some(item) = output.first().filter(|_| !whole.reasoning.is_empty()) {
+            events.push(event("response.output_item.done", json!({ "item": item })));
+        }
+        if !whole.content.is_empty() {
+            let part = text_part(&whole.content);
             let item_id = &self.ids.message;
-            events.push(event("response.output_text.done", json!({ "item_id": item_id, "text": text })));
+            events.push(event("response.output_text.done", json!({ "item_id": item_id, "text": whole.content })));
             events.push(event("response.content_part.done", json!({ "item_id": item_id, "part": part })));
             events.push(event(
                 "response.output_item.done",
@@ -415,7 +510,7 @@ impl sse::Render for ResponsesStream {
             "created_at": unix_now(),
             "status": "completed",
             "model": self.model,
-            "output": output(&self.ids, &text),
+            "output": output,
             "usage": usage(completion),
         });
         events.push(event(
@@ -488,7 +583,6 @@ mod tests {
         for (field, value) in [
             ("previous_response_id", json!("resp_1")),
             ("tools", json!([{"type": "function", "name": "f"}])),
-            ("reasoning", json!({"effort": "low"})),
             ("text", json!({"format": {"type": "json_schema"}})),
         ] {
             let error = refused(json!({"input": "x", field: value}));
@@ -496,6 +590,72 @@ mod tests {
             assert!(error.message.contains(field), "{}", error.message);
         }
         assert!(refused(json!({"input": "x", "max_output_tokens": -2})).message.contains("`max_output_tokens`"));
+        assert!(refused(json!({"input": "x", "reasoning": "low"})).message.contains("`reasoning`"));
+        assert!(refused(json!({"input": "x", "reasoning": {"effort": 3}})).message.contains("`reasoning.effort`"));
+        let effort = chat(json!({"input": "x", "reasoning": {"effort": "low", "summary": "auto"}})).expect("valid");
+        assert_eq!((effort.get("reasoning_effort"), effort.get("reasoning")), (Some(&json!("low")), None));
         assert!(chat(json!({"input": "x", "previous_response_id": ""})).is_ok());
+    }
+
+    #[test]
+    fn streams_give_the_reasoning_item_before_the_message() {
+        use sse::Render;
+        let split = Reasoning::new(Fields(&Map::new()), crate::config::ReasoningFormat::Auto, true, false);
+        let mut render = ResponsesStream {
+            ids: Ids::new(),
+            model: "m".into(),
+            opened: false,
+            splitter: split.expect("valid").splitter(),
+            reasoning: None,
+            text: None,
+            timings_per_token: false,
+            progress: StreamProgress::default(),
+            prompt_len: 3,
+        };
+        let mut events = Vec::new();
+        for text in ["<think>a", "b</think>\n", "Hi"] {
+            events.extend(render.token(0, &TokenEvent { token: 1, text: text.into(), probs: None }));
+        }
+        let completion = Completion {
+            stop_type: crate::engine::request::StopType::Eos,
+            stopping_word: String::new(),
+            text: String::new(),
+            truncated: false,
+            tokens_predicted: 3,
+            tokens_evaluated: 3,
+            tokens_cached: 0,
+            id_slot: 0,
+            timings: Default::default(),
+        };
+        events.extend(render.done(0, &completion));
+        let names: Vec<&str> = events.iter().filter_map(|event| event["type"].as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_item.done",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        assert_eq!(
+            (&events[2]["item"]["type"], &events[2]["item"]["status"]),
+            (&json!("reasoning"), &json!("in_progress"))
+        );
+        assert_eq!((&events[3]["delta"], &events[4]["delta"]), (&json!("a"), &json!("b")));
+        let reasoning = json!({"id": render.ids.reasoning, "summary": [], "type": "reasoning", "encrypted_content": "",
+                               "content": [{"type": "reasoning_text", "text": "ab"}]});
+        assert_eq!(events[8]["item"], reasoning);
+        let output = &events[12]["response"]["output"];
+        assert_eq!((&output[0], &output[1]["content"][0]["text"]), (&reasoning, &json!("Hi")));
     }
 }

@@ -3,7 +3,6 @@
 //! on a blocking thread (`startup`), then serve. SIGHUP reloads the policy
 //! from the config file; SIGINT and SIGTERM stop the server gracefully.
 
-use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use super::admin::{self, Policies};
-use super::{AppState, Ready, router};
+use super::{AppState, Ready, listen, router, vertex};
 use crate::config::{Config, Overrides};
 use crate::plugins::{PluginHost, WasmPolicy};
 use crate::startup;
@@ -40,26 +39,45 @@ pub enum StartError {
     Bind { address: String, error: std::io::Error },
     #[error(transparent)]
     Start(#[from] startup::StartError),
+    #[error(transparent)]
+    Vertex(#[from] vertex::SettingsError),
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
 }
 
 /// Listen, load, serve until a stop signal.
 pub async fn serve(launch: Launch) -> Result<(), StartError> {
-    let Launch { config, config_file, flags, host, policy } = launch;
-    let address = format!("{}:{}", config.server.host, config.server.port);
-    let listener = TcpListener::bind((config.server.host.as_str(), config.server.port))
-        .await
-        .map_err(|error| StartError::Bind { address: address.clone(), error })?;
-    let local = listener.local_addr().map_err(|error| StartError::Bind { address, error })?;
-    tracing::info!("server is listening on http://{local}");
+    let Launch { mut config, config_file, flags, host, policy } = launch;
+    let vertex = vertex::Settings::from_env()?;
+    if let Some(vertex) = &vertex {
+        if vertex.port != config.server.port {
+            tracing::warn!("Vertex AI: AIP_HTTP_PORT {} replaces the port {}", vertex.port, config.server.port);
+        }
+        config.server.port = vertex.port;
+    }
+    let mut listeners = Vec::new();
+    // llama-server takes a comma-separated list of addresses.
+    for address in config.server.host.split(',').map(str::trim).filter(|address| !address.is_empty()) {
+        let port = config.server.port;
+        let named = if address.contains(':') { format!("[{address}]:{port}") } else { format!("{address}:{port}") };
+        let listener = TcpListener::bind((address, port))
+            .await
+            .map_err(|error| StartError::Bind { address: named.clone(), error })?;
+        let local = listener.local_addr().map_err(|error| StartError::Bind { address: named, error })?;
+        tracing::info!("server is listening on http://{local}");
+        listeners.push(listener);
+    }
+    if listeners.is_empty() {
+        let error = std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address given");
+        return Err(StartError::Bind { address: config.server.host.clone(), error });
+    }
 
     let policies = Policies::new(host, config_file, flags, config.policy.clone());
     let state = AppState::new(config, policies);
     let (stop, stopped) = watch::channel(false);
-    let app = router(state.clone());
-    let mut server =
-        tokio::spawn(axum::serve(listener, app).with_graceful_shutdown(wait_for(stopped.clone())).into_future());
+    let app = router(state.clone(), vertex.as_ref());
+    let servers = listeners.into_iter().map(|listener| listen::serve(listener, app.clone(), wait_for(stopped.clone())));
+    let mut server = tokio::spawn(futures_util::future::try_join_all(servers));
     tokio::spawn(signals(state.clone(), stop.clone()));
 
     tokio::select! {
@@ -75,7 +93,7 @@ pub async fn serve(launch: Launch) -> Result<(), StartError> {
 
     tokio::select! {
         finished = &mut server => match finished {
-            Ok(result) => result.map_err(StartError::Serve),
+            Ok(result) => result.map(drop).map_err(StartError::Serve),
             Err(error) => Err(StartError::Serve(std::io::Error::other(error))),
         },
         () = async { wait_for(stopped).await; tokio::time::sleep(GRACE).await } => {

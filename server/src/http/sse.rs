@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::generate::{Submitted, engine_gone};
-use crate::engine::request::{Completion, Event, TokenEvent};
+use crate::engine::request::{Completion, Event, Progress, TokenEvent};
 
 /// Turns engine events into the JSON payloads of one endpoint's stream.
 pub trait Render: Send + 'static {
@@ -25,6 +25,10 @@ pub trait Render: Send + 'static {
     fn started(&mut self, index: usize, id_slot: u32);
     fn token(&mut self, index: usize, token: &TokenEvent) -> Vec<Value>;
     fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value>;
+    /// Prompt progress of completion `index` (requests that asked for it).
+    fn progress(&mut self, _index: usize, _progress: &Progress) -> Vec<Value> {
+        Vec::new()
+    }
     /// After every completion is done.
     fn finish(&mut self) -> Vec<Value> {
         Vec::new()
@@ -103,6 +107,10 @@ fn step<R: Render>(state: &mut State<R>, item: Option<(usize, Event)>) -> Vec<Ss
         }
         Some((index, Event::Token(token))) => {
             let payloads = state.render.token(index, &token);
+            data(&state.render, payloads)
+        }
+        Some((index, Event::Progress(progress))) => {
+            let payloads = state.render.progress(index, &progress);
             data(&state.render, payloads)
         }
         Some((index, Event::Done(completion))) => {

@@ -70,9 +70,10 @@ pub async fn detokenize(State(state): State<AppState>, JsonBody(body): JsonBody)
 /// `POST /apply-template`: `messages` → the rendered `prompt`.
 pub async fn apply_template(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     let ready = state.ready()?;
+    let thinking = state.config().defaults.reasoning;
     blocking(move || {
         let fields = Fields(object(&body)?);
-        Ok(Json(json!({ "prompt": chat_prompt(&ready, fields)? })))
+        Ok(Json(json!({ "prompt": chat_prompt(&ready, fields, thinking)? })))
     })
     .await
 }

@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
+use sluice_kernels::backend::KvTypes;
+
 use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
 use crate::model::{ForwardError, Model};
 
@@ -33,7 +35,8 @@ pub fn time_step(
     let sequences = decode as usize + usize::from(prefill > 0);
     let cells = context as usize + prefill.max(1) as usize;
     let blocks_per_seq = cells.div_ceil(BLOCK_TOKENS);
-    let mut model_context = Arc::clone(model).context(sequences * blocks_per_seq, BLOCK_TOKENS)?;
+    // The cost model is fitted to the default f16 KV cache.
+    let mut model_context = Arc::clone(model).context(sequences * blocks_per_seq, BLOCK_TOKENS, KvTypes::default())?;
     let mut batch = Batch::default();
     let mut work = StepWork::default();
     let n_vocab = model.hparams().n_vocab as u32;

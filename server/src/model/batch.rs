@@ -1,6 +1,8 @@
 //! What one forward pass computes: rows of tokens (or embedding rows) from
 //! any sequences, each with its KV cell and rotary position.
 
+use super::{Context, ForwardError, ForwardOutput};
+
 /// A rotary position: `[t, h, w, e]`. Text at position p is `[p, p, p, 0]`;
 /// one-dimensional architectures read only `t`.
 pub type Position = [u32; 4];
@@ -125,6 +127,63 @@ pub struct Batch {
     /// Per sequence (absent = none): cells its rows do not attend to, such
     /// as image rows a DFlash draft never received.
     pub hidden: Vec<Vec<std::ops::Range<usize>>>,
+}
+
+/// Run `batch` in consecutive parts of at most `max_rows` rows (llama.cpp's
+/// micro-batches, `-ub`), which bounds a pass's activation memory. Each
+/// part's K/V is stored before the next part runs and a row's result does
+/// not depend on the rows beside it, so the output is the whole batch's.
+/// A bidirectional batch (its rows see each other) runs whole.
+pub fn forward_in_parts(
+    context: &mut dyn Context,
+    batch: &Batch,
+    max_rows: usize,
+    n_embd: usize,
+) -> Result<ForwardOutput, ForwardError> {
+    if batch.bidirectional || max_rows == 0 || batch.rows.len() <= max_rows {
+        return context.forward(batch);
+    }
+    let mut output = ForwardOutput { taps: vec![Vec::new(); batch.taps.len()], ..ForwardOutput::default() };
+    for (index, rows) in batch.rows.chunks(max_rows).enumerate() {
+        let first = index * max_rows;
+        let mut embeddings = Vec::new();
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let input = match row.input {
+                    RowInput::Embedding(at) => match at
+                        .checked_mul(n_embd)
+                        .and_then(|start| batch.embeddings.get(start..start.checked_add(n_embd)?))
+                    {
+                        Some(values) => {
+                            embeddings.extend_from_slice(values);
+                            RowInput::Embedding(embeddings.len() / n_embd.max(1) - 1)
+                        }
+                        // Past the batch's embeddings, so past the part's:
+                        // the part's pass refuses it.
+                        None => RowInput::Embedding(at),
+                    },
+                    token => token,
+                };
+                BatchRow { input, ..row.clone() }
+            })
+            .collect();
+        let part = Batch {
+            rows,
+            block_tables: batch.block_tables.clone(),
+            embeddings,
+            taps: batch.taps.clone(),
+            bidirectional: false,
+            hidden: batch.hidden.clone(),
+        };
+        let ForwardOutput { logits, logit_rows, taps } = context.forward(&part)?;
+        output.logits.extend(logits);
+        output.logit_rows.extend(logit_rows.into_iter().map(|row| first + row));
+        for (all, part) in output.taps.iter_mut().zip(taps) {
+            all.extend(part);
+        }
+    }
+    Ok(output)
 }
 
 #[cfg(test)]

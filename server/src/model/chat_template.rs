@@ -122,14 +122,23 @@ impl ChatTemplate {
     /// Renders with extra context variables (`tools`, `enable_thinking`,
     /// a request's `chat_template_kwargs`…). `messages`,
     /// `add_generation_prompt`, `bos_token` and `eos_token` take precedence
-    /// over extras of the same name.
+    /// over extras of the same name; extras take precedence over what
+    /// llama.cpp gives templates that read it: today's date as
+    /// `date_string` (Llama 3.x, "01 Dec 2026") and `datetime`
+    /// (firefunction, "Dec 01 2026 21:04:09 GMT"), and firefunction's
+    /// `functions`, empty without tools.
     pub fn render_with(
         &self,
         messages: &[Value],
         add_generation_prompt: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, TemplateError> {
-        let mut context = extra.clone();
+        let now = chrono::Local::now();
+        let mut context = Map::new();
+        context.insert("date_string".into(), Value::String(now.format("%d %b %Y").to_string()));
+        context.insert("datetime".into(), Value::String(now.format("%b %d %Y %H:%M:%S GMT").to_string()));
+        context.insert("functions".into(), Value::String(String::new()));
+        context.extend(extra.clone());
         context.insert("messages".into(), Value::Array(messages.to_vec()));
         context.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
         context.insert("bos_token".into(), Value::String(self.bos_token.clone()));
@@ -417,6 +426,22 @@ mod tests {
         assert!(year.len() == 4 && year.chars().all(|c| c.is_ascii_digit()), "{year}");
         assert_eq!(show("{{ strftime_now('%d %B %Y') }}").split(' ').count(), 3);
         assert!(matches!(render("{{ strftime_now('%') }}", json!([])), Err(TemplateError::Render(_))));
+    }
+
+    #[test]
+    fn templates_see_today_unless_the_request_says_otherwise() {
+        // Read around the render, so a render at midnight still matches one.
+        let today = || chrono::Local::now().format("%d %b %Y").to_string();
+        let before = today();
+        let shown = show("{{ date_string }}|{{ datetime }}{{ functions }}");
+        let after = today();
+        let (date, datetime) = shown.split_once('|').expect("both");
+        assert!(date == before || date == after, "{shown}");
+        assert!(datetime.ends_with(" GMT") && datetime.split(' ').count() == 5, "{shown}");
+        let template = ChatTemplate::new("{{ date_string }}", "", "").expect("compiles");
+        let mut extra = Map::new();
+        extra.insert("date_string".into(), json!("26 Jul 2024"));
+        assert_eq!(template.render_with(&[], false, &extra).expect("renders"), "26 Jul 2024");
     }
 
     #[test]

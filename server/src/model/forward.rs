@@ -9,7 +9,9 @@
 
 use std::sync::Arc;
 
-use sluice_kernels::backend::{Backend, BackendError, Embed, KvShape, PassLayout, PassRow, PassSequence};
+use sluice_kernels::backend::{
+    Backend, BackendError, Embed, KvBlockFormat, KvShape, KvTypes, PassLayout, PassRow, PassSequence,
+};
 
 use super::batch::{Batch, RowInput};
 use super::gguf::GgufFile;
@@ -99,10 +101,28 @@ struct TransformerContext<B: Backend> {
 }
 
 impl<B: Backend> TransformerContext<B> {
-    fn new(model: Arc<Transformer<B>>, n_blocks: usize, block_tokens: usize) -> Result<Self, BackendError> {
+    fn new(
+        model: Arc<Transformer<B>>,
+        n_blocks: usize,
+        block_tokens: usize,
+        types: KvTypes,
+    ) -> Result<Self, BackendError> {
         let hp = &model.hparams;
-        let shape = KvShape { n_layer: hp.n_layer, kv_dim: hp.kv_dim(), n_blocks, block_tokens };
+        let (n_layer, kv_dim, head_dim) = (hp.n_layer, hp.kv_dim(), hp.head_dim);
+        let shape = KvShape { n_layer, kv_dim, head_dim, n_blocks, block_tokens, types };
         let kv = model.backend.kv(shape)?;
+        // The store's real size, in llama.cpp's words (the store exists, so
+        // these products do not overflow).
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+        let ((k_cell, v_cell), cells) = (shape.cell_bytes()?, n_blocks * block_tokens);
+        tracing::info!(
+            "KV cache: {:.2} MiB ({cells} cells, {n_layer} layers), K ({}): {:.2} MiB, V ({}): {:.2} MiB",
+            mib(shape.bytes()?),
+            types.k,
+            mib(cells * n_layer * k_cell),
+            types.v,
+            mib(cells * n_layer * v_cell),
+        );
         Ok(TransformerContext { model, shape, kv, scratch: Scratch::default() })
     }
 
@@ -250,6 +270,18 @@ impl<B: Backend> Context for TransformerContext<B> {
     fn copy_block(&mut self, from: u32, to: u32) {
         self.model.backend.copy_kv_block(&mut self.kv, from, to);
     }
+
+    fn block_format(&self) -> KvBlockFormat {
+        self.model.backend.kv_block_format(&self.kv)
+    }
+
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
+        self.model.backend.read_kv_block(&self.kv, block)
+    }
+
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
+        self.model.backend.write_kv_block(&mut self.kv, block, bytes)
+    }
 }
 
 impl<B: Backend> Model for Transformer<B> {
@@ -265,8 +297,13 @@ impl<B: Backend> Model for Transformer<B> {
         self.backend.describe()
     }
 
-    fn context(self: Arc<Self>, n_blocks: usize, block_tokens: usize) -> Result<Box<dyn Context>, BackendError> {
-        Ok(Box::new(TransformerContext::new(self, n_blocks, block_tokens)?))
+    fn context(
+        self: Arc<Self>,
+        n_blocks: usize,
+        block_tokens: usize,
+        types: KvTypes,
+    ) -> Result<Box<dyn Context>, BackendError> {
+        Ok(Box::new(TransformerContext::new(self, n_blocks, block_tokens, types)?))
     }
 
     fn load_sibling(&self, file: GgufFile) -> Result<Arc<dyn Model>, LoadError> {

@@ -18,7 +18,7 @@ pub mod transformer;
 
 use std::sync::Arc;
 
-use sluice_kernels::backend::BackendError;
+use sluice_kernels::backend::{BackendError, KvBlockFormat, KvTypes};
 
 pub use forward::{ForwardError, ForwardOutput};
 pub use transformer::{LoadError, Transformer};
@@ -38,8 +38,14 @@ pub trait Model: Send + Sync {
     fn describe(&self) -> String;
 
     /// A context for running sequences: a KV store of `n_blocks` blocks of
-    /// `block_tokens` cells, and the buffers of a pass.
-    fn context(self: Arc<Self>, n_blocks: usize, block_tokens: usize) -> Result<Box<dyn Context>, BackendError>;
+    /// `block_tokens` cells holding keys and values as `types` says, and
+    /// the buffers of a pass.
+    fn context(
+        self: Arc<Self>,
+        n_blocks: usize,
+        block_tokens: usize,
+        types: KvTypes,
+    ) -> Result<Box<dyn Context>, BackendError>;
 
     /// Another model (a draft) loaded onto the same backend and threads; a
     /// DFlash draft without an embedding table or LM head of its own uses
@@ -63,4 +69,13 @@ pub trait Context: Send {
 
     /// Copy a KV block (copy-on-write of a shared partial block).
     fn copy_block(&mut self, from: u32, to: u32);
+
+    /// How [`Context::read_block`] lays out a block.
+    fn block_format(&self) -> KvBlockFormat;
+
+    /// A KV block's raw bytes, every layer (a saved slot).
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError>;
+
+    /// Put back bytes [`Context::read_block`] gave, into any block.
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError>;
 }

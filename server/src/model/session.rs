@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_kernels::backend::BackendError;
+use sluice_kernels::backend::{BackendError, KvTypes};
 
 use super::batch::{Batch, BatchRow, Position, RowInput, text_position};
 use super::{Context, ForwardError, ForwardOutput, Model};
@@ -22,11 +22,17 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session with room for `capacity` tokens.
+    /// A session with room for `capacity` tokens, its KV cache f16.
     pub fn new(model: Arc<dyn Model>, capacity: usize) -> Result<Self, BackendError> {
+        Self::with_kv_types(model, capacity, KvTypes::default())
+    }
+
+    /// A session with room for `capacity` tokens, its keys and values
+    /// stored as `types` says.
+    pub fn with_kv_types(model: Arc<dyn Model>, capacity: usize, types: KvTypes) -> Result<Self, BackendError> {
         let n_blocks = capacity.div_ceil(BLOCK_TOKENS).max(1);
         Ok(Session {
-            context: model.context(n_blocks, BLOCK_TOKENS)?,
+            context: model.context(n_blocks, BLOCK_TOKENS, types)?,
             table: (0..n_blocks as u32).collect(),
             cells: 0,
             next_pos: 0,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_kernels::backend::{CpuBackend, Device};
+use sluice_kernels::backend::{CpuBackend, Device, KvTypes};
 
 use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
@@ -91,8 +91,12 @@ pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
         slots: engine.slots,
         ctx,
         batch_tokens: engine.batch_tokens,
+        ubatch_tokens: engine.ubatch_tokens,
         kv_block_tokens: engine.kv_block_tokens,
+        kv_types: KvTypes { k: engine.cache_type_k, v: engine.cache_type_v },
         prefix_cache: engine.prefix_cache,
+        cache_mib: u64::try_from(engine.cache_ram_mib).ok(),
+        context_shift: engine.context_shift,
         queue_limit: engine.queue_limit,
         faults: fault_rules(&config.policy),
     }
@@ -199,6 +203,14 @@ mod tests {
         let engine = engine_config(&all, 2048);
         assert_eq!(engine.ctx, 2048);
         assert_eq!(engine.faults, FaultRules { on_fault: OnFault::Fallback, stall_steps: 5 });
+    }
+
+    #[test]
+    fn the_kv_cache_types_reach_the_engine() {
+        use sluice_kernels::backend::KvType;
+        assert_eq!(engine_config(&Config::default(), 8192).kv_types, KvTypes::default());
+        let config = Config::parse("[engine]\ncache_type_k = \"q8_0\"\n").expect("valid");
+        assert_eq!(engine_config(&config, 8192).kv_types, KvTypes { k: KvType::Q8_0, v: KvType::F16 });
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use sluice_kernels::backend::BackendError;
+use sluice_kernels::backend::{BackendError, KvTypes};
 
 use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
@@ -27,7 +27,7 @@ pub struct DflashDrafter {
 impl DflashDrafter {
     /// A drafter for a draft paired with its target (`startup::pair`),
     /// whose KV store mirrors the target's (`n_blocks` blocks of
-    /// `block_tokens` cells).
+    /// `block_tokens` cells), f16 as `SimpleDrafter`'s.
     pub fn new(
         draft: Arc<dyn Model>,
         params: DflashParams,
@@ -36,7 +36,7 @@ impl DflashDrafter {
         n_blocks: usize,
         block_tokens: usize,
     ) -> Result<Self, BackendError> {
-        let context = Arc::clone(&draft).context(n_blocks, block_tokens)?;
+        let context = Arc::clone(&draft).context(n_blocks, block_tokens, KvTypes::default())?;
         Ok(DflashDrafter { draft, params, mask_token, d2t, context })
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_kernels::backend::BackendError;
+use sluice_kernels::backend::{BackendError, KvTypes};
 
 use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
 use crate::model::batch::{Batch, BatchRow, RowInput};
@@ -16,9 +16,11 @@ pub struct SimpleDrafter {
 
 impl SimpleDrafter {
     /// A drafter whose KV store mirrors the target's (`n_blocks` blocks of
-    /// `block_tokens` cells).
+    /// `block_tokens` cells), f16 whatever the target's types (llama.cpp's
+    /// `-ctkd`/`-ctvd` choose the draft's, and sluice takes only f16 there).
     pub fn new(model: Arc<dyn Model>, n_blocks: usize, block_tokens: usize) -> Result<Self, BackendError> {
-        Ok(SimpleDrafter { n_vocab: model.hparams().n_vocab, context: model.context(n_blocks, block_tokens)? })
+        let n_vocab = model.hparams().n_vocab;
+        Ok(SimpleDrafter { n_vocab, context: model.context(n_blocks, block_tokens, KvTypes::default())? })
     }
 }
 

@@ -1,0 +1,89 @@
+//! The accept loop. `axum::serve` would do, but it writes HTTP/1 header
+//! names in lower case; llama-server writes them as named
+//! (`Access-Control-Allow-Origin`), and clients that look headers up
+//! case-sensitively (llama.cpp's own test harness among them) then find
+//! them only on llama-server. Header names are case-insensitive, so
+//! title case costs correct clients nothing.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
+
+/// Serve `app` on `listener` until `shutdown` resolves, then wait for the
+/// open connections to finish (the caller bounds that wait).
+pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().title_case_headers(true);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            // A connection that failed before it was accepted (the client
+            // reset it) ends only itself; if file descriptors ran out,
+            // pausing lets open connections finish and free some.
+            Err(error) => {
+                tracing::debug!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
+            }
+        };
+        // Token streams are many small writes.
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use axum::routing::get;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn header_names_go_out_in_title_case_and_shutdown_ends_the_loop() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("a port");
+        let address = listener.local_addr().expect("an address");
+        let app = Router::new().route("/", get(|| async { ([("access-control-allow-origin", "*")], "ok") }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, app, async {
+            let _ = stopped.await;
+        }));
+        let response = tokio::task::spawn_blocking(move || {
+            let mut stream = std::net::TcpStream::connect(address).expect("connects");
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("writes");
+            let mut response = String::new();
+            stream.read_to_string(&mut response).expect("reads");
+            response
+        })
+        .await
+        .expect("the client ran");
+        assert!(response.contains("\r\nAccess-Control-Allow-Origin: *\r\n"), "{response}");
+        assert!(response.ends_with("ok"), "{response}");
+        let _ = stop.send(());
+        server.await.expect("the loop ran").expect("it ended cleanly");
+    }
+}

@@ -1,0 +1,100 @@
+//! A full context, as llama-server handles it: without `--context-shift` a
+//! request stops when the token it sampled would take the context's last
+//! cell (`truncated`); with it, the older half of what follows `n_keep` is
+//! dropped and generation goes on, exactly as a fresh request holding what
+//! was kept would go on.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_tests::http::Server;
+
+const CTX: usize = 64;
+const PROMPT: &str = "Once upon a time, in a small village by the sea,";
+
+fn complete(server: &Server, body: &Value) -> Value {
+    let (status, answer) = server.post("/completion", body);
+    assert_eq!(status, StatusCode::OK, "{body}: {answer}\n{}", server.log());
+    answer
+}
+
+fn ids(value: &Value) -> Vec<u64> {
+    value.as_array().expect("an array of token ids").iter().map(|id| id.as_u64().expect("a token id")).collect()
+}
+
+fn prompt_tokens(server: &Server) -> Vec<u64> {
+    let (status, answer) = server.post("/tokenize", &json!({ "content": PROMPT, "add_special": true }));
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    ids(&answer["tokens"])
+}
+
+#[test]
+fn without_shift_a_full_context_ends_the_request() {
+    let ctx = CTX.to_string();
+    let server = Server::start(&["-c", &ctx, "-np", "1"]);
+    let n_prompt = prompt_tokens(&server).len();
+    let answer = complete(&server, &json!({ "prompt": PROMPT, "n_predict": -1, "ignore_eos": true, "temperature": 0 }));
+    // Prompt and generated tokens fill the context exactly.
+    assert_eq!(answer["tokens_predicted"].as_u64(), Some((CTX - n_prompt) as u64), "{answer}");
+    assert_eq!(answer["truncated"], true);
+    assert_eq!(answer["stop_type"], "limit");
+
+    // A limit reached first is not a truncation.
+    let answer = complete(&server, &json!({ "prompt": PROMPT, "n_predict": 4, "ignore_eos": true, "temperature": 0 }));
+    assert_eq!(answer["truncated"], false, "{answer}");
+
+    let long: Vec<u64> = (0..CTX as u64).map(|i| 300 + i).collect();
+    let (status, answer) = server.post("/completion", &json!({ "prompt": long, "n_predict": 4 }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("exceeds the available context size")));
+}
+
+#[test]
+fn a_shifted_request_goes_on_as_a_fresh_one_with_what_it_kept() {
+    let ctx = CTX.to_string();
+    let server = Server::start(&["-c", &ctx, "-np", "1", "--context-shift"]);
+    let prompt = prompt_tokens(&server);
+    let n_prompt = prompt.len();
+    let n_predict = 2 * CTX;
+    let body = json!({
+        "prompt": PROMPT, "n_predict": n_predict, "ignore_eos": true, "temperature": 0,
+        "n_keep": n_prompt, "return_tokens": true,
+    });
+    let shifted = complete(&server, &body);
+    assert_eq!(shifted["tokens_predicted"].as_u64(), Some(n_predict as u64), "{shifted}");
+    assert_eq!(shifted["truncated"], true, "a shifted context is reported as truncated");
+    assert_eq!(shifted["timings"]["prompt_n"].as_u64(), Some(n_prompt as u64), "the prompt is counted once");
+    let generated = ids(&shifted["tokens"]);
+    assert_eq!(generated.len(), n_predict);
+
+    // The first shift comes when the token sampled would take the last
+    // cell: it drops half of the cells after the kept prompt.
+    let pending = CTX - n_prompt;
+    let cells: Vec<u64> = prompt.iter().chain(&generated[..pending - 1]).copied().collect();
+    assert_eq!(cells.len(), CTX - 1);
+    let discard = (cells.len() - n_prompt) / 2;
+    let mut kept: Vec<u64> = cells[..n_prompt].to_vec();
+    kept.extend_from_slice(&cells[n_prompt + discard..]);
+    kept.push(generated[pending - 1]);
+
+    // A fresh request holding exactly that (and keeping the same prompt
+    // when it shifts in its turn) generates what the shifted one did.
+    let fresh = complete(
+        &server,
+        &json!({
+            "prompt": kept, "n_predict": n_predict - pending, "ignore_eos": true, "temperature": 0,
+            "n_keep": n_prompt, "return_tokens": true, "cache_prompt": false,
+        }),
+    );
+    assert_eq!(ids(&fresh["tokens"]), generated[pending..].to_vec(), "{fresh}");
+
+    // Streaming shifts the same way.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let stream = server.stream("/completion", &streamed);
+    assert_eq!(stream.status, StatusCode::OK, "{}", stream.error);
+    let tokens: Vec<u64> =
+        stream.events.iter().filter(|event| event["stop"] == false).flat_map(|event| ids(&event["tokens"])).collect();
+    assert_eq!(tokens, generated);
+    let last = stream.events.last().expect("a final event");
+    assert_eq!(last["truncated"], true, "{last}");
+}
