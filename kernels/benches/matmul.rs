@@ -1,6 +1,7 @@
 //! Decode-shaped matmuls of the default model (SmolLM2-135M: 576-wide,
-//! FFN 1536, Q4_1 weights, a 49152-row Q8_0 output matrix) and the thread
-//! pool's dispatch cost.
+//! FFN 1536, Q4_1 weights, a 49152-row Q8_0 output matrix), prompt- and
+//! decode-shaped matmuls of the 1B shape's FFN in the formats of K-quant
+//! files, and the thread pool's dispatch cost.
 
 use divan::{Bencher, black_box};
 use half::f16;
@@ -178,4 +179,23 @@ fn attention_1_row_at_2048(bencher: Bencher, kv_type: &str) {
     let mut scratch = Vec::new();
     bencher
         .bench_local(|| attend(black_box(&q), kv, n, shape, 0.125, &mut out, &mut scratch).expect("valid attention"));
+}
+
+/// The 1B shape's FFN in a prompt of 512 tokens, one thread: gate (8192 ×
+/// 2048) and down (2048 × 8192), whose 512 activation rows do not fit in
+/// a core's caches.
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0], sample_count = 5, sample_size = 1)]
+fn prefill512_gate_1b(bencher: Bencher, dtype: DType) {
+    bench_matmul(bencher, dtype, 8192, 2048, 512, 1);
+}
+
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K], sample_count = 5, sample_size = 1)]
+fn prefill512_down_1b(bencher: Bencher, dtype: DType) {
+    bench_matmul(bencher, dtype, 2048, 8192, 512, 1);
+}
+
+/// A decode step's gate matrix of the 1B shape, one thread.
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0])]
+fn matvec_gate_1b(bencher: Bencher, dtype: DType) {
+    bench_matmul(bencher, dtype, 8192, 2048, 1, 1);
 }

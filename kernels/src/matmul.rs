@@ -235,14 +235,25 @@ impl Job<'_> {
             // pass when decoding); later passes find it in cache.
             let first_pass = |i: usize, j: usize| {
                 if i == 0 {
-                    prefetch_ahead(weights.data, j * weights.row_bytes..(j + 4) * weights.row_bytes);
+                    let group = 4 * weights.row_bytes;
+                    prefetch_ahead(weights.data, j * weights.row_bytes..j * weights.row_bytes + group, group);
                 }
             };
-            // Activation rows in fours, then a pair: each weight block is
-            // decoded once for all of them, with the same bits as one row
-            // at a time.
+            // Activation rows in eights, a four, then a pair: each weight
+            // block is decoded once for all of them, with the same bits as
+            // one row at a time.
+            let eights_end = m - m % 8;
+            for i in (0..eights_end).step_by(8) {
+                for j in (tile_rows.start..groups_end).step_by(4) {
+                    first_pass(i, j);
+                    let values = dot.call4x8(four(j), std::array::from_fn(|a| act(i + a)));
+                    for (a, values) in values.iter().enumerate() {
+                        store(i + a, j, values);
+                    }
+                }
+            }
             let quads_end = m - m % 4;
-            for i in (0..quads_end).step_by(4) {
+            for i in (eights_end..quads_end).step_by(4) {
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(i, j);
                     let values = dot.call4x4(four(j), std::array::from_fn(|a| act(i + a)));
@@ -275,19 +286,23 @@ impl Job<'_> {
     }
 }
 
-/// How far ahead of the rows being multiplied a thread asks for weights.
-/// A decode step streams every weight once, from memory: the hardware
-/// prefetcher alone keeps too few cache misses in flight to use the memory
-/// bandwidth, and asking 2 KiB ahead took a model-sized stream (96 MB,
-/// 2 threads) from 6.1 to 3.5 ms on the development machine (1, 4 and 8 KiB
-/// did less well).
+/// How far ahead of the rows being multiplied a thread asks for weights,
+/// at least. A decode step streams every weight once, from memory: the
+/// hardware prefetcher alone keeps too few cache misses in flight to use
+/// the memory bandwidth, and asking 2 KiB ahead took a model-sized stream
+/// (96 MB, 2 threads) from 6.1 to 3.5 ms on the development machine (1, 4
+/// and 8 KiB did less well).
 const PREFETCH_DISTANCE: usize = 2048;
 
-/// Asks the CPU to start loading `data[range]` shifted `PREFETCH_DISTANCE`
-/// bytes ahead (clamped to `data`) into its caches.
+/// Asks the CPU to start loading `data[range]` shifted `ahead` bytes (at
+/// least `PREFETCH_DISTANCE`; clamped to `data`) into its caches. The
+/// callers ask a whole group of rows ahead, so that the next group is on
+/// its way however a kernel walks the current one (some read its rows
+/// side by side, block by block, and then need the next group's first
+/// blocks of all four rows at once).
 #[inline(always)]
-fn prefetch_ahead(data: &[u8], range: std::ops::Range<usize>) {
-    let ahead = |at: usize| (at + PREFETCH_DISTANCE).min(data.len());
+fn prefetch_ahead(data: &[u8], range: std::ops::Range<usize>, ahead: usize) {
+    let ahead = |at: usize| (at + ahead.max(PREFETCH_DISTANCE)).min(data.len());
     let Some(bytes) = data.get(ahead(range.start)..ahead(range.end)) else { return };
     #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
@@ -344,7 +359,7 @@ mod tests {
             let n_out = 301;
             let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
             let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
-            for m in [1, 3, 7, 64] {
+            for m in [1, 3, 7, 13, 15, 64] {
                 let x = random_acts(&mut rng, m * n_in);
                 let want = per_element(&w, &x, m);
                 for pool in &pools {
@@ -414,9 +429,9 @@ mod tests {
     fn prefetching_near_or_past_the_end_is_harmless() {
         let data = vec![7u8; 3000];
         for range in [0..0, 0..64, 900..3000, 2999..3000, 3000..3000, 5000..9000] {
-            prefetch_ahead(&data, range);
+            prefetch_ahead(&data, range, 64);
         }
-        prefetch_ahead(&[], 0..10);
+        prefetch_ahead(&[], 0..10, 4096);
         assert!(data.iter().all(|&b| b == 7));
     }
 

@@ -351,6 +351,7 @@ type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
 type Dot4Fn = unsafe fn([&[u8]; 4], &[u8]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[u8]; 4], [&[u8]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
+type Dot4x8Fn = unsafe fn([&[u8]; 4], [&[u8]; 8]) -> [[f32; 4]; 8];
 type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
 
 /// The kernels of one supported level. Only constructed for a level the CPU
@@ -372,14 +373,13 @@ impl Kernels {
     }
 
     pub(crate) fn dot(self, dtype: DType) -> Dot {
-        let (one, four, four_by_two, four_by_four) = match self.level {
+        match self.level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => x86::avx2::kernels(dtype),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => x86::avx512::kernels(dtype),
-            _ => (scalar_dot(dtype), None, None, None),
-        };
-        Dot { one, four, four_by_two, four_by_four }
+            _ => Dot { one: scalar_dot(dtype), four: None, four_by_two: None, four_by_four: None, four_by_eight: None },
+        }
     }
 
     /// Lengths were validated by the caller.
@@ -403,6 +403,7 @@ pub(crate) struct Dot {
     four: Option<Dot4Fn>,
     four_by_two: Option<Dot4x2Fn>,
     four_by_four: Option<Dot4x4Fn>,
+    four_by_eight: Option<Dot4x8Fn>,
 }
 
 impl Dot {
@@ -412,8 +413,9 @@ impl Dot {
         unsafe { (self.one)(weight_row, act_row) }
     }
 
-    /// Four weight rows against one activation row, sharing the activation
-    /// loads and the reductions.
+    /// Four weight rows against one activation row: side by side,
+    /// sharing the activation loads and the reductions, or one after
+    /// another where that streams faster (Q8_0, the K-quants).
     #[inline]
     pub(crate) fn call4(self, weight_rows: [&[u8]; 4], act_row: &[u8]) -> [f32; 4] {
         match self.four {
@@ -445,6 +447,22 @@ impl Dot {
                 let [a0, a1, a2, a3] = act_rows;
                 let ([v0, v1], [v2, v3]) = (self.call4x2(weight_rows, [a0, a1]), self.call4x2(weight_rows, [a2, a3]));
                 [v0, v1, v2, v3]
+            }
+        }
+    }
+
+    /// Four weight rows against eight activation rows; the same bits as
+    /// two `call4x4`s.
+    #[inline]
+    pub(crate) fn call4x8(self, weight_rows: [&[u8]; 4], act_rows: [&[u8]; 8]) -> [[f32; 4]; 8] {
+        match self.four_by_eight {
+            // SAFETY: as in `call`.
+            Some(four_by_eight) => unsafe { four_by_eight(weight_rows, act_rows) },
+            None => {
+                let [a0, a1, a2, a3, a4, a5, a6, a7] = act_rows;
+                let ([v0, v1, v2, v3], [v4, v5, v6, v7]) =
+                    (self.call4x4(weight_rows, [a0, a1, a2, a3]), self.call4x4(weight_rows, [a4, a5, a6, a7]));
+                [v0, v1, v2, v3, v4, v5, v6, v7]
             }
         }
     }

@@ -502,15 +502,20 @@ fn multi_activation_row_kernels_equal_the_reference_for_every_row() {
         for dtype in DType::ALL {
             let mut rows = adversarial_weights(&mut rng, dtype, n);
             rows.extend((0..5).map(|_| random_weights(&mut rng, dtype, n)));
-            let mut xs = adversarial_acts(n);
-            let xs = [random_acts(&mut rng, n), xs.swap_remove(3), random_acts(&mut rng, n), xs.swap_remove(0)];
+            // Every adversarial row (zeros, subnormals, ties, a spike, ±8e6,
+            // all −127) among random ones, so each reaches the lanes of the
+            // multi-row kernels.
+            let [zeros, tiny, ties, spike, big, negative]: [Vec<f32>; 6] =
+                adversarial_acts(n).try_into().expect("six adversarial rows");
+            let xs = [random_acts(&mut rng, n), spike, zeros, ties, big, tiny, negative, random_acts(&mut rng, n)];
             let acts = xs.each_ref().map(|x| quantized(level, dtype.act_format(), x));
             let dot = kernels.dot(dtype);
             for group in rows.chunks(4) {
                 let lanes: [&[u8]; 4] = std::array::from_fn(|r| group[r.min(group.len() - 1)].as_slice());
                 let pair = dot.call4x2(lanes, [&acts[0], &acts[1]]);
-                let quad = dot.call4x4(lanes, acts.each_ref().map(Vec::as_slice));
-                let results = pair.iter().zip(&xs).chain(quad.iter().zip(&xs));
+                let quad = dot.call4x4(lanes, std::array::from_fn(|i| acts[i + 4].as_slice()));
+                let eight = dot.call4x8(lanes, acts.each_ref().map(Vec::as_slice));
+                let results = pair.iter().zip(&xs).chain(quad.iter().zip(&xs[4..])).chain(eight.iter().zip(&xs));
                 for (got, x) in results {
                     for (row, got) in group.iter().zip(got) {
                         let want = dot_at(SimdLevel::Scalar, dtype, row, x);

@@ -2,9 +2,9 @@
 //! (F/BW/VL/VNNI on top of those).
 //!
 //! Both compute each block's integer sums exactly as the scalar reference
-//! does and then apply the reference's float steps (`scalar::finish_*`, of
-//! which the `finish_*4` functions are lane-wise twins) in the same order,
-//! so a level changes speed, never a result. The quantized dots stay
+//! does and then apply the reference's float steps (`scalar::finish_*`,
+//! lane by lane) in the same order, so a level changes speed, never a
+//! result. The quantized dots stay
 //! 256 bits wide at the AVX-512 level: a block is 32 quants, so a wider
 //! vector would need a reduction per half anyway; that level gains from
 //! VNNI's fused byte and word dots instead, and from 16-wide float dots.
@@ -13,6 +13,7 @@
 //! [`super::Kernels`], which is only built for a level the CPU supports.
 
 mod activations;
+mod kquant;
 
 pub(super) use activations::quantize;
 
@@ -25,7 +26,7 @@ use super::blocks::{
     blocks, blocks_mut, k_scales,
 };
 use super::scalar::{self, LANES};
-use super::{ActFormat, DType, Dot4Fn, Dot4x2Fn, Dot4x4Fn, DotFn, QuantizeFn};
+use super::{ActFormat, DType, Dot, QuantizeFn};
 
 // ---- helpers shared by both levels -----------------------------------------
 
@@ -101,31 +102,8 @@ fn fifth_bits(qh: [u8; 4]) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// Lane r: the sum of the eight lanes of `v[r]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn hsum4(v: [__m256i; 4]) -> __m128i {
-    // Per 128-bit half, hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3]; twice
-    // more gives each vector's half-sum in its own lane.
-    let t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
-}
-
-/// Four f16 values as f32 lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn halves4(bits: [u16; 4]) -> __m128 {
-    let packed = u64::from(bits[0]) | u64::from(bits[1]) << 16 | u64::from(bits[2]) << 32 | u64::from(bits[3]) << 48;
-    _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64))
-}
-
-/// Two adjacent f16 fields (a scale and an offset) as one word.
-#[inline(always)]
-fn half_pair(first: [u8; 2], second: [u8; 2]) -> u32 {
-    u32::from_le_bytes([first[0], first[1], second[0], second[1]])
-}
-
-/// Four [`half_pair`]s as two f32 vectors: the first fields, the second fields.
+/// Four pairs of adjacent f16 fields (a scale and an offset, one little-endian
+/// word each) as two f32 vectors: the first fields, the second fields.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn half_pairs4(pairs: [u32; 4]) -> (__m128, __m128) {
@@ -141,24 +119,6 @@ fn broadcast_half(bits: [u8; 2]) -> __m128 {
     _mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bits)))
 }
 
-// Lane-wise twins of the reference's float steps: same operations, same order.
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn finish_scaled4(acc: __m128, d_w: __m128, d_a: __m128, isum: __m128i) -> __m128 {
-    _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(d_w, d_a), _mm_cvtepi32_ps(isum)))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn finish_kquant4(acc: __m128, d: __m128, dmin: __m128, d_a: __m128, isum: __m128i, isum_min: __m128i) -> __m128 {
-    let t = _mm_sub_ps(
-        _mm_mul_ps(_mm_mul_ps(d, d_a), _mm_cvtepi32_ps(isum)),
-        _mm_mul_ps(_mm_mul_ps(dmin, d_a), _mm_cvtepi32_ps(isum_min)),
-    );
-    _mm_add_ps(acc, t)
-}
-
 /// Lanes 0..R.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -167,14 +127,6 @@ fn lanes<const R: usize>(v: __m128) -> [f32; R] {
     // SAFETY: stores 4 floats into the 4 floats of `all`.
     unsafe { _mm_storeu_ps(all.as_mut_ptr(), v) };
     std::array::from_fn(|r| all[r])
-}
-
-/// Four floats as a vector.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_f32x4(x: &[f32; 4]) -> __m128 {
-    // SAFETY: loads the 4 floats of `x`.
-    unsafe { _mm_loadu_ps(x.as_ptr()) }
 }
 
 /// R weight rows and A activation rows as blocks, cut to the blocks all of
@@ -373,9 +325,11 @@ mod avx512_ops {
 // The quantized kernels take R weight rows against A activation rows: a
 // weight block is decoded once for all A rows (and, in the legacy kernels,
 // an activation block loaded once for all R rows), the integer sums are
-// reduced together, and lane r of every float vector follows row r
-// through the reference's float steps. Each lane therefore equals the
-// single-row reference, whatever R and A.
+// reduced together, and each lane of the float vectors follows one (weight
+// row, activation row) pair through the reference's float steps (legacy:
+// lane r of activation row i's vector is weight row r; K-quants: lane
+// i·R + r of one vector). Each lane therefore equals the single-row
+// reference, whatever R and A.
 
 /// A float-weight dot: whole 16-element chunks in vectors, then the tail
 /// into the same lanes and the reference reduction.
@@ -396,9 +350,14 @@ macro_rules! float_dot {
     };
 }
 
-/// The one-row and four-row entry points of an R×A kernel (`A` = 1).
+/// The one-row and four-row entry points of an R×A kernel (`A` = 1). The
+/// four-row entry reads the rows side by side, sharing each activation
+/// block, or (`side_by_side: false`) one after another: decoding streams
+/// the weights from memory, and Q8_0's rows, the largest, decoded the
+/// default model requantized to Q8_0 1.25× faster one at a time on a
+/// 2-core EPYC (Q4_1's and Q5_0's gained nothing either way).
 macro_rules! legacy_entries {
-    ($features:literal, $one:ident, $four:ident, $kernel:ident) => {
+    ($features:literal, $one:ident, $four:ident, $kernel:ident, side_by_side: $side:literal) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
             let [[value]] = $kernel::<1, 1>([w], [a]);
@@ -407,31 +366,61 @@ macro_rules! legacy_entries {
 
         #[target_feature(enable = $features)]
         fn $four(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let [values] = $kernel::<4, 1>(w, [a]);
-            values
+            if $side {
+                let [values] = $kernel::<4, 1>(w, [a]);
+                return values;
+            }
+            let mut out = [0.0; 4];
+            for (r, w) in w.into_iter().enumerate() {
+                let [[value]] = $kernel::<1, 1>([w], [a]);
+                out[r] = value;
+            }
+            out
         }
     };
 }
 
-/// The entry points of a K-quant kernel: one weight row at a time, against
-/// one activation row or against `A` at once. Sharing activation loads
-/// between weight rows, as the legacy kernels do, does not pay for 256-value
-/// blocks: four rows' decoded quants and scales overflow the registers,
-/// and on a 2-core EPYC the four-row kernels decoded a 1B model at 0.6× the
-/// speed of these.
+/// The entry points of a K-quant kernel ([`kquant`]), as R × A calls with
+/// R · A = 8 where there are enough rows (the lanes of the per-block float
+/// step), at most two weight rows read side by side. Against one
+/// activation row (decoding) the weight rows go one at a time: four read
+/// side by side, block by block, decoded a 1B Q6_K model at half the speed
+/// on a 2-core EPYC.
 macro_rules! kquant_entries {
-    ($features:literal, $one:ident, $by_row:ident, $kernel:ident) => {
+    ($features:literal, $kernel:ident, $one:ident, $four:ident, $four_by_two:ident, $four_by_four:ident, $four_by_eight:ident) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
-            let [value] = $kernel::<1>(w, [a]);
+            let [[value]] = $kernel::<1, 1>([w], [a]);
             value
         }
 
         #[target_feature(enable = $features)]
-        fn $by_row<const A: usize>(w: [&[u8]; 4], a: [&[u8]; A]) -> [[f32; 4]; A] {
-            let mut out = [[0.0; 4]; A];
+        fn $four(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let mut out = [0.0; 4];
             for (r, w) in w.into_iter().enumerate() {
-                for (i, value) in $kernel::<A>(w, a).into_iter().enumerate() {
+                let [[value]] = $kernel::<1, 1>([w], [a]);
+                out[r] = value;
+            }
+            out
+        }
+
+        #[target_feature(enable = $features)]
+        fn $four_by_two(w: [&[u8]; 4], a: [&[u8]; 2]) -> [[f32; 4]; 2] {
+            let (first, second) = ($kernel::<2, 2>([w[0], w[1]], a), $kernel::<2, 2>([w[2], w[3]], a));
+            std::array::from_fn(|i| [first[i][0], first[i][1], second[i][0], second[i][1]])
+        }
+
+        #[target_feature(enable = $features)]
+        fn $four_by_four(w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
+            let (first, second) = ($kernel::<2, 4>([w[0], w[1]], a), $kernel::<2, 4>([w[2], w[3]], a));
+            std::array::from_fn(|i| [first[i][0], first[i][1], second[i][0], second[i][1]])
+        }
+
+        #[target_feature(enable = $features)]
+        fn $four_by_eight(w: [&[u8]; 4], a: [&[u8]; 8]) -> [[f32; 4]; 8] {
+            let mut out = [[0.0; 4]; 8];
+            for (r, w) in w.into_iter().enumerate() {
+                for (i, [value]) in $kernel::<1, 8>([w], a).into_iter().enumerate() {
                     out[i][r] = value;
                 }
             }
@@ -499,39 +488,89 @@ macro_rules! dot_kernels {
             use super::$ops as ops;
             use super::*;
 
-            /// The single-row kernel of `dtype`, its four-row kernel where
-            /// there is one (float weights run row by row), and its kernels
-            /// for four weight rows against two and against four activation
-            /// rows where there are some (the legacy block formats).
-            pub(in super::super) fn kernels(
-                dtype: DType,
-            ) -> (DotFn, Option<Dot4Fn>, Option<Dot4x2Fn>, Option<Dot4x4Fn>) {
+            /// The kernels of `dtype`: float weights run row by row; the
+            /// legacy block formats take four weight rows against one, two
+            /// or four activation rows; the K-quants also against eight.
+            pub(in super::super) fn kernels(dtype: DType) -> Dot {
+                macro_rules! legacy {
+                    ($one:ident, $four:ident, $kernel:ident) => {
+                        Dot {
+                            one: $one,
+                            four: Some($four),
+                            four_by_two: Some($kernel::<4, 2>),
+                            four_by_four: Some($kernel::<4, 4>),
+                            four_by_eight: None,
+                        }
+                    };
+                }
+                macro_rules! kquant {
+                    ($one:ident, $four:ident, $by_two:ident, $by_four:ident, $by_eight:ident) => {
+                        Dot {
+                            one: $one,
+                            four: Some($four),
+                            four_by_two: Some($by_two),
+                            four_by_four: Some($by_four),
+                            four_by_eight: Some($by_eight),
+                        }
+                    };
+                }
+                let float = |one| Dot { one, four: None, four_by_two: None, four_by_four: None, four_by_eight: None };
                 match dtype {
-                    DType::F32 => (dot_f32, None, None, None),
-                    DType::F16 => (dot_f16, None, None, None),
-                    DType::BF16 => (dot_bf16, None, None, None),
-                    DType::Q4_0 => (one_q4_0, Some(four_q4_0), Some(dot_q4_0::<4, 2>), Some(dot_q4_0::<4, 4>)),
-                    DType::Q4_1 => (one_q4_1, Some(four_q4_1), Some(dot_q4_1::<4, 2>), Some(dot_q4_1::<4, 4>)),
-                    DType::Q5_0 => (one_q5_0, Some(four_q5_0), Some(dot_q5_0::<4, 2>), Some(dot_q5_0::<4, 4>)),
-                    DType::Q5_1 => (one_q5_1, Some(four_q5_1), Some(dot_q5_1::<4, 2>), Some(dot_q5_1::<4, 4>)),
-                    DType::Q8_0 => (one_q8_0, Some(four_q8_0), Some(dot_q8_0::<4, 2>), Some(dot_q8_0::<4, 4>)),
-                    DType::Q4_K => (one_q4_k, None, Some(by_row_q4_k::<2>), Some(by_row_q4_k::<4>)),
-                    DType::Q5_K => (one_q5_k, None, Some(by_row_q5_k::<2>), Some(by_row_q5_k::<4>)),
-                    DType::Q6_K => (one_q6_k, None, Some(by_row_q6_k::<2>), Some(by_row_q6_k::<4>)),
+                    DType::F32 => float(dot_f32),
+                    DType::F16 => float(dot_f16),
+                    DType::BF16 => float(dot_bf16),
+                    DType::Q4_0 => legacy!(one_q4_0, four_q4_0, dot_q4_0),
+                    DType::Q4_1 => legacy!(one_q4_1, four_q4_1, dot_q4_1),
+                    DType::Q5_0 => legacy!(one_q5_0, four_q5_0, dot_q5_0),
+                    DType::Q5_1 => legacy!(one_q5_1, four_q5_1, dot_q5_1),
+                    DType::Q8_0 => legacy!(one_q8_0, four_q8_0, dot_q8_0),
+                    DType::Q4_K => {
+                        kquant!(one_q4_k, four_q4_k, four_by_two_q4_k, four_by_four_q4_k, four_by_eight_q4_k)
+                    }
+                    DType::Q5_K => {
+                        kquant!(one_q5_k, four_q5_k, four_by_two_q5_k, four_by_four_q5_k, four_by_eight_q5_k)
+                    }
+                    DType::Q6_K => {
+                        kquant!(one_q6_k, four_q6_k, four_by_two_q6_k, four_by_four_q6_k, four_by_eight_q6_k)
+                    }
                 }
             }
 
             float_dot!($features, dot_f32, 4, ops::load16_f32, scalar::f32_value);
             float_dot!($features, dot_f16, 2, ops::load16_f16, scalar::half_to_f32);
             float_dot!($features, dot_bf16, 2, ops::load16_bf16, scalar::bf16_value);
-            legacy_entries!($features, one_q4_0, four_q4_0, dot_q4_0);
-            legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1);
-            legacy_entries!($features, one_q5_0, four_q5_0, dot_q5_0);
-            legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
-            legacy_entries!($features, one_q8_0, four_q8_0, dot_q8_0);
-            kquant_entries!($features, one_q4_k, by_row_q4_k, dot_q4_k);
-            kquant_entries!($features, one_q5_k, by_row_q5_k, dot_q5_k);
-            kquant_entries!($features, one_q6_k, by_row_q6_k, dot_q6_k);
+            legacy_entries!($features, one_q4_0, four_q4_0, dot_q4_0, side_by_side: true);
+            legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1, side_by_side: true);
+            legacy_entries!($features, one_q5_0, four_q5_0, dot_q5_0, side_by_side: true);
+            legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1, side_by_side: true);
+            legacy_entries!($features, one_q8_0, four_q8_0, dot_q8_0, side_by_side: false);
+            kquant_entries!(
+                $features,
+                dot_q4_k,
+                one_q4_k,
+                four_q4_k,
+                four_by_two_q4_k,
+                four_by_four_q4_k,
+                four_by_eight_q4_k
+            );
+            kquant_entries!(
+                $features,
+                dot_q5_k,
+                one_q5_k,
+                four_q5_k,
+                four_by_two_q5_k,
+                four_by_four_q5_k,
+                four_by_eight_q5_k
+            );
+            kquant_entries!(
+                $features,
+                dot_q6_k,
+                one_q6_k,
+                four_q6_k,
+                four_by_two_q6_k,
+                four_by_four_q6_k,
+                four_by_eight_q6_k
+            );
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
@@ -585,160 +624,7 @@ macro_rules! dot_kernels {
                 ops::dot_u8i8(_mm256_setzero_si256(), w, a)
             }
 
-            /// A Q4_K/Q5_K block's scales and minima, decoded once for
-            /// every activation row: each sub-block's scale in all lanes, and
-            /// the minima spread so that each multiplies the two 16-element
-            /// activation sums of its sub-block.
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn kquant_scales(scales: &[u8; 12]) -> ([__m256i; 8], __m256i) {
-                let (sc, m) = k_scales(scales);
-                let m = _mm_cvtsi64_si128(i64::from_le_bytes(m));
-                (sc.map(|sc| _mm256_set1_epi16(i16::from(sc))), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)))
-            }
-
-            /// Unreduced Σ_j sc_j·(q·a)_j and Σ_j m_j·(Σa)_j of a Q4_K/Q5_K
-            /// block whose eight sub-blocks of unsigned quants are `q`.
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn kquant_sums(sc: &[__m256i; 8], mins: __m256i, q: &[__m256i; 8], a: &BlockQ8K) -> (__m256i, __m256i) {
-                let mut sums = _mm256_setzero_si256();
-                for ((q, a), sc) in q.iter().zip(a.qs.as_chunks::<32>().0).zip(sc) {
-                    let pairs = _mm256_maddubs_epi16(*q, load_i8x32(a));
-                    sums = ops::madd_i16(sums, pairs, *sc);
-                }
-                (sums, _mm256_madd_epi16(load_u8x32(&a.bsums), mins))
-            }
-
-            /// The Q4_K/Q5_K kernel around a block decoder: one weight row
-            /// against `A` activation rows (at most four), each weight block
-            /// decoded once for all of them. Lane i of the float steps
-            /// follows activation row i through the reference's steps.
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn kquant_rows<W: bytemuck::Pod, const A: usize>(
-                w: &[u8],
-                a: [&[u8]; A],
-                decode: impl Fn(&W) -> (&[u8; 12], u32, [__m256i; 8]),
-            ) -> [f32; A] {
-                let ([w], a) = rows::<W, BlockQ8K, 1, A>([w], a);
-                let mut acc = _mm_setzero_ps();
-                for (b, x) in w.iter().enumerate() {
-                    let (scales, d_dmin, q) = decode(x);
-                    let (sc, m) = kquant_scales(scales);
-                    let (mut sums, mut mins, mut d_a) =
-                        ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4], [0.0f32; 4]);
-                    for i in 0..A {
-                        (sums[i], mins[i]) = kquant_sums(&sc, m, &q, &a[i][b]);
-                        d_a[i] = f32::from_le_bytes(a[i][b].d);
-                    }
-                    let (d, dmin) = half_pairs4([d_dmin; 4]);
-                    acc = finish_kquant4(acc, d, dmin, load_f32x4(&d_a), hsum4(sums), hsum4(mins));
-                }
-                lanes(acc)
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q4_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
-                let low = _mm256_set1_epi8(0xF);
-                kquant_rows::<BlockQ4K, A>(
-                    w,
-                    a,
-                    #[inline(always)]
-                    |x| {
-                        let mut q = [_mm256_setzero_si256(); 8];
-                        for (pair, qs) in x.qs.as_chunks::<32>().0.iter().enumerate() {
-                            let v = load_u8x32(qs);
-                            q[2 * pair] = _mm256_and_si256(v, low);
-                            q[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                        }
-                        (&x.scales, half_pair(x.d, x.dmin), q)
-                    },
-                )
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q5_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
-                let (low, bit4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-                kquant_rows::<BlockQ5K, A>(
-                    w,
-                    a,
-                    #[inline(always)]
-                    |x| {
-                        let mut q = [_mm256_setzero_si256(); 8];
-                        // Bits 2i and 2i+1 of each qh byte belong to sub-blocks 2i
-                        // and 2i+1; shifting by two per pair brings them to bits 0
-                        // and 1. The 16-bit shifts move bits across bytes only
-                        // above the bits read, which the 0x10 masks drop.
-                        let mut h = load_u8x32(&x.qh);
-                        for (pair, qs) in x.qs.as_chunks::<32>().0.iter().enumerate() {
-                            let v = load_u8x32(qs);
-                            let hi_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4);
-                            let hi_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(h), bit4);
-                            q[2 * pair] = _mm256_or_si256(_mm256_and_si256(v, low), hi_lo);
-                            q[2 * pair + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), low), hi_hi);
-                            h = _mm256_srli_epi16::<2>(h);
-                        }
-                        (&x.scales, half_pair(x.d, x.dmin), q)
-                    },
-                )
-            }
-
-            /// Q6_K's eight vectors of 32 unsigned quants (elements l, l+32,
-            /// l+64, l+96 of each 128-element half: a nibble and two bits of
-            /// qh moved to bits 4 and 5), in activation order, with the
-            /// scale pair of each vector's two 16-element halves.
-            #[target_feature(enable = $features)]
-            #[inline]
-            fn q6_k_decode(x: &BlockQ6K) -> ([__m256i; 8], [__m256i; 8]) {
-                let (low, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
-                let scales = load_i8x16(&x.scales);
-                let (ql, qh) = (x.ql.as_chunks::<32>().0, x.qh.as_chunks::<32>().0);
-                let (mut q, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
-                for half in 0..2 {
-                    let (l0, l1) = (load_u8x32(&ql[2 * half]), load_u8x32(&ql[2 * half + 1]));
-                    let h = load_u8x32(&qh[half]);
-                    let bits =
-                        |l: __m256i, h: __m256i| _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
-                    q[4 * half] = bits(l0, _mm256_slli_epi16::<4>(h));
-                    q[4 * half + 1] = bits(l1, _mm256_slli_epi16::<2>(h));
-                    q[4 * half + 2] = bits(_mm256_srli_epi16::<4>(l0), h);
-                    q[4 * half + 3] = bits(_mm256_srli_epi16::<4>(l1), _mm256_srli_epi16::<2>(h));
-                    for k in 0..4 {
-                        // Scales g and g+1 for the two 16-element halves of the vector.
-                        let g = (8 * half + 2 * k) as i64;
-                        let pick = _mm_set_epi64x((g + 1) * 0x0101_0101_0101_0101, g * 0x0101_0101_0101_0101);
-                        sc[4 * half + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                    }
-                }
-                (q, sc)
-            }
-
-            #[target_feature(enable = $features)]
-            fn dot_q6_k<const A: usize>(w: &[u8], a: [&[u8]; A]) -> [f32; A] {
-                let ([w], a) = rows::<BlockQ6K, BlockQ8K, 1, A>([w], a);
-                let mut acc = _mm_setzero_ps();
-                for (b, x) in w.iter().enumerate() {
-                    let (q, sc) = q6_k_decode(x);
-                    let scales = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
-                    let (mut isums, mut d_a) = ([_mm256_setzero_si256(); 4], [0.0f32; 4]);
-                    for i in 0..A {
-                        let y = &a[i][b];
-                        let mut sums = _mm256_setzero_si256();
-                        for ((q, sc), aq) in q.iter().zip(&sc).zip(y.qs.as_chunks::<32>().0) {
-                            sums = ops::madd_i16(sums, _mm256_maddubs_epi16(*q, load_i8x32(aq)), *sc);
-                        }
-                        // The quants are unsigned; the offset of 32 goes through
-                        // the activation sums: Σ sc·(q·a) − 32·Σ sc·(Σa).
-                        let offset = _mm256_madd_epi16(load_u8x32(&y.bsums), scales);
-                        isums[i] = _mm256_sub_epi32(sums, _mm256_slli_epi32::<5>(offset));
-                        d_a[i] = f32::from_le_bytes(y.d);
-                    }
-                    let d = halves4([u16::from_le_bytes(x.d); 4]);
-                    acc = finish_scaled4(acc, d, load_f32x4(&d_a), hsum4(isums));
-                }
-                lanes(acc)
-            }
+            kquant::kquant_kernels!($features);
         }
     };
 }
