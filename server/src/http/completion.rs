@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::generate::{
-    Outcome, Plan, StreamProgress, blocking, collect, probs_json, progress_json, progress_timings, submit, timings_json,
+    Outcome, Plan, StreamProgress, attach_progress, blocking, collect, probs_json, submit, timings_json,
 };
 use super::params::{self, Fields, JsonBody, object, settings_json};
 use super::{AppState, Ready, prompt, sse};
@@ -153,10 +153,9 @@ impl sse::Render for NativeStream {
             "id_slot": id_slot.map_or(-1, i64::from),
             "tokens_predicted": 0,
             "tokens_evaluated": progress.total,
-            "prompt_progress": progress_json(progress),
         });
-        if self.plan.generation.timings_per_token {
-            chunk["timings"] = timings_json(&progress_timings(progress));
+        if let Some(fields) = chunk.as_object_mut() {
+            attach_progress(fields, progress, self.plan.generation.timings_per_token);
         }
         vec![chunk]
     }

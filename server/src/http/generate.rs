@@ -263,28 +263,30 @@ pub fn probs_json(tokenizer: &Tokenizer, probs: &TokenProbs, top_n: usize) -> Va
     Value::Object(entry)
 }
 
-/// The `timings` object. Generation rates leave out the first token, which
-/// comes from the prompt's last batch (llama-server's rule).
-/// llama-server's `prompt_progress` object.
-pub fn progress_json(progress: &Progress) -> Value {
-    json!({
+/// What a progress chunk carries, into `chunk`: llama-server's
+/// `prompt_progress` object and, with `timings_per_token`, the timings of
+/// the prompt so far.
+pub fn attach_progress(chunk: &mut Map<String, Value>, progress: &Progress, timings_per_token: bool) {
+    let fields = json!({
         "total": progress.total,
         "cache": progress.cache,
         "processed": progress.processed,
         "time_ms": progress.time_ms,
-    })
-}
-
-/// The timings a progress chunk carries: the prompt so far.
-pub fn progress_timings(progress: &Progress) -> Timings {
-    Timings {
-        cache_n: progress.cache,
-        prompt_n: progress.processed.saturating_sub(progress.cache),
-        prompt_ms: progress.time_ms as f64,
-        ..Timings::default()
+    });
+    chunk.insert("prompt_progress".into(), fields);
+    if timings_per_token {
+        let timings = Timings {
+            cache_n: progress.cache,
+            prompt_n: progress.processed.saturating_sub(progress.cache),
+            prompt_ms: progress.time_ms as f64,
+            ..Timings::default()
+        };
+        chunk.insert("timings".into(), timings_json(&timings));
     }
 }
 
+/// The `timings` object. Generation rates leave out the first token, which
+/// comes from the prompt's last batch (llama-server's rule).
 pub fn timings_json(timings: &Timings) -> Value {
     let rate = |n: usize, ms: f64| if n > 0 && ms > 0.0 { (ms / n as f64, 1e3 * n as f64 / ms) } else { (0.0, 0.0) };
     let (prompt_per_token_ms, prompt_per_second) = rate(timings.prompt_n, timings.prompt_ms);

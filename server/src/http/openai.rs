@@ -15,8 +15,8 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
 use super::generate::{
-    Outcome, Plan, StreamProgress, blocking, collect, finish_reason, probs_json, progress_json, progress_timings,
-    submit, timings_json, usage_json,
+    Outcome, Plan, StreamProgress, attach_progress, blocking, collect, finish_reason, probs_json, submit, timings_json,
+    usage_json,
 };
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{self, Parts, Reasoning, Splitter};
@@ -470,9 +470,8 @@ impl sse::Render for OpenAiStream {
             }
         };
         let mut chunk = self.chunk(vec![choice]);
-        insert(&mut chunk, "prompt_progress", progress_json(progress));
-        if self.plan.generation.timings_per_token {
-            insert(&mut chunk, "timings", timings_json(&progress_timings(progress)));
+        if let Some(fields) = chunk.as_object_mut() {
+            attach_progress(fields, progress, self.plan.generation.timings_per_token);
         }
         vec![chunk]
     }

@@ -23,9 +23,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{
-    Plan, StreamProgress, blocking, collect, engine_gone, progress_json, progress_timings, submit, timings_json,
-};
+use super::generate::{Plan, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json};
 use super::openai::{chat_tokens, random_id};
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{Parts, Reasoning, Splitter};
@@ -458,10 +456,7 @@ impl sse::Render for ResponsesStream {
             events.push(event("response.in_progress", json!({ "response": self.summary("in_progress") })));
         }
         if let Some(last) = events.last_mut().and_then(Value::as_object_mut) {
-            last.insert("prompt_progress".into(), progress_json(progress));
-            if self.timings_per_token {
-                last.insert("timings".into(), timings_json(&progress_timings(progress)));
-            }
+            attach_progress(last, progress, self.timings_per_token);
         }
         events
     }
