@@ -1,5 +1,7 @@
 //! The real `sluice` binary: cargo builds it before it runs the sluice
-//! package's integration tests, next to their folder of test executables.
+//! package's integration tests, next to their folder of test executables
+//! (and `cargo xtask loadtest` builds it before it runs this crate's
+//! `loadtest`, next to it).
 
 use std::path::PathBuf;
 
@@ -11,7 +13,13 @@ pub fn sluice_binary() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps layout");
+    let exe_dir = exe.parent().expect("an executable is in a folder");
+    // A binary of this crate: target/<profile>/<bin> → target/<profile>/sluice.
+    let sibling = exe_dir.join("sluice");
+    if sibling.is_file() {
+        return sibling;
+    }
+    let profile_dir = exe_dir.parent().expect("target/<profile>/deps layout");
     let binary = profile_dir.join("sluice");
     assert!(
         binary.is_file(),

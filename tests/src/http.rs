@@ -3,6 +3,7 @@
 //! `/health` says ok, killed when dropped. Every wait is bounded.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -39,29 +40,46 @@ impl Server {
     /// Start without waiting for the model (`/health` may still be 503).
     /// `/metrics` is on, as the tests read it.
     pub fn spawn(args: &[&str]) -> Server {
-        Self::launch(&[&["--metrics"], args].concat(), &[])
+        Self::launch(&sluice_binary(), &[&["--metrics"], args].concat(), &[])
+    }
+
+    /// [`Server::start`] with another `sluice` binary than this build's.
+    pub fn start_binary(binary: &Path, args: &[&str]) -> Server {
+        let server = Self::launch(binary, &[&["--metrics"], args].concat(), &[]);
+        server.wait_healthy();
+        server
     }
 
     /// [`Server::start`] with the server's own defaults (no `--metrics`).
     pub fn start_plain(args: &[&str]) -> Server {
-        let server = Self::launch(args, &[]);
+        let server = Self::launch(&sluice_binary(), args, &[]);
         server.wait_healthy();
         server
     }
 
     /// [`Server::start`] with `env` set in the server's environment.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let server = Self::launch(&[&["--metrics"], args].concat(), env);
+        let server = Self::launch(&sluice_binary(), &[&["--metrics"], args].concat(), env);
         server.wait_healthy();
         server
     }
 
-    fn launch(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let model = default_model();
-        let mut child = Command::new(sluice_binary())
+    /// [`Server::start_with_env`] on another model file (a synthetic one).
+    pub fn start_model(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let server = Self::launch_model(&sluice_binary(), model, &[&["--metrics"], args].concat(), env);
+        server.wait_healthy();
+        server
+    }
+
+    fn launch(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::launch_model(binary, &default_model(), args, env)
+    }
+
+    fn launch_model(binary: &Path, model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut child = Command::new(binary)
             .arg("serve")
             .args(["--host", "127.0.0.1", "--port", "0", "-m"])
-            .arg(&model)
+            .arg(model)
             .args(args)
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())
@@ -168,6 +186,16 @@ impl Server {
             .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
             .and_then(|value| value.trim().parse().ok())
             .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Send a signal (`HUP`, `TERM`, …) to the server.

@@ -1,10 +1,13 @@
 //! Helpers for sluice's end-to-end tests (`server/tests`): the real binary
-//! over HTTP, fixture plugins, synthetic GGUF files and llama.cpp's outputs
-//! on the default model.
+//! over HTTP, fixture plugins, synthetic GGUF files, llama.cpp's outputs
+//! on the default model, the fuzzer of `server/tests/fuzz.rs` and the load
+//! and fault test (`loadtest`).
 
 pub mod binary;
+pub mod fuzz;
 pub mod gguf_writer;
 pub mod http;
+pub mod loadtest;
 pub mod models;
 pub mod plugin_fixtures;
 pub mod shapes;

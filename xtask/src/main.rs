@@ -2,6 +2,8 @@
 
 mod bench_model;
 mod bench_serve;
+mod fuzz;
+mod loadtest;
 mod models;
 mod peer_suite;
 mod plugins;
@@ -49,10 +51,21 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run the fuzz targets (server/tests/fuzz.rs) for longer than `test`
+    /// does: `--seconds N` per target (default 300), `--target NAME`,
+    /// `--seed N`; prints inputs per second per target.
+    Fuzz(fuzz::FuzzArgs),
     /// Run llama.cpp's server test suite (pytest) against sluice, and with
     /// `--llama-server BIN` against llama-server, every preset on the default
     /// model; writes target/peer-suite/results.md. Never part of `test`.
     PeerSuite(peer_suite::PeerSuiteArgs),
+    /// The load and fault test: 128 clients against a small queue while
+    /// the chaos policy faults, in both `on_fault` modes (`--seconds N`,
+    /// default 300; `--clients N`; `--seed N`). `test` runs a 60 s form.
+    Loadtest {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() {
@@ -64,6 +77,8 @@ fn main() {
         Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
         Task::Bench { suite, args } => bench(&suite, &args),
         Task::PeerSuite(args) => peer_suite::peer_suite(args),
+        Task::Fuzz(args) => fuzz::fuzz(args),
+        Task::Loadtest { args } => loadtest::loadtest(&args),
     };
     if let Err(error) = result {
         eprintln!("xtask: error: {error:#}");

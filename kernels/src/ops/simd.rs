@@ -791,4 +791,28 @@ mod tests {
             assert_eq!(got[0].to_bits(), Scalar::tree(lanes, |a, b| a + b).to_bits(), "n = {n}");
         }
     }
+
+    /// The entry functions enable FMA (every `mul_add` of the AVX2 and
+    /// AVX-512 paths is one), so a level may only be chosen on a CPU that
+    /// has it, whatever else it has.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_level_is_chosen_only_with_every_feature_its_entry_enables() {
+        let has = |features: &[&str]| {
+            features.iter().all(|&feature| match feature {
+                "avx2" => is_x86_feature_detected!("avx2"),
+                "fma" => is_x86_feature_detected!("fma"),
+                "f16c" => is_x86_feature_detected!("f16c"),
+                "avx512f" => is_x86_feature_detected!("avx512f"),
+                _ => false,
+            })
+        };
+        if detected() >= Level::Avx2 {
+            assert!(has(&["avx2", "fma", "f16c"]));
+        }
+        if detected() >= Level::Avx512 {
+            assert!(has(&["avx512f", "avx2", "fma", "f16c"]));
+        }
+        assert_eq!(detected() >= Level::Avx2, has(&["avx2", "fma", "f16c"]));
+    }
 }

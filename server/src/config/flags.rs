@@ -158,6 +158,10 @@ impl Config {
         if let Some(seconds) = flags.sse_ping_interval {
             self.server.sse_ping_interval = seconds;
         }
+        if let Some(seconds) = flags.timeout {
+            self.server.timeouts.body_s = seconds;
+            self.server.timeouts.send_s = seconds;
+        }
         if let Some(path) = &flags.api_key_file {
             self.server.api_key = Some(read_api_key(path)?);
         }
@@ -368,6 +372,11 @@ pub struct Overrides {
     /// (`server.sse_ping_interval`).
     #[arg(long, value_name = "SECONDS")]
     pub sse_ping_interval: Option<u64>,
+    /// Seconds a request body may take to arrive, and a response write may
+    /// wait for a client that stopped reading (`server.timeouts.body_s` and
+    /// `send_s`; llama-server's read/write timeout, also `-to`).
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
     /// Read the API key from this file: its first non-empty line.
     #[arg(long, value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,

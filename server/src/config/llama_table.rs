@@ -262,7 +262,7 @@ pub(super) const FLAGS: &[Flag] = &[
     flag(&["--ssl-key-file"], true, Refuse("TLS is not supported; put a TLS proxy in front")),
     flag(&["--ssl-cert-file"], true, Refuse("TLS is not supported; put a TLS proxy in front")),
     flag(&["--chat-template-kwargs"], true, Refuse("server-wide template arguments are not supported yet")),
-    flag(&["-to", "--timeout"], true, Refuse("server read/write timeouts are not configurable yet")),
+    flag(&["-to", "--timeout"], true, Alias("--timeout")),
     flag(&["--sse-ping-interval"], true, Native),
     flag(&["--threads-http"], true, Native),
     flag(&["--cache-prompt", "--no-cache-prompt"], false, Native),

@@ -61,6 +61,7 @@ pub struct ServerConfig {
     /// slot files in; without it the action answers 501.
     pub slot_save_path: Option<PathBuf>,
     pub limits: ServerLimits,
+    pub timeouts: ServerTimeouts,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +77,7 @@ impl Default for ServerConfig {
             cors_origins: "*".into(),
             slot_save_path: None,
             limits: ServerLimits::default(),
+            timeouts: ServerTimeouts::default(),
         }
     }
 }
@@ -86,11 +88,40 @@ impl Default for ServerConfig {
 pub struct ServerLimits {
     /// Largest request body accepted; larger ones get 413.
     pub body_bytes: usize,
+    /// Most KiB of a stream's events its client may leave unread; past
+    /// that the request is ended (a client that stopped reading must not
+    /// hold the server's memory); 0 = no bound.
+    pub stream_window_kib: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
-        ServerLimits { body_bytes: 16 << 20 }
+        ServerLimits { body_bytes: 16 << 20, stream_window_kib: 16 << 10 }
+    }
+}
+
+/// `[server.timeouts]`, in seconds; 0 turns one off.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTimeouts {
+    /// From a request's first byte to the end of its headers.
+    pub header_s: u64,
+    /// A connection, new or kept alive, waiting for its next request.
+    pub idle_s: u64,
+    /// Reading a whole request body (llama-server `--timeout`).
+    pub body_s: u64,
+    /// A response write the client does not take, because it stopped
+    /// reading (llama-server `--timeout`); the connection is closed and
+    /// its requests cancelled.
+    pub send_s: u64,
+    /// After a stop signal, how long running and queued requests may go
+    /// on before they are ended with an error.
+    pub shutdown_s: u64,
+}
+
+impl Default for ServerTimeouts {
+    fn default() -> Self {
+        ServerTimeouts { header_s: 30, idle_s: 60, body_s: 60, send_s: 60, shutdown_s: 10 }
     }
 }
 

@@ -18,6 +18,7 @@ use super::drafting::{self, Committed};
 use super::emit::{self, Emitted, Emitter, Ending};
 use super::kv::BlockManager;
 use super::metrics::Metrics;
+use super::pinning;
 use super::policy::{Decision, EndReason, EndedRequest, OccupiedSlot, Phase, StepView, WaitingRequest};
 use super::request::{EngineError, Event, IMAGE_ROW, Progress, RequestId};
 use super::sampling::Sampler;
@@ -185,19 +186,21 @@ impl Engine {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit { id, request, events } => {
+            Command::Submit { id, request, events, ticket } => {
                 Metrics::add(&self.shared.metrics.requests_total, 1);
                 if let Some(refusal) = self.supervisor.health().refusal() {
-                    self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
                     let _ = events.send(Event::Failed(EngineError::Unavailable(refusal)));
                     return;
                 }
                 let arrival_ms = self.now_ms();
                 let adapter_group = self.adapter_group(&request.lora);
-                self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group });
+                self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group, ticket });
             }
             Command::Cancel(id) => self.cancel(id),
             Command::Slot { slot, action } => self.slot_action(slot, action),
+            Command::EndAll(error, ended) => {
+                let _ = ended.send(self.end_all(&error));
+            }
             Command::ReplacePolicy(policy, applied) => {
                 tracing::info!(policy = policy.name(), "scheduling policy replaced");
                 self.supervisor.replace(policy);
@@ -210,7 +213,6 @@ impl Engine {
     fn cancel(&mut self, id: RequestId) {
         if let Some(at) = self.waiting.iter().position(|waiting| waiting.id == id) {
             self.waiting.remove(at);
-            self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
             self.ended.push(EndedRequest { request_id: id, slot: None, reason: EndReason::Cancelled });
             return;
         }
@@ -254,9 +256,13 @@ impl Engine {
                 None => free_slots.push(slot as u32),
             }
         }
+        // A request pinned to a busy slot cannot run this step; showing it
+        // would let a policy spend a free slot's admission on it while the
+        // requests behind it wait (see `pinning`).
         let waiting = self
             .waiting
             .iter()
+            .filter(|waiting| waiting.request.id_slot.is_none_or(|slot| free_slots.contains(&slot)))
             .map(|waiting| {
                 let cached = if waiting.request.cache_prompt && self.config.prefix_cache {
                     self.blocks.cached_prefix(&waiting.request.prompt)
@@ -310,19 +316,31 @@ impl Engine {
     fn fail_closed(&mut self) {
         let message =
             self.supervisor.health().refusal().unwrap_or_else(|| "the scheduling policy failed closed".into());
-        let error = EngineError::Unavailable(message);
+        self.end_all(&EngineError::Unavailable(message));
+    }
+
+    /// End every waiting and running request with `error`; how many.
+    fn end_all(&mut self, error: &EngineError) -> usize {
+        let mut ended = 0;
         for waiting in self.waiting.drain(..) {
             let _ = waiting.events.send(Event::Failed(error.clone()));
+            ended += 1;
         }
-        self.shared.waiting.store(0, Ordering::Relaxed);
         for slot in 0..self.slots.len() {
             if self.slots[slot].is_some() {
                 self.end_slot(slot, Ending { reason: EndReason::Failed, event: Some(Event::Failed(error.clone())) });
+                ended += 1;
             }
         }
+        ended
     }
 
-    fn apply(&mut self, decision: Decision) {
+    fn apply(&mut self, mut decision: Decision) {
+        pinning::pin_slots(
+            &mut decision,
+            |slot| self.slots.get(slot as usize).is_some_and(Option::is_none),
+            |id| self.waiting.iter().find(|waiting| waiting.id == id).and_then(|waiting| waiting.request.id_slot),
+        );
         for admit in &decision.admit {
             self.admit(admit.request_id, admit.slot as usize);
         }
@@ -366,7 +384,7 @@ impl Engine {
     fn admit(&mut self, request_id: RequestId, slot: usize) {
         let Some(at) = self.waiting.iter().position(|waiting| waiting.id == request_id) else { return };
         let Some(waiting) = self.waiting.remove(at) else { return };
-        self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
+        drop(waiting.ticket);
         let use_cache = waiting.request.cache_prompt && self.config.prefix_cache;
         let admission = match self.blocks.admit(&waiting.request.prompt, use_cache) {
             Ok(admission) => admission,

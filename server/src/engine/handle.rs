@@ -2,22 +2,33 @@
 //! cancel them, and read its state. Everything here is cheap and never
 //! blocks on the model.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use sluice_kernels::backend::BackendError;
-use tokio::sync::{mpsc as events, oneshot};
+use tokio::sync::oneshot;
 
 use super::core::{Engine, Models};
+use super::delivery::{self, EventReceiver};
 use super::policy::SchedulingPolicy;
-use super::request::{Event, GenerationRequest, RequestId};
+use super::request::{EngineError, GenerationRequest, RequestId};
 use super::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile, SlotReply};
 use super::speculative::Speculation;
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
 use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
 use crate::model::Model;
 use crate::model::tokenizer::Tokenizer;
+
+/// A panic's message, when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(message), _) => (*message).to_owned(),
+        (None, Some(message)) => message.clone(),
+        (None, None) => "a panic without a message".to_owned(),
+    }
+}
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +46,8 @@ pub enum SubmitError {
     QueueFull(usize),
     #[error("{0}")]
     Unavailable(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
     #[error("the prompt has {n_prompt_tokens} tokens; the context holds {n_ctx}")]
     ExceedsContext { n_prompt_tokens: usize, n_ctx: usize },
     #[error("the prompt is empty")]
@@ -79,7 +92,17 @@ impl EngineHandle {
         let supervisor = Supervisor::new(policy, fallback, config.faults);
         let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver)?;
         let kv_layout = Arc::new(engine.kv_layout());
-        std::thread::Builder::new().name("engine".into()).spawn(move || engine.run())?;
+        let watched = Arc::clone(&shared);
+        std::thread::Builder::new().name("engine".into()).spawn(move || {
+            // A panic here is a bug, but the server must say so rather than
+            // look healthy with nothing serving: unwinding drops the engine
+            // (every request's channel ends), and health turns `Stopped`.
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| engine.run())) {
+                let reason = panic_message(panic.as_ref());
+                tracing::error!(reason, "the engine thread panicked; a restart is needed to serve again");
+                let _ = watched.stopped.set(format!("the engine stopped: {reason}"));
+            }
+        })?;
         let next_id = Arc::new(AtomicU64::new(1));
         Ok(EngineHandle { commands, shared, next_id, config, image_width, speculative, kv_layout })
     }
@@ -98,12 +121,12 @@ impl EngineHandle {
     }
 
     /// Queue a request; its events arrive on the returned receiver.
-    pub fn submit(
-        &self,
-        request: GenerationRequest,
-    ) -> Result<(RequestId, events::UnboundedReceiver<Event>), SubmitError> {
+    pub fn submit(&self, request: GenerationRequest) -> Result<(RequestId, EventReceiver), SubmitError> {
         if let Some(refusal) = self.health().refusal() {
             return Err(SubmitError::Unavailable(refusal));
+        }
+        if self.shared.draining.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
         }
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -133,17 +156,28 @@ impl EngineHandle {
         if request.prompt.len() >= self.config.ctx {
             return Err(SubmitError::ExceedsContext { n_prompt_tokens: request.prompt.len(), n_ctx: self.config.ctx });
         }
-        let waiting = self.shared.waiting.load(Ordering::Relaxed) as usize;
-        if waiting >= self.config.queue_limit {
-            return Err(SubmitError::QueueFull(waiting));
-        }
+        let ticket = self.shared.queue.enter(self.config.queue_limit).map_err(SubmitError::QueueFull)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (sender, receiver) = events::unbounded_channel();
-        self.shared.waiting.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = delivery::channel(self.config.stream_window_bytes);
         self.commands
-            .send(Command::Submit { id, request: Box::new(request), events: sender })
+            .send(Command::Submit { id, request: Box::new(request), events: sender, ticket })
             .map_err(|_| SubmitError::Unavailable("the engine has stopped".into()))?;
         Ok((id, receiver))
+    }
+
+    /// Refuse new requests from now on; those already queued or running go
+    /// on (the server's shutdown grace).
+    pub fn drain(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+    }
+
+    /// End every queued and running request with `error`, waiting up to
+    /// `wait` for the engine to do it; how many there were (`None` if the
+    /// engine did not answer).
+    pub fn end_all(&self, error: EngineError, wait: Duration) -> Option<usize> {
+        let (ended, count) = mpsc::channel();
+        self.commands.send(Command::EndAll(error, ended)).ok()?;
+        count.recv_timeout(wait).ok()
     }
 
     /// Cancel a request (waiting or running); its slot is freed within one
@@ -198,8 +232,16 @@ impl EngineHandle {
         done.await.map_err(|_| SlotActionError::Stopped)?
     }
 
+    /// The policy's health, unless the engine stopped: a dead engine thread
+    /// or a lock poisoned by a panic is `Stopped`, never `Ok`.
     pub fn health(&self) -> Health {
-        self.shared.health.lock().map(|health| health.clone()).unwrap_or(Health::Ok)
+        if let Some(reason) = self.shared.stopped.get() {
+            return Health::Stopped { reason: reason.clone() };
+        }
+        match self.shared.health.lock() {
+            Ok(health) => health.clone(),
+            Err(_) => Health::Stopped { reason: "the engine's state was left half-written by a panic".into() },
+        }
     }
 
     pub fn slots(&self) -> Vec<SlotInfo> {

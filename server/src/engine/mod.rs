@@ -7,15 +7,18 @@
 //! `state`; `supervisor` gets each step's decision; `batch` assembles the
 //! pass, `emit` samples, stops and verifies drafts, `shift` makes room in a
 //! full context, `drafting` talks to the drafter; `slot_store` saves and
-//! restores slots' caches.
+//! restores slots' caches; `delivery` carries each request's events and
+//! keeps the queue's count.
 
 mod batch;
 mod core;
+pub mod delivery;
 mod drafting;
 mod emit;
 mod handle;
 pub mod kv;
 pub mod metrics;
+mod pinning;
 pub mod policy;
 pub mod request;
 pub mod sampling;

@@ -28,7 +28,8 @@ pub struct GenerationRequest {
     /// Borrow the longest cached prefix (and offer this prompt's blocks to
     /// the cache).
     pub cache_prompt: bool,
-    /// Preferred slot (advisory to the policy).
+    /// The slot it must run in (llama-server's `id_slot`; see
+    /// `engine::pinning`).
     pub id_slot: Option<u32>,
     /// Passed to the scheduling policy; larger is more urgent.
     pub priority: i32,
@@ -228,6 +229,10 @@ pub enum EngineError {
     /// An internal failure.
     #[error("{0}")]
     Internal(String),
+    /// The client left too much of its stream unread (see
+    /// `engine::delivery`).
+    #[error("{0}")]
+    ClientBehind(String),
 }
 
 /// How far a request's prompt is (llama-server's `prompt_progress`).

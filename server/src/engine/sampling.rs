@@ -227,18 +227,26 @@ impl Sampler {
 pub fn top_probs(logits: &[f32], n: usize) -> Vec<TokenProb> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&logit| f64::from((logit - max).exp())).sum();
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
-    for (token, &logit) in logits.iter().enumerate() {
-        if best.len() == n && best.last().is_some_and(|&(_, worst)| logit <= worst) {
-            continue;
-        }
-        let at = best.partition_point(|&(_, better)| better >= logit);
-        best.insert(at, (token as u32, logit));
-        best.truncate(n);
-    }
+    let mut best: Vec<Candidate> =
+        logits.iter().enumerate().map(|(token, &logit)| Candidate { token: token as u32, logit, prob: 0.0 }).collect();
+    keep_best(&mut best, n);
     best.into_iter()
-        .map(|(token, logit)| TokenProb { token, prob: ((logit - max).exp() as f64 / sum) as f32 })
+        .map(|candidate| TokenProb {
+            token: candidate.token,
+            prob: ((candidate.logit - max).exp() as f64 / sum) as f32,
+        })
         .collect()
+}
+
+/// Keep the `n` best candidates, best first: a selection, then a sort of
+/// only those (O(V + n log n); `n_probs` may ask for the whole vocabulary,
+/// every token, on the engine thread).
+fn keep_best(candidates: &mut Vec<Candidate>, n: usize) {
+    if n < candidates.len() {
+        candidates.select_nth_unstable_by(n, descending);
+        candidates.truncate(n);
+    }
+    sort_descending(candidates);
 }
 
 /// The probability of `token` under a raw softmax over all logits.
@@ -277,13 +285,8 @@ fn top_k(candidates: &mut Vec<Candidate>, k: i32, min_keep: usize, sorted: &mut 
     }
     let k = (k as usize).max(min_keep).min(candidates.len());
     if !*sorted {
-        // Select the k best first: sorting the whole vocabulary every token
-        // costs milliseconds.
-        if k < candidates.len() {
-            candidates.select_nth_unstable_by(k, descending);
-            candidates.truncate(k);
-        }
-        sort_descending(candidates);
+        // Sorting the whole vocabulary every token costs milliseconds.
+        keep_best(candidates, k);
         *sorted = true;
     }
     candidates.truncate(k);
@@ -521,6 +524,19 @@ mod tests {
         assert_eq!(tokens, vec![2, 1, 3]);
         let denom = 1.0 + 2.0 * 1f64.exp() + 2f64.exp();
         assert!((f64::from(probs[0].prob) - 2f64.exp() / denom).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_probs_keep_what_a_full_sort_keeps_for_every_n() {
+        // Many ties, so the order between equal logits (token id) matters.
+        let logits: Vec<f32> = (0..2000u32).map(|token| ((token * 7919) % 61) as f32 / 8.0 - 3.0).collect();
+        let mut sorted: Vec<(u32, f32)> = logits.iter().enumerate().map(|(token, &l)| (token as u32, l)).collect();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for n in [0, 1, 2, 60, 61, 1999, 2000, 5000] {
+            let tokens: Vec<u32> = top_probs(&logits, n).iter().map(|p| p.token).collect();
+            let expected: Vec<u32> = sorted.iter().take(n).map(|&(token, _)| token).collect();
+            assert_eq!(tokens, expected, "n = {n}");
+        }
     }
 
     #[test]

@@ -2,8 +2,7 @@
 
 use std::time::Instant;
 
-use tokio::sync::mpsc as events;
-
+use super::delivery::{EventSender, QueueTicket};
 use super::kv::SeqBlocks;
 use super::policy::{Phase, RequestInfo};
 use super::request::{Event, GenerationRequest, RequestId};
@@ -16,10 +15,12 @@ use crate::model::batch::Layout;
 pub(super) struct Waiting {
     pub id: RequestId,
     pub request: Box<GenerationRequest>,
-    pub events: events::UnboundedSender<Event>,
+    pub events: EventSender,
     pub arrival_ms: u64,
     /// Numbered once at submission (see `Engine::adapter_group`).
     pub adapter_group: u32,
+    /// Its place in the queue; dropped with it when it leaves the queue.
+    pub ticket: QueueTicket,
 }
 
 impl Waiting {
@@ -44,7 +45,7 @@ impl Waiting {
 pub(super) struct Active {
     pub id: RequestId,
     pub request: Box<GenerationRequest>,
-    pub events: events::UnboundedSender<Event>,
+    pub events: EventSender,
     pub arrival_ms: u64,
     pub adapter_group: u32,
     pub blocks: SeqBlocks,
@@ -95,7 +96,7 @@ impl Active {
         }
     }
 
-    /// Whether the client still listens.
+    /// Whether the client still listens and keeps up.
     pub fn send(&self, event: Event) -> bool {
         self.events.send(event).is_ok()
     }

@@ -3,15 +3,15 @@
 //! HTTP layer.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, mpsc};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock, mpsc};
 
 use sluice_kernels::backend::KvTypes;
-use tokio::sync::mpsc as events;
 
+use super::delivery::{EventSender, Queue, QueueTicket};
 use super::metrics::Metrics;
 use super::policy::{Phase, SchedulingPolicy};
-use super::request::{Event, GenerationRequest, RequestId};
+use super::request::{EngineError, GenerationRequest, RequestId};
 use super::slot_store::SlotAction;
 use super::supervisor::{FaultEvent, FaultRules, Health};
 
@@ -42,6 +42,9 @@ pub struct EngineConfig {
     pub context_shift: bool,
     /// Most requests waiting for a slot; more are refused with 503.
     pub queue_limit: usize,
+    /// Most bytes of a request's events its client may leave unread before
+    /// the request is ended (see `engine::delivery`).
+    pub stream_window_bytes: usize,
     /// How the policy's faults are handled.
     pub faults: FaultRules,
 }
@@ -69,6 +72,7 @@ impl Default for EngineConfig {
             cache_mib: Some(8192),
             context_shift: false,
             queue_limit: 256,
+            stream_window_bytes: 16 << 20,
             faults: FaultRules::default(),
         }
     }
@@ -79,7 +83,9 @@ pub(super) enum Command {
     Submit {
         id: RequestId,
         request: Box<GenerationRequest>,
-        events: events::UnboundedSender<Event>,
+        events: EventSender,
+        /// Its place in the queue, held until it leaves the queue.
+        ticket: QueueTicket,
     },
     Cancel(RequestId),
     /// Swap the policy; the sender hears once the swap is done.
@@ -89,6 +95,9 @@ pub(super) enum Command {
         slot: usize,
         action: SlotAction,
     },
+    /// End every waiting and running request with this error; the sender
+    /// hears how many there were.
+    EndAll(EngineError, mpsc::Sender<usize>),
 }
 
 /// A slot as `/slots` shows it.
@@ -117,7 +126,12 @@ pub struct Shared {
     pub health: Mutex<Health>,
     pub slots: Mutex<Vec<SlotInfo>>,
     pub policy_name: Mutex<String>,
-    pub waiting: AtomicU64,
+    /// The requests waiting for a slot.
+    pub queue: Queue,
+    /// Why the engine thread stopped, once it has.
+    pub stopped: OnceLock<String>,
+    /// The server is stopping: new requests are refused.
+    pub draining: AtomicBool,
     /// The most recent policy faults (`FAULT_JOURNAL` of them) and what was
     /// done about them.
     pub faults: Mutex<VecDeque<FaultEvent>>,
@@ -130,7 +144,9 @@ impl Shared {
             health: Mutex::new(Health::Ok),
             slots: Mutex::new(Vec::new()),
             policy_name: Mutex::new(policy_name.to_owned()),
-            waiting: AtomicU64::new(0),
+            queue: Queue::default(),
+            stopped: OnceLock::new(),
+            draining: AtomicBool::new(false),
             faults: Mutex::new(VecDeque::with_capacity(FAULT_JOURNAL)),
         }
     }

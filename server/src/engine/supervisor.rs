@@ -62,6 +62,12 @@ pub enum Health {
         policy: String,
         fault: String,
     },
+    /// The engine itself stopped (its thread panicked or its state is
+    /// unreadable); only a restart serves again. The supervisor never
+    /// reports this; the engine's handle does.
+    Stopped {
+        reason: String,
+    },
 }
 
 impl Health {
@@ -71,7 +77,8 @@ impl Health {
             Health::FailedClosed { policy, fault } => {
                 Some(format!("scheduling policy `{policy}` failed closed ({fault}); reload the policy to resume"))
             }
-            _ => None,
+            Health::Stopped { reason } => Some(reason.clone()),
+            Health::Ok | Health::Degraded { .. } => None,
         }
     }
 }

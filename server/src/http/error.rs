@@ -91,6 +91,13 @@ impl ApiError {
         }
     }
 
+    pub fn body_timeout(seconds: u64) -> Self {
+        ApiError {
+            status: Some(StatusCode::REQUEST_TIMEOUT),
+            ..Self::invalid(format!("the request body did not arrive within {seconds} s"))
+        }
+    }
+
     pub fn with(mut self, key: &'static str, value: Value) -> Self {
         self.extra.push((key, value));
         self
@@ -134,6 +141,10 @@ impl From<SubmitError> for ApiError {
                 ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, error.to_string()) }
             }
             SubmitError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
+            // Another replica can take it.
+            SubmitError::ShuttingDown => {
+                ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, error.to_string()) }
+            }
             SubmitError::ExceedsContext { n_prompt_tokens, n_ctx } => exceeds_context(n_prompt_tokens, n_ctx),
             SubmitError::EmptyPrompt | SubmitError::Images(_) => ApiError::invalid(error.to_string()),
         }
@@ -146,6 +157,7 @@ impl From<EngineError> for ApiError {
             EngineError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
             EngineError::ResourceExhausted(message) => ApiError::new(ErrorType::Unavailable, message),
             EngineError::Internal(message) => ApiError::new(ErrorType::Server, message),
+            EngineError::ClientBehind(message) => ApiError::invalid(message),
         }
     }
 }

@@ -4,11 +4,11 @@
 
 use futures_util::Stream;
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::{ApiError, ErrorType};
 use super::params::Generation;
 use crate::engine::EngineHandle;
+use crate::engine::delivery::EventReceiver;
 use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent, TokenProbs};
 use crate::engine::sampling::TokenProb;
 use crate::model::tokenizer::Tokenizer;
@@ -78,7 +78,7 @@ pub struct Submitted {
 enum Source {
     Engine {
         id: RequestId,
-        events: UnboundedReceiver<Event>,
+        events: EventReceiver,
         engine: EngineHandle,
     },
     /// An empty prompt: llama-server answers at once with empty content.
@@ -123,6 +123,15 @@ impl Drop for Submitted {
 /// Submit every completion of `plan`. If one is refused the ones already
 /// queued are cancelled (dropped) and the refusal is the answer.
 pub fn submit(engine: &EngineHandle, plan: &Plan) -> Result<Vec<Submitted>, ApiError> {
+    // All of a request's completions enter the queue at once: more than it
+    // holds can never fit, and retrying (a 503) would not help.
+    let queue_limit = engine.config().queue_limit;
+    if plan.outputs() > queue_limit {
+        return Err(ApiError::invalid(format!(
+            "the request asks for {} completions; the queue holds at most {queue_limit} (engine.queue_limit)",
+            plan.outputs()
+        )));
+    }
     let mut jobs = Vec::with_capacity(plan.outputs());
     for index in 0..plan.outputs() {
         let prompt = plan.prompt(index).to_vec();

@@ -32,6 +32,7 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
         )
         .with("policy", json!(policy))
         .with("fault", json!(fault))),
+        Health::Stopped { reason } => Err(ApiError::new(ErrorType::Unavailable, reason)),
     }
 }
 
@@ -40,6 +41,7 @@ fn health_name(health: &Health) -> &'static str {
         Health::Ok => "ok",
         Health::Degraded { .. } => "degraded",
         Health::FailedClosed { .. } => "failed-closed",
+        Health::Stopped { .. } => "stopped",
     }
 }
 
@@ -428,6 +430,12 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         "gauge",
         "1 while the policy has failed closed and requests are refused.",
         f64::from(u8::from(matches!(health, Health::FailedClosed { .. }))),
+    );
+    out.one(
+        "sluice_engine_stopped",
+        "gauge",
+        "1 once the engine thread has stopped (a restart is needed).",
+        f64::from(u8::from(matches!(health, Health::Stopped { .. }))),
     );
     out.0
 }

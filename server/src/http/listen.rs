@@ -15,11 +15,19 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use super::conn::{self, Timeouts};
+
 const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
 
 /// Serve `app` on `listener` until `shutdown` resolves, then wait for the
-/// open connections to finish (the caller bounds that wait).
-pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+/// open connections to finish (the caller bounds that wait). Each
+/// connection keeps `timeouts` (see `conn`).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().title_case_headers(true);
     let graceful = GracefulShutdown::new();
@@ -42,7 +50,8 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
         };
         // Token streams are many small writes.
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let (stream, service) = conn::track(stream, app.clone(), timeouts);
+        let service = TowerToHyperService::new(service);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -69,7 +78,7 @@ mod tests {
         let address = listener.local_addr().expect("an address");
         let app = Router::new().route("/", get(|| async { ([("access-control-allow-origin", "*")], "ok") }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, app, async {
+        let server = tokio::spawn(serve(listener, app, Timeouts::default(), async {
             let _ = stopped.await;
         }));
         let response = tokio::task::spawn_blocking(move || {

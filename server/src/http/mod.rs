@@ -20,6 +20,7 @@ pub mod admin;
 pub mod anthropic;
 pub mod auth;
 pub mod completion;
+mod conn;
 mod cors;
 pub mod error;
 pub mod generate;

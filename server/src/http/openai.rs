@@ -212,6 +212,11 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
     let render = |messages: &[Value], add_generation_prompt: bool| {
         ready.template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
             TemplateError::Raised(message) => ApiError::invalid(message),
+            // The template compiled at start; what it cannot render now is
+            // what these messages hold.
+            TemplateError::Render(message) => {
+                ApiError::invalid(format!("the chat template cannot render these messages: {message}"))
+            }
             other => ApiError::new(ErrorType::Server, other.to_string()),
         })
     };
@@ -248,7 +253,17 @@ fn normalize(index: usize, message: &Value, separator: &str) -> Result<Value, Ap
     }
     let mut object = object.clone();
     match object.get("content") {
-        None | Some(Value::Null | Value::String(_)) => {}
+        Some(Value::String(_)) => {}
+        // As in llama.cpp: `null` is no text (an assistant turn that only
+        // called tools has none), and only such a turn may leave it out.
+        // Templates concatenate `content`, so it is always a string here.
+        Some(Value::Null) => {
+            object.insert("content".into(), Value::String(String::new()));
+        }
+        None if object.get("tool_calls").is_some_and(|calls| !calls.is_null()) => {
+            object.insert("content".into(), Value::String(String::new()));
+        }
+        None => return Err(ApiError::invalid(format!("`messages[{index}].content` is required"))),
         Some(Value::Array(parts)) => {
             let mut texts = Vec::with_capacity(parts.len());
             for part in parts {

@@ -7,6 +7,8 @@
 //! ignored. Unlike it, a wrong type is an error naming the field rather than
 //! a silent fall back to the default.
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
@@ -26,17 +28,37 @@ impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let RawBody(bytes) = RawBody::from_request(request, state).await?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|error| ApiError::invalid(format!("the request body is not valid JSON: {error}")))
+    }
+}
+
+/// A request body as bytes, within the size limit and the body timeout,
+/// every failure a JSON error.
+pub struct RawBody(pub Bytes);
+
+impl FromRequest<AppState> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         let limit = state.config().server.limits.body_bytes;
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+        let reading = Bytes::from_request(request, state);
+        // A client that sends its body slowly must not hold the handler.
+        let read = match state.config().server.timeouts.body_s {
+            0 => reading.await,
+            seconds => tokio::time::timeout(Duration::from_secs(seconds), reading)
+                .await
+                .map_err(|_| ApiError::body_timeout(seconds))?,
+        };
+        read.map(RawBody).map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(limit)
             } else {
                 ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
             }
-        })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|error| ApiError::invalid(format!("the request body is not valid JSON: {error}")))
+        })
     }
 }
 
@@ -248,7 +270,8 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         // `/v1/completions` spells it `logprobs` (an integer); chat's
         // boolean `logprobs` is read by the chat handler.
         Some(Value::Number(_)) => fields.int("logprobs")?,
-        _ => None,
+        Some(Value::Bool(_)) | None => None,
+        Some(_) => return Err(wrong("logprobs", "an integer (a boolean on chat completions)")),
     });
     let n_probs = match n_probs {
         Some(n) if n < 0 => return Err(ApiError::invalid(format!("`n_probs` must be 0 or more, not {n}"))),
@@ -257,8 +280,13 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
     };
     let id_slot = match fields.int("id_slot")? {
         None | Some(-1) => None,
-        Some(slot) if slot >= 0 => Some((slot as usize % limits.slots.max(1)) as u32),
-        Some(slot) => return Err(ApiError::invalid(format!("`id_slot` must be -1 (any) or a slot id, not {slot}"))),
+        Some(slot) if (0..limits.slots as i64).contains(&slot) => Some(slot as u32),
+        Some(slot) => {
+            return Err(ApiError::invalid(format!(
+                "`id_slot` must be -1 (any) or a slot id below {}, not {slot}",
+                limits.slots
+            )));
+        }
     };
     let priority = fields.int_in("priority", i64::from(i32::MIN)..=i64::from(i32::MAX))?.unwrap_or(0) as i32;
     check_lora(fields)?;

@@ -1,7 +1,11 @@
 //! Running the server: listen first (every path answers 503 "Loading
 //! model" meanwhile), load the model, tokenizer, chat template and engine
 //! on a blocking thread (`startup`), then serve. SIGHUP reloads the policy
-//! from the config file; SIGINT and SIGTERM stop the server gracefully.
+//! from the config file; SIGINT and SIGTERM stop the server gracefully:
+//! nothing new is accepted, what runs may finish within
+//! `server.timeouts.shutdown_s`, and then every open stream gets an error
+//! event and every queued request a 503; if any had to be cut so, the
+//! server exits with an error.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -11,13 +15,16 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use super::admin::{self, Policies};
+use super::conn::Timeouts;
 use super::{AppState, Ready, listen, router, vertex};
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, ServerTimeouts};
+use crate::engine::request::EngineError;
 use crate::plugins::{PluginHost, WasmPolicy};
 use crate::startup;
 
-/// How long open requests may run on after a stop signal.
-const GRACE: Duration = Duration::from_secs(10);
+/// How long the connections get to deliver the errors that end the
+/// requests cut at the shutdown deadline.
+const FLUSH: Duration = Duration::from_secs(2);
 
 /// Everything `serve` needs, checked before anything listens.
 pub struct Launch {
@@ -43,6 +50,8 @@ pub enum StartError {
     Vertex(#[from] vertex::SettingsError),
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("{0} requests were still open at the shutdown deadline and were ended with an error")]
+    Cut(usize),
 }
 
 /// Listen, load, serve until a stop signal.
@@ -76,7 +85,9 @@ pub async fn serve(launch: Launch) -> Result<(), StartError> {
     let state = AppState::new(config, policies);
     let (stop, stopped) = watch::channel(false);
     let app = router(state.clone(), vertex.as_ref());
-    let servers = listeners.into_iter().map(|listener| listen::serve(listener, app.clone(), wait_for(stopped.clone())));
+    let timeouts = timeouts(&state.config().server.timeouts);
+    let servers =
+        listeners.into_iter().map(|listener| listen::serve(listener, app.clone(), timeouts, wait_for(stopped.clone())));
     let mut server = tokio::spawn(futures_util::future::try_join_all(servers));
     tokio::spawn(signals(state.clone(), stop.clone()));
 
@@ -92,15 +103,45 @@ pub async fn serve(launch: Launch) -> Result<(), StartError> {
     }
 
     tokio::select! {
-        finished = &mut server => match finished {
-            Ok(result) => result.map(drop).map_err(StartError::Serve),
-            Err(error) => Err(StartError::Serve(std::io::Error::other(error))),
-        },
-        () = async { wait_for(stopped).await; tokio::time::sleep(GRACE).await } => {
-            tracing::warn!("requests still open {} s after the stop signal; closing them", GRACE.as_secs());
-            Ok(())
-        }
+        finished = &mut server => return served(finished),
+        () = wait_for(stopped) => {}
     }
+    // The listeners have stopped accepting; kept-alive connections close
+    // after the response they are sending.
+    let grace = Duration::from_secs(state.config().server.timeouts.shutdown_s);
+    let Ok(ready) = state.ready() else { return Ok(()) };
+    ready.engine.drain();
+    tracing::info!(seconds = grace.as_secs(), "stopping: open requests may finish");
+    if let Ok(finished) = tokio::time::timeout(grace, &mut server).await {
+        return served(finished);
+    }
+    let engine = ready.engine.clone();
+    let error = EngineError::Unavailable("the server is shutting down".into());
+    let cut = tokio::task::spawn_blocking(move || engine.end_all(error, FLUSH)).await.ok().flatten().unwrap_or(0);
+    // Let the connections deliver those errors.
+    let _ = tokio::time::timeout(FLUSH, &mut server).await;
+    if cut > 0 {
+        tracing::warn!(
+            requests = cut,
+            seconds = grace.as_secs(),
+            "requests still open at the shutdown deadline were ended with an error"
+        );
+        return Err(StartError::Cut(cut));
+    }
+    Ok(())
+}
+
+fn served(finished: Result<std::io::Result<Vec<()>>, tokio::task::JoinError>) -> Result<(), StartError> {
+    match finished {
+        Ok(result) => result.map(drop).map_err(StartError::Serve),
+        Err(error) => Err(StartError::Serve(std::io::Error::other(error))),
+    }
+}
+
+/// `[server.timeouts]` as the connections keep them (0 = off).
+fn timeouts(config: &ServerTimeouts) -> Timeouts {
+    let seconds = |seconds: u64| (seconds > 0).then(|| Duration::from_secs(seconds));
+    Timeouts { header: seconds(config.header_s), idle: seconds(config.idle_s), send: seconds(config.send_s) }
 }
 
 async fn wait_for(mut stopped: watch::Receiver<bool>) {

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
+use super::params::RawBody;
 use crate::engine::slot_store::{KvLayout, SlotActionError, SlotFile};
 
 /// The longest file name most file systems take.
@@ -27,7 +27,7 @@ pub async fn action(
     State(state): State<AppState>,
     UrlPath(id_slot): UrlPath<String>,
     RawQuery(query): RawQuery,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>, ApiError> {
     let Some(folder) = state.config().server.slot_save_path.clone() else {
         return Err(ApiError::new(

@@ -15,6 +15,11 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml tensors have at most four dimensions.
 const MAX_DIMS: u32 = 4;
+/// Most entries reserved before they are read. A count is checked against
+/// the file's size, but an entry takes several times its smallest size on
+/// disk once in memory, so reserving for a claimed count would still
+/// allocate several times the file before the first entry failed.
+const MAX_RESERVED: usize = 1024;
 
 /// What went wrong reading a GGUF file. Messages name the field.
 #[derive(Debug, thiserror::Error)]
@@ -261,8 +266,8 @@ impl GgufFile {
         let tensor_count = reader.count("tensor_count", 24)?;
         let kv_count = reader.count("metadata_kv_count", 12)?;
 
-        let mut metadata = Vec::with_capacity(kv_count);
-        let mut index = HashMap::with_capacity(kv_count);
+        let mut metadata = Vec::with_capacity(kv_count.min(MAX_RESERVED));
+        let mut index = HashMap::with_capacity(kv_count.min(MAX_RESERVED));
         for entry in 0..kv_count {
             let key = reader.string(&format!("metadata[{entry}].key"))?;
             let value = reader.value(&key)?;
@@ -283,7 +288,7 @@ impl GgufFile {
             }
         };
 
-        let mut raw_tensors = Vec::with_capacity(tensor_count);
+        let mut raw_tensors = Vec::with_capacity(tensor_count.min(MAX_RESERVED));
         for entry in 0..tensor_count {
             let name = reader.string(&format!("tensor[{entry}].name"))?;
             let n_dims = reader.u32(&format!("tensor {name:?} n_dims"))?;

@@ -98,6 +98,11 @@ pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
         cache_mib: u64::try_from(engine.cache_ram_mib).ok(),
         context_shift: engine.context_shift,
         queue_limit: engine.queue_limit,
+        // 0 = no bound.
+        stream_window_bytes: match config.server.limits.stream_window_kib {
+            0 => usize::MAX,
+            kib => kib.saturating_mul(1024),
+        },
         faults: fault_rules(&config.policy),
     }
 }

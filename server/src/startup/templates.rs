@@ -8,6 +8,11 @@ pub fn builtin(name: &str) -> Option<&'static str> {
     BUILTIN.iter().find(|(known, _)| *known == name).map(|(_, source)| *source)
 }
 
+/// Every built-in template as (name, Jinja source), `chatml` first.
+pub fn builtins() -> &'static [(&'static str, &'static str)] {
+    BUILTIN
+}
+
 const BUILTIN: &[(&str, &str)] = &[
     ("chatml", CHATML),
     (

@@ -1,0 +1,156 @@
+//! The load and fault test (`cargo xtask loadtest`, and its 60 s form in
+//! `server/tests/loadtest.rs`): many clients on loopback — half of them
+//! streaming, a fifth of the streams dropped part way, prompts from a few
+//! words to a few hundred tokens — against a server with a small queue, so
+//! that it fills, while the `chaos` policy commits each of its faults in
+//! turn with a reload after each. It runs once per `on_fault` mode, on a
+//! server of its own each time: the mode is read at start, and a reload
+//! does not change it.
+//!
+//! Afterwards every request must have been answered as the rules say
+//! (`clients` classifies them), the server must be back to idle with no
+//! slot, KV block or queue place left held, still serve a full queue's
+//! worth of requests, and its resident memory must be within
+//! [`RSS_BOUND_MIB`] of what it was after the warm-up (`idle`).
+
+mod api;
+mod clients;
+mod faults;
+mod idle;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use report::{Class, ModeReport, Report};
+
+use crate::http::Server;
+use api::Api;
+
+/// Slots of the server under load (`-np`).
+pub const SLOTS: usize = 6;
+/// Context per slot: the longest prompt and its tokens fit.
+pub const SLOT_CTX: usize = 512;
+/// Most tokens one step processes (`-b`): steps stay short on two cores,
+/// so a fault shows within a step or two of being loaded.
+pub const BATCH_TOKENS: usize = 128;
+/// Requests that may wait for a slot; more get 503 with Retry-After. Small,
+/// so that it fills.
+pub const QUEUE_LIMIT: usize = 12;
+/// Most the resident memory may grow from its value after the warm-up.
+/// The KV pool (198 blocks of 16 cells, 69 MiB) is paged in as its blocks
+/// are first used and then kept by the prefix cache; the rest is room for
+/// the allocators (runs grew by 20–35 MiB). Sandbox instances kept after a
+/// `memory` fault (two per fault, each up to `policy.memory_mb`, 64 MiB)
+/// pass it by the second such fault, which the longer runs reach.
+pub const RSS_BOUND_MIB: u64 = 192;
+/// Steps without a grant that count as a stall: low, so a `stall` fault
+/// is quarantined within a few dozen milliseconds.
+const STALL_STEPS: u32 = 16;
+/// Fuel per policy call: more than a call can burn within the deadline,
+/// so that the `loop` fault ends by the wall-clock deadline and the engine
+/// is held up for two of them (see `faults`), not by fuel in a
+/// millisecond.
+const FUEL: u64 = 1_000_000_000_000;
+/// Wall-clock deadline per policy call (the default).
+const DEADLINE_MS: u64 = 50;
+/// Kept out of each mode's time for the start, the drain (the queue and
+/// the slots hold 18 requests, about 1.5 of which finish a second on two
+/// busy cores) and the idle checks.
+const RESERVE: Duration = Duration::from_secs(12);
+/// The API key the server is started with (`/admin` needs one).
+const API_KEY: &str = "loadtest";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The whole run, both modes, start-up aside (about half each).
+    pub seconds: u64,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Seeds the clients' choices (prompts, lengths, endpoints).
+    pub seed: u64,
+    /// The `sluice` binary to load.
+    pub binary: PathBuf,
+}
+
+impl Options {
+    /// The CI form: 60 s, 128 clients, this build's binary.
+    pub fn ci() -> Self {
+        Options { seconds: 60, clients: 128, seed: 1, binary: crate::binary::sluice_binary() }
+    }
+}
+
+/// `policy.on_fault`: what the server does once the policy is quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    FailClosed,
+    Fallback,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::FailClosed => "fail-closed",
+            Mode::Fallback => "fallback",
+        }
+    }
+}
+
+/// Run both modes, fail-closed first.
+pub fn run(options: &Options) -> Report {
+    let budget = Duration::from_secs(options.seconds.max(2 * RESERVE.as_secs() + 10)) / 2;
+    let modes = [Mode::FailClosed, Mode::Fallback].map(|mode| run_mode(options, mode, budget)).into();
+    Report { clients: options.clients, seconds: options.seconds, modes }
+}
+
+fn run_mode(options: &Options, mode: Mode, budget: Duration) -> ModeReport {
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("sluice-loadtest-{}-{}", mode.name(), std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let config = dir.join("sluice.toml");
+    // The file a SIGHUP reload reads: the plain policy under this mode.
+    std::fs::write(
+        &config,
+        format!(
+            "[engine]\nqueue_limit = {QUEUE_LIMIT}\n[policy]\nplugin = \"continuous\"\non_fault = \"{}\"\n\
+             stall_steps = {STALL_STEPS}\nfuel = {FUEL}\ndeadline_ms = {DEADLINE_MS}\n",
+            mode.name()
+        ),
+    )
+    .expect("config");
+    let total_ctx = (SLOTS * SLOT_CTX).to_string();
+    let slots = SLOTS.to_string();
+    let batch = BATCH_TOKENS.to_string();
+    let server = Server::start_binary(
+        &options.binary,
+        &[
+            "--config",
+            config.to_str().expect("utf-8 path"),
+            "-np",
+            &slots,
+            "-c",
+            &total_ctx,
+            "-b",
+            &batch,
+            "-t",
+            "2",
+            "--api-key",
+            API_KEY,
+        ],
+    );
+    let api = Api::new(&server, API_KEY);
+    let baseline = idle::warm_up(&api, &server);
+    let load_end = started + budget.saturating_sub(RESERVE);
+    let workload = clients::Workload { api: &api, mode, clients: options.clients, seed: options.seed, load_end };
+    let (tally, faults) = std::thread::scope(|scope| {
+        let faults = scope.spawn(|| faults::schedule(&api, &server, mode, load_end));
+        let tally = workload.run(scope);
+        (tally, faults.join().expect("the fault schedule ran"))
+    });
+    let idle = idle::check(&api, &baseline);
+    let log = server.log();
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    ModeReport::new(mode, tally, faults, idle, &log, started.elapsed())
+}
