@@ -31,6 +31,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
+use super::error::ApiError;
+
 /// The deadlines; `None` turns one off.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timeouts {
@@ -196,10 +198,8 @@ fn json_error(bare: &[u8]) -> Vec<u8> {
         505 => "the HTTP version is not supported",
         _ => "the request is not valid HTTP/1.1",
     };
-    let body = serde_json::json!({
-        "error": { "code": status.as_u16(), "message": message, "type": "invalid_request_error" }
-    })
-    .to_string();
+    // The body every other error answer has, from the one place that builds it.
+    let body = ApiError { status: Some(status), ..ApiError::invalid(message) }.body().to_string();
     format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()

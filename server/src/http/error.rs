@@ -137,14 +137,11 @@ impl IntoResponse for ApiError {
 impl From<SubmitError> for ApiError {
     fn from(error: SubmitError) -> Self {
         match error {
-            SubmitError::QueueFull(_) => {
+            // A retry may fit, here or (shutting down) on another replica.
+            SubmitError::QueueFull(_) | SubmitError::ShuttingDown => {
                 ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, error.to_string()) }
             }
             SubmitError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
-            // Another replica can take it.
-            SubmitError::ShuttingDown => {
-                ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, error.to_string()) }
-            }
             SubmitError::ExceedsContext { n_prompt_tokens, n_ctx } => exceeds_context(n_prompt_tokens, n_ctx),
             SubmitError::EmptyPrompt | SubmitError::Images(_) => ApiError::invalid(error.to_string()),
         }
