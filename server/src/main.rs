@@ -163,7 +163,6 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 fn serve(args: ServeArgs, ignored: &[String]) -> anyhow::Result<ExitCode> {
     let mut config = load_config(args.config.as_deref())?;
     config.apply(&args.flags).map_err(anyhow::Error::msg)?;
-    config.check_supported().map_err(anyhow::Error::msg)?;
     init_logging(&config.log)?;
     for note in ignored {
         tracing::warn!("{note}");

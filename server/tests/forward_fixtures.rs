@@ -30,7 +30,7 @@ fn ids(value: &Value) -> Vec<u32> {
 
 #[test]
 fn greedy_continuations_match_llama_cpp_until_a_near_tie() {
-    let model = load_model(&default_model(), Device::Cpu, 2).expect("default model loads");
+    let model = load_model(&default_model(), Device::Cpu, 2, &[]).expect("default model loads");
     let fixture = fixture();
     let mut compared_steps = 0;
     let mut worst = 0.0f64;

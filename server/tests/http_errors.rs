@@ -176,19 +176,20 @@ fn health_says_loading_then_ok() {
 }
 
 #[test]
-fn unsupported_features_refuse_the_start() {
+fn starts_that_cannot_serve_are_refused_with_the_reason() {
     let refused = |args: &[&str], mentions: &str| {
         let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
-            .args(["serve", "--port", "0"])
+            .args(["serve", "--port", "0", "-m"])
+            .arg(sluice_tests::models::default_model())
             .args(args)
             .output()
             .expect("sluice runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{stderr}");
-        assert!(stderr.contains(mentions) && stderr.contains("not supported yet"), "{stderr}");
+        assert!(stderr.contains(mentions) && !stderr.contains("panicked"), "{stderr}");
     };
-    refused(&["--lora", "adapter.gguf"], "adapter.gguf");
-    refused(&["--lora-scaled", "scaled.gguf:0.5"], "scaled.gguf");
+    refused(&["--lora", "/no/such/adapter.gguf"], "LoRA adapter /no/such/adapter.gguf: ");
+    refused(&["--lora-scaled", "/no/such/scaled.gguf:0.5"], "LoRA adapter /no/such/scaled.gguf: ");
     let output = std::process::Command::new(sluice_tests::binary::sluice_binary())
         .args(["serve", "--port", "0", "-m", "/no/such/model.gguf"])
         .output()

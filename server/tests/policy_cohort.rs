@@ -1,8 +1,8 @@
 //! The cohort barrier through the real engine over HTTP (docs/scheduling.md,
-//! cases (a)–(c) and (e)–(h); (d) needs LoRA adapters and is covered by the
-//! plugin's native tests). Phase transitions come from the engine's phase
-//! log (`sluice::phase` at debug level), so each case asserts the order in
-//! which slots prefilled, became ready, decoded and ended.
+//! cases (a)–(h); (d) with a synthetic LoRA adapter on the default model).
+//! Phase transitions come from the engine's phase log (`sluice::phase` at
+//! debug level), so each case asserts the order in which slots prefilled,
+//! became ready, decoded and ended.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -65,13 +65,20 @@ fn step_of(transitions: &[Transition], phase: &str) -> u64 {
 }
 
 fn server(policy: &str, name: &str) -> (Server, PathBuf) {
+    server_with(policy, name, |_| Vec::new())
+}
+
+/// [`server`] with more flags, made from its scratch directory.
+fn server_with(policy: &str, name: &str, extra: impl FnOnce(&std::path::Path) -> Vec<String>) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!("sluice-cohort-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let config = dir.join("sluice.toml");
     std::fs::write(&config, format!("[policy]\nplugin = \"{policy}\"\n[log]\nlevel = \"info,sluice::phase=debug\"\n"))
         .expect("config");
-    let server = Server::start(&["--config", config.to_str().expect("utf-8 path"), "-np", "4", "-b", "16"]);
-    (server, dir)
+    let extra = extra(&dir);
+    let mut args = vec!["--config", config.to_str().expect("utf-8 path"), "-np", "4", "-b", "16"];
+    args.extend(extra.iter().map(String::as_str));
+    (Server::start(&args), dir)
 }
 
 /// Distinct token prompts of exact lengths.
@@ -82,6 +89,49 @@ fn prompt(len: u32, seed: u32) -> Vec<u32> {
 fn body(prompt: &[u32], stream: bool) -> Value {
     json!({ "prompt": prompt, "n_predict": 6, "temperature": 0, "cache_prompt": false,
             "stream": stream, "return_tokens": true })
+}
+
+#[test]
+fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
+    use sluice_tests::lora::{LoraSpec, default_model_targets};
+    let (server, dir) = server_with("cohort", "adapters", |dir| {
+        let adapter = dir.join("adapter.gguf");
+        std::fs::write(&adapter, LoraSpec::new("llama", 7, 0.05).build(&default_model_targets()).build())
+            .expect("adapter");
+        vec!["--lora".into(), adapter.display().to_string(), "--lora-init-without-apply".into()]
+    });
+    let (long, other, same) = (prompt(240, 6), prompt(10, 7), prompt(10, 8));
+    let server = &server;
+    let before = transitions(server).len();
+    std::thread::scope(|scope| {
+        let seen = transitions(server).iter().filter(|t| t.phase == "prefilling").count();
+        let first = scope.spawn(|| complete(server, &long, false));
+        wait_for(server, "prefilling", seen + 1);
+        // During formation: one arrival under the adapter, then one without.
+        let mut adapted = body(&other, false);
+        adapted["lora"] = json!([{"id": 0, "scale": 1.0}]);
+        let adapted = scope.spawn(move || {
+            let (status, answer) = server.post("/completion", &adapted);
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        });
+        wait_for(server, "prefilling", seen + 1);
+        std::thread::sleep(Duration::from_millis(50));
+        let compatible = scope.spawn(|| complete(server, &same, false));
+        for handle in [first, compatible] {
+            handle.join().expect("request");
+        }
+        adapted.join().expect("adapted request");
+    });
+    let run = by_request(&transitions(server)[before..]);
+    assert_eq!(run.len(), 3, "{run:?}");
+    // Admission order: the long prompt, the compatible one (it joined the
+    // forming cohort), then the adapted one.
+    let (first, compatible, adapted) = (&run[0].1, &run[1].1, &run[2].1);
+    let seal = step_of(first, "ready").min(step_of(compatible, "ready"));
+    assert!(step_of(compatible, "prefilling") < seal, "the compatible arrival joins before the seal: {run:?}");
+    let cohort_done = step_of(first, "completed").max(step_of(compatible, "completed"));
+    assert!(step_of(adapted, "prefilling") > cohort_done, "another group waits for the next cohort: {run:?}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
 /// The generated tokens of a completion, streamed or not.

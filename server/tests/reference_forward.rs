@@ -129,7 +129,7 @@ fn forward_agrees_with_an_f64_reference() {
     let path = default_model();
     let tokens = [504u32, 3575, 282, 4649, 314];
     let reference = reference_logits(&path, &tokens);
-    let model = load_model(&path, Device::Cpu, 2).expect("loads");
+    let model = load_model(&path, Device::Cpu, 2, &[]).expect("loads");
     let ours = Session::new(model, 16).expect("a session").prefill(&tokens, 16).expect("prefill");
     let max = reference.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let log_sum = reference.iter().map(|l| (l - max).exp()).sum::<f64>().ln() + max;

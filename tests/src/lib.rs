@@ -1,5 +1,5 @@
 //! Helpers for sluice's end-to-end tests (`server/tests`): the real binary
-//! over HTTP, fixture plugins, synthetic GGUF files, llama.cpp's outputs
+//! over HTTP, fixture plugins, synthetic GGUF files (models, LoRA adapters), llama.cpp's outputs
 //! on the default model, the fuzzer of `server/tests/fuzz.rs` and the load
 //! and fault test (`loadtest`).
 
@@ -8,6 +8,7 @@ pub mod fuzz;
 pub mod gguf_writer;
 pub mod http;
 pub mod loadtest;
+pub mod lora;
 pub mod models;
 pub mod plugin_fixtures;
 pub mod shapes;

@@ -1,7 +1,10 @@
 //! `cargo xtask bench serve [--llama-server BIN] [sluice bench serve args]`:
 //! starts `sluice serve` on the default model with 16 slots and 2 kernel
 //! threads, measures it with `sluice bench serve`, and when given a
-//! llama-server binary does the same to it with matching settings.
+//! llama-server binary does the same to it with matching settings. With
+//! `--adapters N` both servers load N random rank-8 LoRA adapters for the
+//! default model (written once under `target/bench/lora/`) and the requests
+//! take them in turn.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,9 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
     let model = models::fetch_model()?;
     run(cargo().args(["build", "--quiet", "--release", "--package", "sluice", "--features", "lab"]))?;
     let sluice = repo_root().join("target/release/sluice");
+    let adapters = adapters(&rest)?;
+    let list: Vec<String> = adapters.iter().map(|path| path.display().to_string()).collect();
+    let lora: Vec<String> = if list.is_empty() { Vec::new() } else { vec!["--lora".into(), list.join(",")] };
 
     // -c is the total context, split between the slots, for both servers.
     let total_ctx = (SLOT_CTX * SLOTS.parse::<usize>()?).to_string();
@@ -40,6 +46,7 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
             .args(["serve", "-m"])
             .arg(&model)
             .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &total_ctx])
+            .args(&lora)
             .stdout(Stdio::null())
             .stderr(log_file("sluice")?)
             .spawn()
@@ -55,6 +62,7 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
                 .arg("-m")
                 .arg(&model)
                 .args(["--port", &port.to_string(), "-np", SLOTS, "-t", THREADS, "-c", &total_ctx])
+                .args(&lora)
                 .stdout(Stdio::null())
                 .stderr(log_file("llama-server")?)
                 .spawn()
@@ -75,6 +83,23 @@ fn measure(sluice: &Path, port: u16, label: &str, args: &[String]) -> anyhow::Re
 fn log_file(name: &str) -> anyhow::Result<std::fs::File> {
     let path = repo_root().join(format!("target/bench-serve-{name}.log"));
     std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// The adapters `--adapters N` (passed on to `sluice bench serve`) asks
+/// for, written if they are not there yet.
+fn adapters(args: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+    let count = match args.iter().position(|arg| arg == "--adapters") {
+        Some(at) => args.get(at + 1).context("--adapters needs a count")?.parse::<usize>()?,
+        None => 0,
+    };
+    let dir = repo_root().join("target/bench/lora");
+    let paths: Vec<PathBuf> = (0..count).map(|index| dir.join(format!("lora-{index}.gguf"))).collect();
+    if !paths.iter().all(|path| path.exists()) {
+        run(cargo()
+            .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-lora", "--"])
+            .args(["smollm2-135m", &dir.display().to_string(), &count.to_string()]))?;
+    }
+    Ok(paths)
 }
 
 /// Takes `--llama-server BIN` out of the arguments.

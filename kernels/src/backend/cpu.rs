@@ -10,9 +10,12 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Backend, BackendError, Embed, KvBlockFormat, KvShape, MatrixSource, PassLayout, PassRow, SharedBytes};
+use super::{
+    Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
+    PassRow, SharedBytes,
+};
 use crate::matmul::{QuantMatrix, matmuls, share};
-use crate::ops::{self, HeadShape, KvArena, KvPages, PageTable, Rope, RopeAngles};
+use crate::ops::{self, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
 use crate::quant::SimdLevel;
 
@@ -91,6 +94,7 @@ impl Backend for CpuBackend {
     type Rows = Vec<f32>;
     type Pass = CpuPass;
     type Kv = CpuKv;
+    type LowRank = LowRank;
 
     fn describe(&self) -> String {
         format!("cpu ({}, {} threads)", SimdLevel::detected().name(), self.threads())
@@ -104,6 +108,11 @@ impl Backend for CpuBackend {
 
     fn vector(&self, values: &[f32]) -> Result<Vec<f32>, BackendError> {
         Ok(values.to_vec())
+    }
+
+    fn low_rank(&self, source: LowRankSource) -> Result<LowRank, BackendError> {
+        let LowRankSource { a, b, rank, n_in, n_out } = source;
+        Ok(LowRank::new(a, &b, rank, n_in, n_out)?)
     }
 
     fn kv(&self, shape: KvShape) -> Result<CpuKv, BackendError> {
@@ -248,6 +257,46 @@ impl Backend for CpuBackend {
         matmuls(&x[..m * n_in], m, &mut jobs, &self.pool);
     }
 
+    fn add_low_rank(&self, x: &Vec<f32>, terms: &[LowRankTerm<'_, LowRank>], out: &mut Vec<f32>) {
+        let Some(first) = terms.first().map(|term| term.factors) else { return };
+        let (n_in, n_out) = (first.n_in(), first.n_out());
+        // Per row, its (term, scale) in term order.
+        let mut per_row: Vec<Vec<(&LowRank, f32)>> = vec![Vec::new(); out.len() / n_out.max(1)];
+        let mut work = 0;
+        for term in terms {
+            for &(row, scale) in term.rows {
+                if let Some(list) = per_row.get_mut(row) {
+                    list.push((term.factors, scale));
+                    work += term.factors.rank() * (n_in + n_out);
+                }
+            }
+        }
+        let pieces: Vec<_> = out
+            .chunks_exact_mut(n_out)
+            .zip(x.chunks_exact(n_in))
+            .zip(&per_row)
+            .filter(|(_, deltas)| !deltas.is_empty())
+            .map(|((out, x), deltas)| Mutex::new((out, x, deltas)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let run = || {
+            let mut t = Vec::new();
+            while let Some(piece) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let Ok(mut piece) = piece.lock() else { return };
+                let (out, x, deltas) = &mut *piece;
+                for (factors, scale) in deltas.iter() {
+                    factors.add_to(x, *scale, out, &mut t);
+                }
+            }
+        };
+        // Handing out a few small deltas costs more than computing them.
+        if work < LOW_RANK_SERIAL_WORK {
+            run();
+        } else {
+            self.pool.run(|_, _| run());
+        }
+    }
+
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) {
         x.chunks_exact_mut(bias.len()).for_each(|row| ops::add_in_place(row, bias));
     }
@@ -366,6 +415,10 @@ impl Backend for CpuBackend {
     }
 }
 
+/// Multiply-adds below which [`Backend::add_low_rank`] stays on the calling
+/// thread.
+const LOW_RANK_SERIAL_WORK: usize = 1 << 16;
+
 /// Query rows of one sequence that attention steps through together.
 const ROW_BLOCK: usize = 4;
 
@@ -446,6 +499,54 @@ mod tests {
         let q8_0 = KvTypes { k: KvType::F16, v: KvType::Q8_0 };
         let heads_of_48 = KvShape { kv_dim: 96, head_dim: 48, types: q8_0, ..shape };
         assert!(matches!(backend.kv(heads_of_48), Err(BackendError::Unsupported(_))), "heads are not whole blocks");
+    }
+
+    #[test]
+    fn low_rank_deltas_of_a_row_do_not_depend_on_the_other_rows_or_the_threads() {
+        // Enough work for the pool to take it (`LOW_RANK_SERIAL_WORK`).
+        let (rank, n_in, n_out) = (32, 600, 520);
+        let factors = |seed| {
+            let source = LowRankSource {
+                a: ops_noise(rank * n_in, seed),
+                b: ops_noise(n_out * rank, seed + 1),
+                rank,
+                n_in,
+                n_out,
+            };
+            CpuBackend::new(1).low_rank(source).expect("valid factors")
+        };
+        let (first, second) = (factors(1), factors(3));
+        let x = ops_noise(3 * n_in, 5);
+        let base = ops_noise(3 * n_out, 6);
+        // Row 0: both adapters; row 1: none; row 2: the second, alone.
+        let mixed = |backend: &CpuBackend| {
+            let mut out = base.clone();
+            let terms = [
+                LowRankTerm { factors: &first, rows: &[(0, 0.5)] },
+                LowRankTerm { factors: &second, rows: &[(2, 1.0), (0, -2.0)] },
+            ];
+            backend.add_low_rank(&x, &terms, &mut out);
+            out
+        };
+        let alone = |row: usize, terms: &[(&LowRank, f32)]| {
+            let mut out = base[row * n_out..(row + 1) * n_out].to_vec();
+            let x = x[row * n_in..(row + 1) * n_in].to_vec();
+            for &(factors, scale) in terms {
+                CpuBackend::new(1).add_low_rank(&x, &[LowRankTerm { factors, rows: &[(0, scale)] }], &mut out);
+            }
+            out
+        };
+        let bits = |values: &[f32]| values.iter().map(|value| value.to_bits()).collect::<Vec<_>>();
+        let serial = mixed(&CpuBackend::new(1));
+        assert_eq!(bits(&serial), bits(&mixed(&CpuBackend::new(3))), "threads");
+        assert_eq!(bits(&serial[..n_out]), bits(&alone(0, &[(&first, 0.5), (&second, -2.0)])));
+        assert_eq!(bits(&serial[n_out..2 * n_out]), bits(&base[n_out..2 * n_out]), "no delta");
+        assert_eq!(bits(&serial[2 * n_out..]), bits(&alone(2, &[(&second, 1.0)])));
+        assert_ne!(bits(&serial[..n_out]), bits(&base[..n_out]));
+    }
+
+    fn ops_noise(n: usize, seed: u64) -> Vec<f32> {
+        crate::ops::noise(n, seed, 0.5)
     }
 
     /// A store of 2 layers, 3 blocks of 2 cells, one head of 32.

@@ -60,6 +60,26 @@ pub struct MatrixSource {
     pub n_in: usize,
 }
 
+/// One LoRA adapter's factors for one weight matrix, on the host in f32:
+/// `a` holds `rank` rows of `n_in`, `b` holds `n_out` rows of `rank` (GGUF
+/// `lora_a` of shape `[n_in, rank]` and `lora_b` of `[rank, n_out]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LowRankSource {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub rank: usize,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+/// Rows of a pass that add one adapter's delta, each with its scale.
+#[derive(Clone, Copy, Debug)]
+pub struct LowRankTerm<'a, L> {
+    pub factors: &'a L,
+    /// (row, scale), rows in any order, none twice.
+    pub rows: &'a [(usize, f32)],
+}
+
 /// How a KV store holds its keys and its values, chosen independently
 /// (llama.cpp's `-ctk` and `-ctv`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -227,6 +247,8 @@ pub trait Backend: Send + Sync + 'static {
     type Pass: Default + Send;
     /// A paged KV store of the types its [`KvShape`] names.
     type Kv: Send;
+    /// A LoRA adapter's factors for one weight matrix.
+    type LowRank: Send + Sync;
 
     /// One line for the log: the device and how it computes.
     fn describe(&self) -> String;
@@ -234,6 +256,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Make a weight matrix resident.
     fn matrix(&self, source: MatrixSource) -> Result<Self::Matrix, BackendError>;
     fn vector(&self, values: &[f32]) -> Result<Self::Vector, BackendError>;
+    /// Make an adapter's factors resident.
+    fn low_rank(&self, source: LowRankSource) -> Result<Self::LowRank, BackendError>;
     fn kv(&self, shape: KvShape) -> Result<Self::Kv, BackendError>;
     /// Copy one block of every layer (copy-on-write of a shared tail).
     fn copy_kv_block(&self, kv: &mut Self::Kv, from: u32, to: u32);
@@ -280,6 +304,11 @@ pub trait Backend: Send + Sync + 'static {
     /// gate and up), each output the same as its own matmul: the input is
     /// prepared once and the work handed out once.
     fn matmuls(&self, x: &Self::Rows, m: usize, products: &mut [(&Self::Matrix, &mut Self::Rows)]);
+    /// For each term, `out[row] += scale · B·(A·x[row])` for its rows; a
+    /// row's deltas are added in the order of the terms that name it, so
+    /// a row's result depends only on its own terms. Every term's factors
+    /// have one shape, and `x` and `out` are whole rows of it.
+    fn add_low_rank(&self, x: &Self::Rows, terms: &[LowRankTerm<'_, Self::LowRank>], out: &mut Self::Rows);
     /// `bias` added to every row of `x`.
     fn add_bias(&self, x: &mut Self::Rows, bias: &Self::Vector);
     /// `x += y`.

@@ -1,6 +1,7 @@
 //! CPU kernels for everything in a transformer layer but the matrix products:
-//! RMSNorm, softmax, SiLU/SwiGLU, residual add, RoPE and attention over a
-//! paged KV cache of f16 values or Q8_0 blocks.
+//! RMSNorm, softmax, SiLU/SwiGLU, residual add, RoPE, attention over a
+//! paged KV cache of f16 values or Q8_0 blocks, and LoRA adapters' low-rank
+//! deltas.
 //!
 //! # Batch invariance
 //!
@@ -21,6 +22,7 @@
 
 mod attention;
 mod kv;
+mod low_rank;
 mod rope;
 mod row;
 mod simd;
@@ -28,6 +30,7 @@ mod simd;
 pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
 pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
+pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use row::{add_in_place, f32_to_f16_row, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu};
 
@@ -40,6 +43,8 @@ pub enum OpsError {
     Heads(String),
     #[error("invalid attention inputs: {0}")]
     Attention(String),
+    #[error("invalid low-rank factors: {0}")]
+    LowRank(String),
 }
 
 /// Deterministic pseudo-random values in `[-scale, scale)` for tests.

@@ -46,7 +46,7 @@ pub struct BenchModelArgs {
 }
 
 pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
-    let model = load_model(&args.model, args.device, args.threads.max(1))?;
+    let model = load_model(&args.model, args.device, args.threads.max(1), &[])?;
     let kv_types = KvTypes { k: args.cache_type_k, v: args.cache_type_v };
     let n_vocab = model.hparams().n_vocab as u32;
     // Deterministic, varied token ids: speed does not depend on the text.

@@ -56,7 +56,7 @@ struct Run {
 }
 
 pub fn bench_spec(args: BenchSpecArgs) -> anyhow::Result<()> {
-    let target = load_model(&args.model, Device::Cpu, args.threads.max(1))?;
+    let target = load_model(&args.model, Device::Cpu, args.threads.max(1), &[])?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).context("tokenizer")?);
     let n_vocab = target.hparams().n_vocab as u32;
     let mut prompt = tokenizer.encode("Write a short story about a robot who learns to paint.", true, false);

@@ -63,7 +63,7 @@ pub fn default_threads() -> usize {
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let model = load_model(&args.model, args.device, args.threads.max(1))?;
+    let model = load_model(&args.model, args.device, args.threads.max(1), &[])?;
     let tokenizer =
         Tokenizer::from_gguf(model.file()).with_context(|| format!("tokenizer of {}", args.model.display()))?;
     let prompt = tokenizer.encode(&args.prompt, true, true);

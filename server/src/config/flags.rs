@@ -179,7 +179,7 @@ impl Config {
             _ => {}
         }
         for path in &flags.lora {
-            self.lora.push(LoraConfig { path: path.clone(), scale: 1.0 });
+            self.lora.push(LoraConfig { path: path.clone(), scale: 1.0, name: None });
         }
         for scaled in &flags.lora_scaled {
             for item in scaled.split(',') {
@@ -187,8 +187,11 @@ impl Config {
                     .rsplit_once(':')
                     .and_then(|(path, scale)| Some((path, scale.parse::<f32>().ok()?)))
                     .ok_or_else(|| format!("--lora-scaled {item}: expected FILE:SCALE"))?;
-                self.lora.push(LoraConfig { path: PathBuf::from(path), scale });
+                self.lora.push(LoraConfig { path: PathBuf::from(path), scale, name: None });
             }
+        }
+        if flags.lora_init_without_apply {
+            self.lora.iter_mut().for_each(|lora| lora.scale = 0.0);
         }
         self.validate().map_err(|invalid| invalid.to_string())
     }
@@ -399,12 +402,16 @@ pub struct Overrides {
     /// Logs as text lines (`log.format = "text"`).
     #[arg(long, overrides_with = "log_jsonl")]
     pub no_log_jsonl: bool,
-    /// LoRA adapter, scale 1 (`[[lora]]`; repeatable). Not supported yet.
-    #[arg(long, value_name = "FILE")]
+    /// LoRA adapter, scale 1 (`[[lora]]`; repeatable, comma-separated).
+    #[arg(long, value_name = "FILE[,FILE…]", value_delimiter = ',')]
     pub lora: Vec<PathBuf>,
-    /// LoRA adapters with scales, `FILE:SCALE[,…]`. Not supported yet.
+    /// LoRA adapters with scales, `FILE:SCALE[,…]`.
     #[arg(long, value_name = "FILE:SCALE")]
     pub lora_scaled: Vec<String>,
+    /// Load the adapters at scale 0 (`POST /lora-adapters` or a request's
+    /// `lora` applies them).
+    #[arg(long)]
+    pub lora_init_without_apply: bool,
 }
 
 impl Overrides {

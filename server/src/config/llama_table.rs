@@ -321,7 +321,7 @@ pub(super) const FLAGS: &[Flag] = &[
         true,
         Ignore("slots are chosen by the scheduling policy and the prefix cache, not by prompt similarity"),
     ),
-    flag(&["--lora-init-without-apply"], false, Ignore("only used with --lora, which sluice refuses for now")),
+    flag(&["--lora-init-without-apply"], false, Native),
     flag(&["--sleep-idle-seconds"], true, Refuse("sleeping (unloading the model when idle) is not supported")),
     flag(&["--log-disable"], false, Native),
     flag(&["--log-file"], true, Refuse("logs go to stderr only")),

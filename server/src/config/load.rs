@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_kernels::backend::Device;
 
-use super::schema::{Config, DEFAULT_FIXUP, PolicyConfig, SpecType, SpeculativeConfig};
+use super::schema::{Config, DEFAULT_FIXUP, PolicyConfig, SpecType, SpeculativeConfig, adapter_names};
 use crate::plugins::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
 
 /// A configuration error, naming the file and what is wrong.
@@ -198,22 +198,25 @@ impl Config {
                 format!("`lora.scale` of {} must be a finite number", lora.path.display()),
             ));
         }
+        let names = adapter_names(&self.lora);
+        let model_names: Vec<String> = std::iter::once(self.model.name()).chain(self.model.aliases()).collect();
+        for (index, name) in names.iter().enumerate() {
+            let taken = if model_names.contains(name) {
+                "the model's name"
+            } else if names[..index].contains(name) {
+                "an earlier adapter's name"
+            } else {
+                continue;
+            };
+            return Err(Invalid::new(
+                "lora.name",
+                format!("`lora.name` {name:?} of {} is {taken}; name them apart", self.lora[index].path.display()),
+            ));
+        }
         if let Err(error) = self.log.level.parse::<tracing_subscriber::EnvFilter>() {
             return Err(Invalid::new(
                 "log.level",
                 format!("`log.level` = {:?} is not a log filter: {error}", self.log.level),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Features the file may configure that sluice cannot serve yet: a
-    /// configured one refuses the start rather than being ignored.
-    pub fn check_supported(&self) -> Result<(), String> {
-        if let Some(lora) = self.lora.first() {
-            return Err(format!(
-                "LoRA adapters ([[lora]], --lora, --lora-scaled) are not supported yet: {}",
-                lora.path.display()
             ));
         }
         Ok(())

@@ -491,6 +491,29 @@ pub struct LoraConfig {
     /// Global scale until `POST /lora-adapters` changes it.
     #[serde(default = "one")]
     pub scale: f32,
+    /// What `/v1/models`, `/metrics` and a request's `model` call it; the
+    /// file's stem when unset.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// The adapters' names, by id: `name` where set, else the file's stem, made
+/// unique with the id (`adapter-2`) when an earlier adapter has it
+/// (adapters downloaded as `adapter.gguf` into several folders).
+pub fn adapter_names(lora: &[LoraConfig]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::with_capacity(lora.len());
+    for (id, adapter) in lora.iter().enumerate() {
+        let name = match (&adapter.name, adapter.path.file_stem()) {
+            (Some(name), _) => name.clone(),
+            (None, stem) => {
+                let stem =
+                    stem.map_or_else(|| adapter.path.display().to_string(), |s| s.to_string_lossy().into_owned());
+                if names.contains(&stem) { format!("{stem}-{id}") } else { stem }
+            }
+        };
+        names.push(name);
+    }
+    names
 }
 
 fn one() -> f32 {

@@ -66,7 +66,6 @@ fn every_section_parses_with_its_defaults() {
     assert_eq!(config.speculative, SpeculativeConfig::default());
     assert!(config.lora.is_empty());
     assert_eq!(config.log.format, LogFormat::Text);
-    assert_eq!(config.check_supported(), Ok(()));
     assert_eq!(config.model.device, "cpu");
     // What the engine makes of these defaults: startup's tests.
 }
@@ -82,7 +81,6 @@ fn the_shipped_config_is_valid_and_points_at_the_default_model() {
     // default) leave off.
     assert_eq!(config.server, ServerConfig { metrics: true, ..ServerConfig::default() });
     assert_eq!(config.defaults, RequestDefaults::default());
-    assert_eq!(config.check_supported(), Ok(()));
 }
 
 #[test]
@@ -138,14 +136,13 @@ format = "json"
     assert_eq!(config.engine.ctx, 0);
     assert_eq!(config.defaults.seed, 42);
     assert_eq!(config.speculative.kind, SpecType::DraftSimple);
-    assert_eq!(config.lora[1], LoraConfig { path: "b.gguf".into(), scale: 0.5 });
+    assert_eq!(config.lora[1], LoraConfig { path: "b.gguf".into(), scale: 0.5, name: None });
     assert_eq!(config.log.format, LogFormat::Json);
     assert_eq!(
         config.speculative.fixup_sources(),
         Ok(vec![PluginSource::Builtin("mrope-temporal"), PluginSource::Path("plugins/extra.wasm".into())])
     );
     assert_eq!(SpeculativeConfig::default().fixup_sources(), Ok(vec![PluginSource::Builtin("mrope-temporal")]));
-    assert!(config.check_supported().unwrap_err().contains("a.gguf"));
 }
 
 #[test]
@@ -226,6 +223,25 @@ fn flags_override_the_file() {
     assert_eq!(config.lora[0].scale, 0.5);
     let broken = Overrides { lora_scaled: vec!["a.gguf".into()], ..Overrides::default() };
     assert!(config.apply(&broken).unwrap_err().contains("FILE:SCALE"));
+}
+
+#[test]
+fn adapters_are_named_apart_and_can_start_unapplied() {
+    let flags = Overrides {
+        lora: vec!["x/adapter.gguf".into(), "y/adapter.gguf".into()],
+        lora_scaled: vec!["sql.gguf:0.5".into()],
+        lora_init_without_apply: true,
+        ..Overrides::default()
+    };
+    let mut config = Config::parse("[[lora]]\npath = \"chat.gguf\"\nname = \"chat\"\n").expect("valid");
+    config.apply(&flags).expect("valid");
+    assert_eq!(adapter_names(&config.lora), ["chat", "adapter", "adapter-2", "sql"]);
+    assert!(config.lora.iter().all(|lora| lora.scale == 0.0), "--lora-init-without-apply");
+    let taken = "[[lora]]\npath = \"a.gguf\"\nname = \"b\"\n[[lora]]\npath = \"c.gguf\"\nname = \"b\"\n";
+    let error = Config::parse(taken).unwrap_err().to_string();
+    assert!(error.contains("`lora.name` \"b\" of c.gguf is an earlier adapter's name"), "{error}");
+    let model = Config::parse("[model]\nalias = \"m\"\n[[lora]]\npath = \"m.gguf\"\n");
+    assert!(model.unwrap_err().to_string().contains("is the model's name"));
 }
 
 #[test]

@@ -70,6 +70,7 @@ pub(super) fn assemble(work: &[Work], slots: &[Option<Active>], taps: &[usize], 
             }
         };
         batch.block_tables.push(active.blocks.table.clone());
+        batch.adapters.push(active.request.lora.clone());
         for (offset, token) in inputs.into_iter().enumerate() {
             let cell = start + offset;
             let image_row = (token & IMAGE_ROW != 0).then(|| active.request.image_row(cell, n_embd)).flatten();

@@ -5,7 +5,7 @@
 
 mod slot_actions;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use sluice_kernels::backend::BackendError;
 use sluice_plugin_api::rules::has_runnable_work;
 
+use super::adapters::{AdapterGroups, cache_root};
 use super::batch::{Assembled, Work, assemble};
 use super::drafting::{self, Committed};
 use super::emit::{self, Emitted, Emitter, Ending};
@@ -53,13 +54,15 @@ pub(super) struct Engine {
     slots: Vec<Option<Active>>,
     waiting: VecDeque<Waiting>,
     ended: Vec<EndedRequest>,
-    adapter_groups: Vec<Vec<(u32, f32)>>,
+    adapter_groups: AdapterGroups,
+    /// Per adapter id, its fingerprint (prefix-cache roots).
+    adapter_prints: Vec<[u8; 32]>,
     started: Instant,
     step: u64,
     /// Per slot: the tokens of the last sequence that named it (`id_slot`)
     /// or ran in it naming none, whose KV the prefix cache may still hold
     /// (what saving the slot saves).
-    slot_tokens: Vec<Vec<u32>>,
+    slot_tokens: Vec<(u64, Vec<u32>)>,
     /// Actions waiting for their (busy) slots.
     deferred_slot_actions: Vec<(usize, SlotAction)>,
 }
@@ -134,10 +137,11 @@ impl Engine {
             slots: (0..config.slots).map(|_| None).collect(),
             waiting: VecDeque::new(),
             ended: Vec::new(),
-            adapter_groups: vec![Vec::new()],
+            adapter_groups: AdapterGroups::default(),
+            adapter_prints: model.adapters().iter().map(|adapter| adapter.fingerprint).collect(),
             started: Instant::now(),
             step: 0,
-            slot_tokens: vec![Vec::new(); config.slots],
+            slot_tokens: vec![(0, Vec::new()); config.slots],
             deferred_slot_actions: Vec::new(),
             model,
             tokenizer,
@@ -193,8 +197,11 @@ impl Engine {
                     return;
                 }
                 let arrival_ms = self.now_ms();
-                let adapter_group = self.adapter_group(&request.lora);
-                self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group, ticket });
+                let live = self.waiting.iter().map(|waiting| waiting.adapter_group);
+                let running = self.slots.iter().flatten().map(|active| active.adapter_group);
+                let adapter_group = self.adapter_groups.group(&request.lora, live.chain(running));
+                let kv_root = cache_root(&request.lora, &self.adapter_prints);
+                self.waiting.push_back(Waiting { id, request, events, arrival_ms, adapter_group, kv_root, ticket });
             }
             Command::Cancel(id) => self.cancel(id),
             Command::Slot { slot, action } => self.slot_action(slot, action),
@@ -235,16 +242,6 @@ impl Engine {
         }
     }
 
-    fn adapter_group(&mut self, lora: &[(u32, f32)]) -> u32 {
-        match self.adapter_groups.iter().position(|group| group.as_slice() == lora) {
-            Some(index) => index as u32,
-            None => {
-                self.adapter_groups.push(lora.to_vec());
-                (self.adapter_groups.len() - 1) as u32
-            }
-        }
-    }
-
     fn view(&self) -> StepView {
         let mut occupied = Vec::new();
         let mut free_slots = Vec::new();
@@ -265,7 +262,7 @@ impl Engine {
             .filter(|waiting| waiting.request.id_slot.is_none_or(|slot| free_slots.contains(&slot)))
             .map(|waiting| {
                 let cached = if waiting.request.cache_prompt && self.config.prefix_cache {
-                    self.blocks.cached_prefix(&waiting.request.prompt)
+                    self.blocks.cached_prefix(waiting.kv_root, &waiting.request.prompt)
                 } else {
                     0
                 };
@@ -386,7 +383,7 @@ impl Engine {
         let Some(waiting) = self.waiting.remove(at) else { return };
         drop(waiting.ticket);
         let use_cache = waiting.request.cache_prompt && self.config.prefix_cache;
-        let admission = match self.blocks.admit(&waiting.request.prompt, use_cache) {
+        let admission = match self.blocks.admit(waiting.kv_root, &waiting.request.prompt, use_cache) {
             Ok(admission) => admission,
             Err(error) => {
                 let _ = waiting.events.send(Event::Failed(EngineError::ResourceExhausted(error.to_string())));
@@ -616,10 +613,11 @@ impl Engine {
         // Bookkeeping first: a client that reads /metrics or /slots right
         // after its response must see the request gone.
         let cache_slot = self.cache_slot(slot, &active);
+        let root = active.blocks.root();
         self.blocks.release(active.blocks);
         let mut tokens = active.tokens;
         tokens.truncate(active.cells);
-        self.slot_tokens[cache_slot] = tokens;
+        self.slot_tokens[cache_slot] = (root, tokens);
         self.ended.push(EndedRequest { request_id: active.id, slot: Some(slot as u32), reason });
         self.shared.metrics.requests_processing.fetch_sub(1, Ordering::Relaxed);
         self.publish();
@@ -652,10 +650,17 @@ impl Engine {
                 max_tokens: active.as_ref().and_then(|active| active.request.n_predict),
                 priority: active.as_ref().map_or(0, |active| active.request.priority),
                 adapter_group: active.as_ref().map_or(0, |active| active.adapter_group),
+                lora: active.as_ref().map_or_else(Vec::new, |active| active.request.lora.clone()),
             })
             .collect();
         if let Ok(mut slots) = self.shared.slots.lock() {
             *slots = infos;
+        }
+        let waiting: BTreeSet<u32> =
+            self.waiting.iter().flat_map(|waiting| waiting.request.lora.iter().map(|&(id, _)| id)).collect();
+        if let Ok(mut adapters) = self.shared.waiting_adapters.lock() {
+            adapters.clear();
+            adapters.extend(waiting);
         }
     }
 }

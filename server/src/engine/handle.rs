@@ -10,6 +10,7 @@ use std::time::Duration;
 use sluice_kernels::backend::BackendError;
 use tokio::sync::oneshot;
 
+use super::adapters::check as check_lora;
 use super::core::{Engine, Models};
 use super::delivery::{self, EventReceiver};
 use super::policy::SchedulingPolicy;
@@ -54,6 +55,8 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("image segments: {0}")]
     Images(String),
+    #[error("`lora`: {0}")]
+    Adapter(String),
 }
 
 /// A cheap, cloneable handle to the engine thread.
@@ -70,6 +73,8 @@ pub struct EngineHandle {
     speculative: bool,
     /// What slot files must match.
     kv_layout: Arc<KvLayout>,
+    /// LoRA adapters the model has.
+    n_adapters: usize,
 }
 
 impl EngineHandle {
@@ -88,6 +93,7 @@ impl EngineHandle {
         let hparams = model.hparams();
         let image_width = hparams.rope.is_multimodal().then_some(hparams.n_embd);
         let speculative = speculation.is_some();
+        let n_adapters = model.adapters().len();
         let models = Models { model, tokenizer, speculation };
         let supervisor = Supervisor::new(policy, fallback, config.faults);
         let engine = Engine::new(models, supervisor, config.clone(), Arc::clone(&shared), receiver)?;
@@ -104,7 +110,7 @@ impl EngineHandle {
             }
         })?;
         let next_id = Arc::new(AtomicU64::new(1));
-        Ok(EngineHandle { commands, shared, next_id, config, image_width, speculative, kv_layout })
+        Ok(EngineHandle { commands, shared, next_id, config, image_width, speculative, kv_layout, n_adapters })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -131,6 +137,7 @@ impl EngineHandle {
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
+        check_lora(&request.lora, self.n_adapters).map_err(SubmitError::Adapter)?;
         if let Some(image) = request.images.first() {
             let Some(width) = self.image_width else {
                 return Err(SubmitError::Images("this model has no M-RoPE positions for images".into()));

@@ -6,6 +6,10 @@
 //! too, so a prompt reuses its longest cached prefix down to the token
 //! (the block where it ends is copied, never shared). The KV memory itself
 //! is the model's `KvStore`.
+//!
+//! A chain starts from a root: 0 for KV computed without LoRA adapters,
+//! else a key of the adapter configuration (`engine::adapters`), so KV is
+//! only ever reused under the configuration that computed it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -21,6 +25,8 @@ pub struct SeqBlocks {
     tail: Vec<u32>,
     /// Whether this sequence's blocks are offered to the prefix cache.
     cacheable: bool,
+    /// The chain's root: its adapter configuration's key.
+    root: u64,
 }
 
 impl SeqBlocks {
@@ -29,10 +35,16 @@ impl SeqBlocks {
         self.cacheable
     }
 
-    /// A sequence whose KV is written from elsewhere (a restored slot):
-    /// committed and released, its blocks stay in the prefix cache.
-    pub fn restored() -> Self {
-        SeqBlocks { cacheable: true, ..SeqBlocks::default() }
+    /// The key of the adapter configuration its KV was computed under.
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// A sequence whose KV is written from elsewhere (a restored slot,
+    /// computed under the configuration keyed `root`): committed and
+    /// released, its blocks stay in the prefix cache.
+    pub fn restored(root: u64) -> Self {
+        SeqBlocks { cacheable: true, root, ..SeqBlocks::default() }
     }
 }
 
@@ -160,10 +172,11 @@ impl BlockManager {
         self.hits
     }
 
-    /// The cached blocks matching the start of `tokens`.
-    fn matching_blocks(&self, tokens: &[u32]) -> Matched {
+    /// The cached blocks matching the start of `tokens` in the chain from
+    /// `root`.
+    fn matching_blocks(&self, root: u64, tokens: &[u32]) -> Matched {
         let mut found = Vec::new();
-        let mut previous = 0u64;
+        let mut previous = root;
         for block_tokens in tokens.chunks_exact(self.block_tokens) {
             let key = chain(previous, block_tokens);
             match self.index.get(&key) {
@@ -187,8 +200,8 @@ impl BlockManager {
     /// The cached blocks holding the longest cached prefix of `tokens`, in
     /// cell order, and that prefix's length (the last block may hold only
     /// part of it, or more).
-    pub fn cached_run(&self, tokens: &[u32]) -> (Vec<u32>, usize) {
-        let matched = self.matching_blocks(tokens);
+    pub fn cached_run(&self, root: u64, tokens: &[u32]) -> (Vec<u32>, usize) {
+        let matched = self.matching_blocks(root, tokens);
         let n = matched.tokens(self.block_tokens);
         let blocks = matched.whole.iter().map(|&(block, _)| block).chain(matched.partial.map(|(block, _)| block));
         (blocks.collect(), n)
@@ -210,16 +223,17 @@ impl BlockManager {
 
     /// Prompt tokens the cache would serve for `prompt` (at most all but the
     /// last: the last token is computed to produce logits).
-    pub fn cached_prefix(&self, prompt: &[u32]) -> usize {
-        self.matching_blocks(prompt).tokens(self.block_tokens).min(prompt.len().saturating_sub(1))
+    pub fn cached_prefix(&self, root: u64, prompt: &[u32]) -> usize {
+        self.matching_blocks(root, prompt).tokens(self.block_tokens).min(prompt.len().saturating_sub(1))
     }
 
-    /// Start a sequence for `prompt`, borrowing its longest cached prefix
-    /// when `use_cache`.
-    pub fn admit(&mut self, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
-        let mut blocks = SeqBlocks { cacheable: use_cache, ..SeqBlocks::default() };
+    /// Start a sequence for `prompt` whose KV is computed under the adapter
+    /// configuration keyed `root`, borrowing its longest cached prefix when
+    /// `use_cache`.
+    pub fn admit(&mut self, root: u64, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
+        let mut blocks = SeqBlocks { cacheable: use_cache, root, ..SeqBlocks::default() };
         let matched =
-            if use_cache { self.matching_blocks(prompt) } else { Matched { whole: Vec::new(), partial: None } };
+            if use_cache { self.matching_blocks(root, prompt) } else { Matched { whole: Vec::new(), partial: None } };
         let cached_tokens = matched.tokens(self.block_tokens).min(prompt.len().saturating_sub(1));
         let Matched { whole: matching, partial } = matched;
         let full = cached_tokens / self.block_tokens;
@@ -314,7 +328,7 @@ impl BlockManager {
         let full = tokens.len() / self.block_tokens;
         while blocks.hashes.len() < full {
             let index = blocks.hashes.len();
-            let previous = blocks.hashes.last().copied().unwrap_or(0);
+            let previous = blocks.hashes.last().copied().unwrap_or(blocks.root);
             let block_tokens = &tokens[index * self.block_tokens..(index + 1) * self.block_tokens];
             let key = chain(previous, block_tokens);
             blocks.hashes.push(key);
@@ -355,8 +369,8 @@ impl BlockManager {
     /// End a sequence: its blocks go back to the cache (if cached) or the
     /// free list once no other sequence uses them.
     pub fn release(&mut self, blocks: SeqBlocks) {
-        let SeqBlocks { table, hashes, tail, cacheable } = blocks;
-        let parent = hashes.last().copied().unwrap_or(0);
+        let SeqBlocks { table, hashes, tail, cacheable, root } = blocks;
+        let parent = hashes.last().copied().unwrap_or(root);
         let mut tail = cacheable.then_some(tail);
         for (position, block) in table.into_iter().enumerate() {
             let index = block as usize;
@@ -394,12 +408,12 @@ mod tests {
     fn a_second_request_borrows_the_full_blocks_of_the_first() {
         let mut manager = BlockManager::new(16, 4);
         let prompt = tokens(10, 0);
-        let mut first = manager.admit(&prompt, true).expect("room");
+        let mut first = manager.admit(0, &prompt, true).expect("room");
         assert_eq!(first.cached_tokens, 0);
         manager.reserve(&mut first.blocks, 10).expect("room");
         manager.commit(&mut first.blocks, &prompt);
-        assert_eq!(manager.cached_prefix(&prompt), 8);
-        let second = manager.admit(&prompt, true).expect("room");
+        assert_eq!(manager.cached_prefix(0, &prompt), 8);
+        let second = manager.admit(0, &prompt, true).expect("room");
         assert_eq!(second.cached_tokens, 8);
         assert_eq!(second.blocks.table, first.blocks.table[..2]);
         assert_eq!(second.copy, None);
@@ -413,11 +427,11 @@ mod tests {
     fn a_fully_cached_prompt_copies_its_last_block() {
         let mut manager = BlockManager::new(8, 4);
         let prompt = tokens(8, 1);
-        let mut first = manager.admit(&prompt, true).expect("room");
+        let mut first = manager.admit(0, &prompt, true).expect("room");
         manager.reserve(&mut first.blocks, 8).expect("room");
         manager.commit(&mut first.blocks, &prompt);
         manager.release(first.blocks.clone());
-        let second = manager.admit(&prompt, true).expect("room");
+        let second = manager.admit(0, &prompt, true).expect("room");
         assert_eq!(second.cached_tokens, 7, "the last token is always computed");
         let (from, to) = second.copy.expect("copy on write");
         assert_eq!(from, first.blocks.table[1]);
@@ -430,10 +444,10 @@ mod tests {
     fn cache_prompt_false_neither_borrows_nor_offers() {
         let mut manager = BlockManager::new(8, 4);
         let prompt = tokens(8, 2);
-        let mut first = manager.admit(&prompt, false).expect("room");
+        let mut first = manager.admit(0, &prompt, false).expect("room");
         manager.reserve(&mut first.blocks, 8).expect("room");
         manager.commit(&mut first.blocks, &prompt);
-        assert_eq!(manager.cached_prefix(&prompt), 0);
+        assert_eq!(manager.cached_prefix(0, &prompt), 0);
         manager.release(first.blocks);
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 8 });
     }
@@ -444,17 +458,17 @@ mod tests {
         let old = tokens(4, 3);
         let newer = tokens(4, 4);
         for prompt in [&old, &newer] {
-            let mut seq = manager.admit(prompt, true).expect("room");
+            let mut seq = manager.admit(0, prompt, true).expect("room");
             manager.reserve(&mut seq.blocks, 4).expect("room");
             manager.commit(&mut seq.blocks, prompt);
             manager.release(seq.blocks);
         }
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 4, free: 0 });
-        let mut third = manager.admit(&tokens(4, 5), true).expect("room");
+        let mut third = manager.admit(0, &tokens(4, 5), true).expect("room");
         manager.reserve(&mut third.blocks, 4).expect("evicts the two oldest");
-        assert_eq!(manager.cached_prefix(&old), 0, "the least recently used prompt was evicted");
-        assert_eq!(manager.cached_prefix(&newer), 3);
-        let mut fourth = manager.admit(&tokens(6, 6), true).expect("admission needs no block");
+        assert_eq!(manager.cached_prefix(0, &old), 0, "the least recently used prompt was evicted");
+        assert_eq!(manager.cached_prefix(0, &newer), 3);
+        let mut fourth = manager.admit(0, &tokens(6, 6), true).expect("admission needs no block");
         let error = manager.reserve(&mut fourth.blocks, 6).expect_err("live sequences hold everything");
         assert_eq!(error, OutOfBlocks { n_blocks: 4, block_tokens: 2 });
         manager.release(third.blocks);
@@ -464,7 +478,7 @@ mod tests {
 
     /// Run a sequence over `prompt` plus `generated` tokens and end it.
     fn run(manager: &mut BlockManager, prompt: &[u32], generated: &[u32]) -> Vec<u32> {
-        let mut seq = manager.admit(prompt, true).expect("room");
+        let mut seq = manager.admit(0, prompt, true).expect("room");
         let written = [prompt, generated].concat();
         manager.reserve(&mut seq.blocks, written.len() + 1).expect("room");
         manager.commit(&mut seq.blocks, &written);
@@ -478,8 +492,8 @@ mod tests {
         let mut manager = BlockManager::new(8, 16);
         let prompt = tokens(9, 7);
         let first = run(&mut manager, &prompt, &[500, 501, 502]);
-        assert_eq!(manager.cached_prefix(&prompt), 8, "llama-server reuses 8 of a repeated 9-token prompt");
-        let second = manager.admit(&prompt, true).expect("room");
+        assert_eq!(manager.cached_prefix(0, &prompt), 8, "llama-server reuses 8 of a repeated 9-token prompt");
+        let second = manager.admit(0, &prompt, true).expect("room");
         assert_eq!(second.cached_tokens, 8);
         let (from, to) = second.copy.expect("the partial block is copied, never shared");
         assert_eq!((from, second.blocks.table.clone()), (first[0], vec![to]));
@@ -493,13 +507,13 @@ mod tests {
         let a = tokens(10, 8);
         let first = run(&mut manager, &a, &[]);
         let b = [&a[..6], &[999, 998, 997][..]].concat();
-        assert_eq!(manager.cached_prefix(&b), 6);
-        let second = manager.admit(&b, true).expect("room");
+        assert_eq!(manager.cached_prefix(0, &b), 6);
+        let second = manager.admit(0, &b, true).expect("room");
         assert_eq!(second.blocks.table[0], first[0], "the whole first block is shared");
         assert_eq!(second.copy.map(|(from, _)| from), Some(first[1]), "the second is copied");
         // Past the whole blocks, the partial tail of `a` (tokens 8 and 9).
         let c = [&a[..9], &[5][..]].concat();
-        assert_eq!(manager.cached_prefix(&c), 9);
+        assert_eq!(manager.cached_prefix(0, &c), 9);
         manager.release(second.blocks);
         assert_eq!(manager.stats().used, 0);
     }
@@ -513,8 +527,8 @@ mod tests {
         assert_eq!(manager.stats().cached, 4);
         manager.limit_cache(2);
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 14 });
-        assert_eq!(manager.cached_prefix(&old), 0, "the older prompt went first");
-        assert_eq!(manager.cached_prefix(&new), 7);
+        assert_eq!(manager.cached_prefix(0, &old), 0, "the older prompt went first");
+        assert_eq!(manager.cached_prefix(0, &new), 7);
         // Releasing keeps to the limit too.
         run(&mut manager, &tokens(12, 3), &[]);
         assert_eq!(manager.stats().cached, 2);
@@ -530,11 +544,11 @@ mod tests {
         run(&mut manager, &prompt, &[]);
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 1 }, "one whole block, one tail");
         // A sequence needing every block evicts the cached ones, tails too.
-        let mut other = manager.admit(&tokens(12, 10), true).expect("room");
+        let mut other = manager.admit(0, &tokens(12, 10), true).expect("room");
         manager.reserve(&mut other.blocks, 12).expect("evicts the cached blocks");
-        assert_eq!(manager.cached_prefix(&prompt), 0);
+        assert_eq!(manager.cached_prefix(0, &prompt), 0);
         manager.release(other.blocks);
-        assert_eq!(manager.cached_prefix(&prompt), 0, "an uncommitted sequence caches nothing");
+        assert_eq!(manager.cached_prefix(0, &prompt), 0, "an uncommitted sequence caches nothing");
     }
 
     #[test]
@@ -542,25 +556,25 @@ mod tests {
         let mut manager = BlockManager::new(8, 4);
         let written = tokens(10, 11);
         let table = run(&mut manager, &written[..6], &written[6..]);
-        assert_eq!(manager.cached_run(&written), (table[..3].to_vec(), 10), "two whole blocks and the tail");
-        assert_eq!(manager.cached_run(&written[..5]), (table[..2].to_vec(), 5), "ends inside the second block");
+        assert_eq!(manager.cached_run(0, &written), (table[..3].to_vec(), 10), "two whole blocks and the tail");
+        assert_eq!(manager.cached_run(0, &written[..5]), (table[..2].to_vec(), 5), "ends inside the second block");
         // A live sequence keeps its borrowed block through an eviction.
-        let live = manager.admit(&written[..5], true).expect("room");
+        let live = manager.admit(0, &written[..5], true).expect("room");
         manager.evict(&table);
-        assert_eq!(manager.cached_run(&written), (table[..1].to_vec(), 4));
+        assert_eq!(manager.cached_run(0, &written), (table[..1].to_vec(), 4));
         manager.release(live.blocks);
         manager.evict(&table);
         manager.evict(&[table[0], 99]);
-        assert_eq!(manager.cached_run(&written), (Vec::new(), 0));
+        assert_eq!(manager.cached_run(0, &written), (Vec::new(), 0));
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 8 });
         // Restored KV: blocks reserved, written (by the caller), committed.
-        let mut restored = SeqBlocks::restored();
+        let mut restored = SeqBlocks::restored(0);
         manager.reserve(&mut restored, written.len()).expect("room");
         let blocks = restored.table.clone();
         manager.commit(&mut restored, &written);
         manager.release(restored);
-        assert_eq!(manager.cached_run(&written), (blocks, 10));
-        assert_eq!(manager.cached_prefix(&written), 9);
+        assert_eq!(manager.cached_run(0, &written), (blocks, 10));
+        assert_eq!(manager.cached_prefix(0, &written), 9);
     }
 
     #[test]
@@ -568,11 +582,26 @@ mod tests {
         let mut manager = BlockManager::new(8, 2);
         let a = vec![1, 2, 3, 4];
         let b = vec![9, 9, 3, 4];
-        let mut seq = manager.admit(&a, true).expect("room");
+        let mut seq = manager.admit(0, &a, true).expect("room");
         manager.reserve(&mut seq.blocks, 4).expect("room");
         manager.commit(&mut seq.blocks, &a);
-        assert_eq!(manager.cached_prefix(&b), 0);
-        assert_eq!(manager.cached_prefix(&[1, 2, 3, 4, 5]), 4);
+        assert_eq!(manager.cached_prefix(0, &b), 0);
+        assert_eq!(manager.cached_prefix(0, &[1, 2, 3, 4, 5]), 4);
         manager.release(seq.blocks);
+    }
+
+    #[test]
+    fn kv_of_one_adapter_configuration_is_never_reused_for_another() {
+        let mut manager = BlockManager::new(16, 4);
+        let prompt = tokens(10, 0);
+        let (base, adapted) = (0, 0x5eed);
+        let mut first = manager.admit(adapted, &prompt, true).expect("room");
+        manager.reserve(&mut first.blocks, 10).expect("room");
+        manager.commit(&mut first.blocks, &prompt);
+        manager.release(first.blocks);
+        assert_eq!(manager.cached_prefix(base, &prompt), 0, "computed under another configuration");
+        assert_eq!(manager.admit(base, &prompt, true).expect("room").cached_tokens, 0);
+        assert_eq!(manager.cached_prefix(adapted, &prompt), 9, "the same configuration shares, tail too");
+        assert_eq!(manager.cached_run(adapted, &prompt).1, 10);
     }
 }

@@ -8,8 +8,10 @@
 //! pass, `emit` samples, stops and verifies drafts, `shift` makes room in a
 //! full context, `drafting` talks to the drafter; `slot_store` saves and
 //! restores slots' caches; `delivery` carries each request's events and
-//! keeps the queue's count.
+//! keeps the queue's count; `adapters` numbers LoRA configurations and
+//! keys their KV.
 
+pub mod adapters;
 mod batch;
 mod core;
 pub mod delivery;

@@ -61,9 +61,9 @@ pub(super) fn apply(
     let Cut { keep, discard } = cut;
     let mut sequence = active.tokens[..keep].to_vec();
     sequence.extend_from_slice(&active.tokens[keep + discard..]);
-    let cacheable = active.blocks.cacheable();
+    let (cacheable, root) = (active.blocks.cacheable(), active.blocks.root());
     blocks.release(std::mem::take(&mut active.blocks));
-    let admission = blocks.admit(&sequence, cacheable)?;
+    let admission = blocks.admit(root, &sequence, cacheable)?;
     let cached = admission.cached_tokens;
     active.tokens = sequence[..cached].to_vec();
     active.request.prompt = sequence;

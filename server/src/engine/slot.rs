@@ -17,8 +17,10 @@ pub(super) struct Waiting {
     pub request: Box<GenerationRequest>,
     pub events: EventSender,
     pub arrival_ms: u64,
-    /// Numbered once at submission (see `Engine::adapter_group`).
+    /// Numbered once at submission (see `engine::adapters`).
     pub adapter_group: u32,
+    /// Its adapter configuration's prefix-cache root.
+    pub kv_root: u64,
     /// Its place in the queue; dropped with it when it leaves the queue.
     pub ticket: QueueTicket,
 }

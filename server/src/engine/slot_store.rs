@@ -15,11 +15,12 @@
 //! | bytes | field |
 //! |---|---|
 //! | 8 | magic `SLUICEKV` |
-//! | 4 | version, 1 |
+//! | 4 | version, 2 |
 //! | 8 | model fingerprint (see [`KvLayout::new`]) |
 //! | 4 × 4 | `n_layer`, `kv_dim`, `n_vocab`, tokens per KV block |
 //! | 16 | the KV store's element type (`f16`), NUL-padded |
 //! | 8 | bytes per KV block |
+//! | 8 | the LoRA configuration the KV was computed under (its prefix-cache root, see `engine::adapters`; 0 = none) |
 //! | 4 | `n_tokens` |
 //!
 //! then `n_tokens` token ids (u32), then ⌈`n_tokens` / block tokens⌉ KV
@@ -37,10 +38,10 @@ use super::request::IMAGE_ROW;
 use crate::model::Model;
 
 const MAGIC: &[u8; 8] = b"SLUICEKV";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const ELEMENT_LEN: usize = 16;
 /// Bytes before the token ids.
-pub const HEADER_LEN: usize = 8 + 4 + 8 + 4 * 4 + ELEMENT_LEN + 8 + 4;
+pub const HEADER_LEN: usize = 8 + 4 + 8 + 4 * 4 + ELEMENT_LEN + 8 + 8 + 4;
 
 /// What a slot file must match to be restored here: the model and how its
 /// KV is stored.
@@ -111,6 +112,8 @@ impl KvLayout {
 /// A saved slot: its tokens and their KV blocks, back to back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotFile {
+    /// The adapter configuration's prefix-cache root.
+    pub root: u64,
     pub tokens: Vec<u32>,
     pub blocks: Vec<u8>,
 }
@@ -144,6 +147,7 @@ impl SlotFile {
         }
         header.extend_from_slice(&layout.element);
         header.extend_from_slice(&layout.block_bytes.to_le_bytes());
+        header.extend_from_slice(&self.root.to_le_bytes());
         let n_tokens = u32::try_from(self.tokens.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "more tokens than a slot file holds"))?;
         header.extend_from_slice(&n_tokens.to_le_bytes());
@@ -206,6 +210,7 @@ impl SlotFile {
                 here: layout.block_bytes.to_string(),
             });
         }
+        let root = fields.u64();
         let n_tokens = u64::from(fields.u32());
         if n_tokens > max_tokens as u64 {
             return Err(SlotFileError::TooLong { n_tokens, max: max_tokens });
@@ -226,7 +231,7 @@ impl SlotFile {
             return Err(SlotFileError::Token { at, token, n_vocab: layout.n_vocab });
         }
         bytes.drain(..blocks_at);
-        Ok(SlotFile { tokens, blocks: bytes })
+        Ok(SlotFile { root, tokens, blocks: bytes })
     }
 }
 
@@ -317,7 +322,7 @@ mod tests {
     fn file(n_tokens: usize) -> SlotFile {
         let tokens = (0..n_tokens as u32).map(|token| token * 7 % 100).collect();
         let blocks = (0..n_tokens.div_ceil(2) * 32).map(|byte| (byte * 13) as u8).collect();
-        SlotFile { tokens, blocks }
+        SlotFile { root: 0x5eed, tokens, blocks }
     }
 
     fn bytes(file: &SlotFile, layout: &KvLayout) -> Vec<u8> {
@@ -375,8 +380,8 @@ mod tests {
         assert_eq!(SlotFile::parse(Vec::new(), &layout, 8), Err(SlotFileError::Magic));
         assert_eq!(SlotFile::parse(saved.clone(), &layout, 4), Err(SlotFileError::TooLong { n_tokens: 5, max: 4 }));
         let mut version = saved.clone();
-        version[8] = 2;
-        assert_eq!(SlotFile::parse(version, &layout, 8), Err(SlotFileError::Version(2)));
+        version[8] = 1;
+        assert_eq!(SlotFile::parse(version, &layout, 8), Err(SlotFileError::Version(1)), "before adapters");
         let mut huge = saved.clone();
         huge[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(SlotFile::parse(huge, &layout, usize::MAX), Err(SlotFileError::Length { .. })));

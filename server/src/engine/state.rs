@@ -114,6 +114,8 @@ pub struct SlotInfo {
     pub max_tokens: Option<usize>,
     pub priority: i32,
     pub adapter_group: u32,
+    /// Its request's LoRA adapters: (id, scale).
+    pub lora: Vec<(u32, f32)>,
 }
 
 /// How many recent policy faults the engine keeps for `/props`.
@@ -128,6 +130,8 @@ pub struct Shared {
     pub policy_name: Mutex<String>,
     /// The requests waiting for a slot.
     pub queue: Queue,
+    /// The LoRA adapters waiting requests use (ids, ascending).
+    pub waiting_adapters: Mutex<Vec<u32>>,
     /// Why the engine thread stopped, once it has.
     pub stopped: OnceLock<String>,
     /// The server is stopping: new requests are refused.
@@ -145,6 +149,7 @@ impl Shared {
             slots: Mutex::new(Vec::new()),
             policy_name: Mutex::new(policy_name.to_owned()),
             queue: Queue::default(),
+            waiting_adapters: Mutex::new(Vec::new()),
             stopped: OnceLock::new(),
             draining: AtomicBool::new(false),
             faults: Mutex::new(VecDeque::with_capacity(FAULT_JOURNAL)),

@@ -1,5 +1,5 @@
 //! Operator actions: loading and replacing the scheduling policy (at start,
-//! on SIGHUP, and through `POST /admin/policy`), and the LoRA adapter list.
+//! on SIGHUP, and through `POST /admin/policy`).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -134,23 +134,4 @@ fn settings_table(value: &Value) -> Result<toml::Table, ApiError> {
             Ok((key.clone(), value))
         })
         .collect()
-}
-
-/// `GET /lora-adapters`: no adapters are loaded yet.
-pub async fn list_lora(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    state.ready()?;
-    Ok(Json(json!([])))
-}
-
-/// `POST /lora-adapters`: `[{"id", "scale"}]` sets global scales; with no
-/// adapter loaded every id is unknown.
-pub async fn set_lora(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
-    state.ready()?;
-    let items = body.as_array().ok_or_else(|| wrong("body", "an array of {\"id\", \"scale\"}"))?;
-    if let Some(item) = items.first() {
-        let entry = item.as_object().ok_or_else(|| wrong("body", "an array of {\"id\", \"scale\"}"))?;
-        let id = Fields(entry).int("id")?.ok_or_else(|| ApiError::invalid("`id` is required"))?;
-        return Err(ApiError::invalid(format!("there is no LoRA adapter with id {id} (none are loaded)")));
-    }
-    Ok(Json(json!({ "success": true })))
 }

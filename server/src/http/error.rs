@@ -143,7 +143,9 @@ impl From<SubmitError> for ApiError {
             }
             SubmitError::Unavailable(message) => ApiError::new(ErrorType::Unavailable, message),
             SubmitError::ExceedsContext { n_prompt_tokens, n_ctx } => exceeds_context(n_prompt_tokens, n_ctx),
-            SubmitError::EmptyPrompt | SubmitError::Images(_) => ApiError::invalid(error.to_string()),
+            SubmitError::EmptyPrompt | SubmitError::Images(_) | SubmitError::Adapter(_) => {
+                ApiError::invalid(error.to_string())
+            }
         }
     }
 }

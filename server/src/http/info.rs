@@ -2,7 +2,7 @@
 //! `/metrics` (llama-server's `llamacpp:*` names plus `sluice_*`).
 
 use std::fmt::Write;
-use std::time::UNIX_EPOCH;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -104,24 +104,38 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     let ready = state.ready()?;
     let model = &ready.model;
     let created = state.started().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": model.name,
-            "aliases": model.aliases,
-            "tags": model.tags,
+    // Adapters are models a request's `model` can name (see `lora`), as
+    // vLLM lists them: with the base model as `parent`.
+    let adapters = ready.adapters.list().iter().map(|adapter| {
+        json!({
+            "id": adapter.name,
             "object": "model",
             "created": created,
             "owned_by": "llamacpp",
-            "meta": {
-                "n_vocab": model.n_vocab,
-                "n_ctx": ready.engine.config().ctx,
-                "n_ctx_train": model.n_ctx_train,
-                "n_embd": model.n_embd,
-                "n_params": model.n_params,
-                "size": model.size,
-            },
-        }],
+            "parent": model.name,
+            "root": adapter.path.display().to_string(),
+        })
+    });
+    let mut data = vec![json!({
+        "id": model.name,
+        "aliases": model.aliases,
+        "tags": model.tags,
+        "object": "model",
+        "created": created,
+        "owned_by": "llamacpp",
+        "meta": {
+            "n_vocab": model.n_vocab,
+            "n_ctx": ready.engine.config().ctx,
+            "n_ctx_train": model.n_ctx_train,
+            "n_embd": model.n_embd,
+            "n_params": model.n_params,
+            "size": model.size,
+        },
+    })];
+    data.extend(adapters);
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
         "models": [{
             "name": model.name,
             "model": model.name,
@@ -188,7 +202,10 @@ pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                     "n_prompt_tokens": slot.prompt_tokens,
                     "n_prompt_tokens_processed": slot.prompt_done,
                     "n_prompt_tokens_cache": slot.prompt_cached,
-                    "params": { "n_predict": n_predict },
+                    "params": {
+                        "n_predict": n_predict,
+                        "lora": slot.lora.iter().map(|&(id, scale)| json!({"id": id, "scale": scale})).collect::<Vec<_>>(),
+                    },
                     "next_token": [{
                         "has_next_token": true,
                         "has_new_line": false,
@@ -437,7 +454,39 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         "1 once the engine thread has stopped (a restart is needed).",
         f64::from(u8::from(matches!(health, Health::Stopped { .. }))),
     );
+    lora_info(&mut out, ready);
     out.0
+}
+
+/// The adapters running and waiting, the way gateways read them for LoRA
+/// affinity (vLLM's `vllm:lora_requests_info`): names in the labels, the
+/// time of the scrape as the value. Every loaded adapter can serve in any
+/// batch, so `max_lora` is how many are loaded.
+fn lora_info(out: &mut Exposition, ready: &Ready) {
+    let adapters = ready.adapters.list();
+    let names = |ids: &mut dyn Iterator<Item = u32>| {
+        let mut ids: Vec<u32> = ids.collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let names: Vec<&str> =
+            ids.iter().filter_map(|&id| adapters.get(id as usize)).map(|adapter| adapter.name.as_str()).collect();
+        label(&names.join(","))
+    };
+    let slots = ready.engine.slots();
+    let running = names(&mut slots.iter().flat_map(|slot| slot.lora.iter().map(|&(id, _)| id)));
+    let waiting = ready.engine.shared().waiting_adapters.lock().map(|ids| ids.clone()).unwrap_or_default();
+    let waiting = names(&mut waiting.into_iter());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |elapsed| elapsed.as_secs_f64());
+    let labels = format!(
+        "{{running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\",max_lora=\"{}\"}}",
+        adapters.len()
+    );
+    out.family(
+        "sluice_lora_requests_info",
+        "gauge",
+        "LoRA adapters of running and waiting requests (labels); the value is the time of the scrape.",
+        &[(labels, now)],
+    );
 }
 
 #[cfg(test)]

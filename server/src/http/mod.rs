@@ -10,7 +10,8 @@
 //! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
 //! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`;
 //!   [`slot_files`]: `/slots/{id}?action=save|restore|erase`.
-//! * [`admin`]: `/admin/policy`, `/lora-adapters`, policy (re)loading.
+//! * [`admin`]: `/admin/policy`, policy (re)loading.
+//! * [`lora`]: `/lora-adapters` and the adapters of a request.
 //! * [`vertex`]: Vertex AI's prediction route (`AIP_MODE=PREDICTION`).
 //! * [`auth`], [`error`]; [`server`]: listening, loading the model, signals.
 //!
@@ -26,6 +27,7 @@ pub mod error;
 pub mod generate;
 pub mod info;
 mod listen;
+pub mod lora;
 pub mod openai;
 pub mod params;
 pub mod prompt;
@@ -82,6 +84,7 @@ pub struct ModelInfo {
 /// A loaded model with its engine: everything the generation endpoints use.
 pub struct Ready {
     pub engine: EngineHandle,
+    pub adapters: lora::Adapters,
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     pub model: ModelInfo,
@@ -92,6 +95,7 @@ impl Ready {
     pub fn new(serving: Serving, config: &Config) -> Self {
         let Serving { model, engine, tokenizer, template } = serving;
         let (hparams, file) = (model.hparams(), model.file());
+        let adapters = lora::Adapters::new(&model.adapters(), &config.lora);
         let info = ModelInfo {
             name: config.model.name(),
             aliases: config.model.aliases(),
@@ -104,13 +108,19 @@ impl Ready {
             size: file.tensors().iter().map(|tensor| tensor.len as u64).sum(),
             ftype: file.opt_u32("general.file_type").ok().flatten(),
         };
-        Ready { engine, tokenizer, template, model: info }
+        Ready { engine, adapters, tokenizer, template, model: info }
     }
 
     /// The limits requests are checked against.
     pub fn limits<'a>(&'a self, defaults: &'a RequestDefaults) -> params::Limits<'a> {
         let config = self.engine.config();
-        params::Limits { defaults, slots: config.slots, n_ctx: config.ctx, tokenizer: &self.tokenizer }
+        params::Limits {
+            defaults,
+            slots: config.slots,
+            n_ctx: config.ctx,
+            tokenizer: &self.tokenizer,
+            adapters: &self.adapters,
+        }
     }
 }
 
@@ -188,7 +198,7 @@ fn get_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/models", get(info::models)),
         ("/slots", get(info::slots)),
         ("/metrics", get(info::metrics)),
-        ("/lora-adapters", get(admin::list_lora)),
+        ("/lora-adapters", get(lora::list)),
     ]
 }
 
@@ -214,7 +224,7 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/apply-template", post(tokenize::apply_template)),
         ("/props", post(info::set_props)),
         ("/slots/{id_slot}", post(slot_files::action)),
-        ("/lora-adapters", post(admin::set_lora)),
+        ("/lora-adapters", post(lora::set)),
         ("/admin/policy", post(admin::replace_policy)),
     ]
 }

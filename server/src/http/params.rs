@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::AppState;
 use super::error::ApiError;
+use super::lora::Adapters;
 use crate::config::RequestDefaults;
 use crate::engine::request::GenerationRequest;
 use crate::engine::sampling::{SamplingParams, Stage};
@@ -160,6 +161,7 @@ pub struct Limits<'a> {
     pub slots: usize,
     pub n_ctx: usize,
     pub tokenizer: &'a Tokenizer,
+    pub adapters: &'a Adapters,
 }
 
 /// The generation fields of one request (the prompt comes separately).
@@ -289,7 +291,6 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         }
     };
     let priority = fields.int_in("priority", i64::from(i32::MIN)..=i64::from(i32::MAX))?.unwrap_or(0) as i32;
-    check_lora(fields)?;
     let n_cmpl_key = if fields.get("n_cmpl").is_some() { "n_cmpl" } else { "n" };
     let n_cmpl = fields.int_in(n_cmpl_key, 1..=limits.slots as i64)?.unwrap_or(1) as usize;
 
@@ -325,7 +326,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         return_progress: fields.bool_or("stream", false)? && fields.bool_or("return_progress", false)?,
         id_slot,
         priority,
-        lora: Vec::new(),
+        lora: limits.adapters.request(fields.get("lora"), fields.get("model").and_then(Value::as_str))?,
         n_keep,
         n_discard,
         images: Vec::new(),
@@ -363,18 +364,6 @@ fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
         return Err(ApiError::unsupported("`tools`"));
     }
     Ok(())
-}
-
-/// `lora`: per-request adapter scales. No adapter is loaded, so any id is
-/// unknown.
-fn check_lora(fields: Fields<'_>) -> Result<(), ApiError> {
-    let Some(value) = fields.get("lora") else { return Ok(()) };
-    let items = value.as_array().ok_or_else(|| wrong("lora", "an array of {\"id\", \"scale\"}"))?;
-    let Some(item) = items.first() else { return Ok(()) };
-    let entry = item.as_object().ok_or_else(|| wrong("lora", "an array of {\"id\", \"scale\"}"))?;
-    let id = Fields(entry).int("id")?.ok_or_else(|| ApiError::invalid("`lora[].id` is required"))?;
-    Fields(entry).f32("scale")?;
-    Err(ApiError::invalid(format!("`lora`: there is no adapter with id {id} (none are loaded)")))
 }
 
 /// `samplers`: names (with llama.cpp's aliases) or a string of letters.
@@ -506,6 +495,6 @@ pub fn settings_json(generation: &Generation) -> Value {
         "priority": request.priority,
         "stream": generation.stream,
         "timings_per_token": generation.timings_per_token,
-        "lora": [],
+        "lora": request.lora.iter().map(|&(id, scale)| json!({"id": id, "scale": scale})).collect::<Vec<_>>(),
     })
 }

@@ -80,7 +80,7 @@ impl Client {
             Some(text) => json!(text),
             None => json!(synthetic_prompt(index, request.prompt_tokens, low, high)),
         };
-        let body = json!({
+        let mut body = json!({
             "prompt": prompt,
             "n_predict": request.max_tokens,
             "stream": true,
@@ -89,6 +89,10 @@ impl Client {
             "seed": self.target.seed,
             "priority": request.priority,
         });
+        // A live server knows adapters by id: a numeric name is one.
+        if let Some(id) = request.adapter.as_deref().and_then(|name| name.parse::<u32>().ok()) {
+            body["lora"] = json!([{ "id": id, "scale": 1.0 }]);
+        }
         let mut post = self.http.post(format!("{}/completion", self.target.base_url)).json(&body);
         if let Some(key) = &self.target.api_key {
             post = post.bearer_auth(key);

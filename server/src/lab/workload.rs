@@ -19,7 +19,9 @@ pub struct TraceRequest {
     pub arrival_ms: f64,
     pub prompt_tokens: u32,
     pub max_tokens: u32,
-    /// LoRA adapter name; requests with the same adapter share an adapter group.
+    /// LoRA adapter name; requests with the same adapter share an adapter
+    /// group. Against a live server a number names the adapter id sent as
+    /// the request's `lora` (scale 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<String>,
     #[serde(default)]

@@ -127,6 +127,9 @@ pub struct Batch {
     /// Per sequence (absent = none): cells its rows do not attend to, such
     /// as image rows a DFlash draft never received.
     pub hidden: Vec<Vec<std::ops::Range<usize>>>,
+    /// Per sequence (absent = none): the LoRA adapters its rows use, as
+    /// (adapter id, scale).
+    pub adapters: Vec<Vec<(u32, f32)>>,
 }
 
 /// Run `batch` in consecutive parts of at most `max_rows` rows (llama.cpp's
@@ -175,6 +178,7 @@ pub fn forward_in_parts(
             taps: batch.taps.clone(),
             bidirectional: false,
             hidden: batch.hidden.clone(),
+            adapters: batch.adapters.clone(),
         };
         let ForwardOutput { logits, logit_rows, taps } = context.forward(&part)?;
         output.logits.extend(logits);

@@ -16,6 +16,7 @@ use sluice_kernels::backend::{
 use super::batch::{Batch, RowInput};
 use super::gguf::GgufFile;
 use super::hparams::HParams;
+use super::lora::{AdapterInfo, PassAdapters, Site};
 use super::transformer::{LoadError, Transformer};
 use super::{Context, Model};
 
@@ -39,6 +40,10 @@ pub enum ForwardError {
     NoLmHead(usize),
     #[error("this model fuses no features (it is not a DFlash draft)")]
     NoFusion,
+    #[error("row {row}: LoRA adapter {id} is not loaded ({n_adapters} are)")]
+    Adapter { row: usize, id: u32, n_adapters: usize },
+    #[error("row {row}: the scale of LoRA adapter {id} is not finite")]
+    AdapterScale { row: usize, id: u32 },
     #[error("kernel: {0}")]
     Kernel(String),
 }
@@ -190,7 +195,10 @@ impl<B: Backend> Context for TransformerContext<B> {
         let table = model.token_embd.as_ref().map(|embd| &embd.matrix);
         b.embed(table, &embed_inputs(batch, n_embd), n_embd, &mut s.x)?;
         let scale = 1.0 / (hp.head_dim as f32).sqrt();
+        let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
+        let adapted = |site, x: &B::Rows, out: &mut B::Rows| lora.apply(b, &model.adapters, site, x, out);
         for (index, layer) in model.layers.iter().enumerate() {
+            let at = |site| Some((index, site));
             tap(b, batch, index, &s.x, &mut output.taps)?;
             b.rms_norm(&s.x, &layer.attn_norm, hp.rms_eps, &mut s.h);
             b.matmuls(
@@ -198,6 +206,9 @@ impl<B: Backend> Context for TransformerContext<B> {
                 n,
                 &mut [(&layer.q.matrix, &mut s.q), (&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)],
             );
+            for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
+                adapted(at(site), &s.h, values);
+            }
             for (values, bias) in [(&mut s.q, &layer.q_bias), (&mut s.k, &layer.k_bias), (&mut s.v, &layer.v_bias)] {
                 if let Some(bias) = bias {
                     b.add_bias(values, bias);
@@ -215,12 +226,16 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.store_kv(kv, index, &s.k, &s.v, &s.pass);
             b.attend(kv, index, &s.q, &s.pass, model.heads, scale, &mut s.attn)?;
             b.matmul(&layer.output.matrix, &s.attn, n, &mut s.h);
+            adapted(at(Site::Output), &s.attn, &mut s.h);
             b.add(&mut s.x, &s.h);
 
             b.rms_norm(&s.x, &layer.ffn_norm, hp.rms_eps, &mut s.h);
             b.matmuls(&s.h, n, &mut [(&layer.gate.matrix, &mut s.gate), (&layer.up.matrix, &mut s.up)]);
+            adapted(at(Site::Gate), &s.h, &mut s.gate);
+            adapted(at(Site::Up), &s.h, &mut s.up);
             b.swiglu(&s.gate, &s.up, &mut s.ffn);
             b.matmul(&layer.down.matrix, &s.ffn, n, &mut s.h);
+            adapted(at(Site::Down), &s.ffn, &mut s.h);
             b.add(&mut s.x, &s.h);
         }
         tap(b, batch, hp.n_layer, &s.x, &mut output.taps)?;
@@ -234,6 +249,7 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.rms_norm(&s.ffn, &model.output_norm, hp.rms_eps, &mut s.h);
             let mut logits = B::Rows::default();
             b.matmul(&head.matrix, &s.h, m, &mut logits);
+            lora.select(&output.logit_rows).apply(b, &model.adapters, None, &s.h, &mut logits);
             output.logits = b.download_owned(logits)?;
         }
         Ok(output)
@@ -295,6 +311,10 @@ impl<B: Backend> Model for Transformer<B> {
 
     fn describe(&self) -> String {
         self.backend.describe()
+    }
+
+    fn adapters(&self) -> Vec<&AdapterInfo> {
+        self.adapters.iter().map(|adapter| &adapter.info).collect()
     }
 
     fn context(

@@ -12,6 +12,7 @@ pub mod dflash;
 mod forward;
 pub mod gguf;
 pub mod hparams;
+pub mod lora;
 pub mod session;
 pub mod tokenizer;
 pub mod transformer;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use sluice_kernels::backend::{BackendError, KvBlockFormat, KvTypes};
 
 pub use forward::{ForwardError, ForwardOutput};
+pub use lora::AdapterInfo;
 pub use transformer::{LoadError, Transformer};
 
 use batch::Batch;
@@ -36,6 +38,9 @@ pub trait Model: Send + Sync {
 
     /// The backend it computes on, for the log.
     fn describe(&self) -> String;
+
+    /// Its LoRA adapters, by id.
+    fn adapters(&self) -> Vec<&AdapterInfo>;
 
     /// A context for running sequences: a KV store of `n_blocks` blocks of
     /// `block_tokens` cells holding keys and values as `types` says, and

@@ -4,7 +4,7 @@
 //! checks every tensor the architecture needs and makes the weights resident
 //! on the model's [`Backend`]; running it is `forward`'s business.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sluice_kernels::backend::{Backend, MatrixSource};
@@ -14,6 +14,7 @@ use sluice_kernels::quant::{DType, dequantize_row};
 use super::dflash::DflashParams;
 use super::gguf::{GgufError, GgufFile};
 use super::hparams::{Architecture, HParams, HParamsError, RopeStyle};
+use super::lora::{self, Adapter};
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,8 @@ pub enum LoadError {
     HParams(#[from] HParamsError),
     #[error("tensor {name:?}: {problem}")]
     Tensor { name: String, problem: String },
+    #[error("LoRA adapter {}: {problem}", path.display())]
+    Adapter { path: PathBuf, problem: String },
 }
 
 /// A weight matrix resident on the backend, with its shape.
@@ -66,6 +69,8 @@ pub struct Transformer<B: Backend> {
     pub(super) fusion: Option<(Weight<B>, B::Vector)>,
     pub(super) rope: Rope,
     pub(super) heads: HeadShape,
+    /// LoRA adapters, by id (load order).
+    pub(super) adapters: Vec<Adapter<B>>,
 }
 
 impl<B: Backend> Transformer<B> {
@@ -147,7 +152,30 @@ impl<B: Backend> Transformer<B> {
             .map_err(|error| tensor_problem("rope", &error.to_string()))?;
         let heads = HeadShape::new(hp.n_head, hp.n_head_kv, hp.head_dim)
             .map_err(|error| tensor_problem("attention", &error.to_string()))?;
-        Ok(Transformer { backend, file, hparams, token_embd, output_norm, output, layers, fusion, rope, heads })
+        let adapters = Vec::new();
+        Ok(Transformer {
+            backend,
+            file,
+            hparams,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            fusion,
+            rope,
+            heads,
+            adapters,
+        })
+    }
+
+    /// Load LoRA adapters (ids in this order), each checked against this
+    /// model's weights.
+    pub fn with_adapters(mut self, paths: &[PathBuf]) -> Result<Self, LoadError> {
+        for path in paths {
+            let adapter = lora::load(&self, path)?;
+            self.adapters.push(adapter);
+        }
+        Ok(self)
     }
 }
 

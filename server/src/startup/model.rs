@@ -23,6 +23,8 @@ use super::templates::{self, CHATML};
 pub enum StartError {
     #[error("{}: cannot load the model: {error}", path.display())]
     Model { path: PathBuf, error: String },
+    #[error("{error}")]
+    Adapter { error: String },
     #[error("device {device}: {reason}")]
     Device { device: Device, reason: String },
     #[error("chat template: {0}")]
@@ -34,13 +36,22 @@ pub enum StartError {
 }
 
 /// A model file loaded onto `device`, computing on `threads` threads (0 =
-/// one per core).
-pub fn load_model(path: &Path, device: Device, threads: usize) -> Result<Arc<dyn Model>, StartError> {
+/// one per core), with these LoRA adapters (ids in this order).
+pub fn load_model(
+    path: &Path,
+    device: Device,
+    threads: usize,
+    adapters: &[PathBuf],
+) -> Result<Arc<dyn Model>, StartError> {
     usable(device)?;
     // The CPU is the only backend so far.
     let backend = Arc::new(CpuBackend::new(threads_or_cores(threads)));
     let model = Transformer::load(path, backend)
         .map_err(|error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() })?;
+    let model = model.with_adapters(adapters).map_err(|error| StartError::Adapter { error: error.to_string() })?;
+    for adapter in model.adapters() {
+        tracing::info!(path = %adapter.path.display(), alpha = adapter.alpha, "LoRA adapter loaded");
+    }
     Ok(Arc::new(model))
 }
 
@@ -125,7 +136,8 @@ pub fn serve_model(
     let path = config.model.path();
     let device =
         config.model.device.parse().map_err(|reason| StartError::Model { path: path.clone(), error: reason })?;
-    let model = load_model(&path, device, config.model.threads)?;
+    let adapters: Vec<PathBuf> = config.lora.iter().map(|lora| lora.path.clone()).collect();
+    let model = load_model(&path, device, config.model.threads, &adapters)?;
     tracing::info!(backend = model.describe(), "model on its device");
     read_weights(model.as_ref());
     let tokenizer = Tokenizer::from_gguf(model.file())
@@ -220,7 +232,7 @@ mod tests {
 
     #[test]
     fn a_device_this_build_cannot_use_is_a_start_error() {
-        let error = load_model(Path::new("unused.gguf"), Device::Cuda(0), 1).err().expect("no CUDA backend");
+        let error = load_model(Path::new("unused.gguf"), Device::Cuda(0), 1, &[]).err().expect("no CUDA backend");
         assert!(error.to_string().starts_with("device cuda:0: "), "{error}");
         assert!(error.to_string().ends_with("use --device cpu"), "{error}");
     }

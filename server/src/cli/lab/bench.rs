@@ -37,6 +37,10 @@ pub struct BenchServeArgs {
     /// End with one JSON line per level.
     #[arg(long)]
     json: bool,
+    /// Spread the requests over this many LoRA adapters (ids 0..N, scale
+    /// 1, in turn); 0 sends no `lora`.
+    #[arg(long, default_value_t = 0)]
+    adapters: u32,
 }
 
 /// Aggregate tokens/s, TTFT and inter-token latency at several levels of
@@ -67,7 +71,13 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
     let mut batch = |count: usize| {
         let first = next_index;
         next_index += count;
-        (first, vec![request.clone(); count])
+        let requests = (first..first + count)
+            .map(|index| TraceRequest {
+                adapter: (args.adapters > 0).then(|| (index as u32 % args.adapters).to_string()),
+                ..request.clone()
+            })
+            .collect::<Vec<_>>();
+        (first, requests)
     };
     runtime.block_on(client.wait_healthy(std::time::Duration::from_secs(args.wait_s)))?;
     let (warm_first, warmup) = batch(1);
@@ -76,7 +86,10 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
         anyhow::bail!("{}: the warm-up request failed: {error}", args.url);
     }
     let ms = |p: Option<Percentiles>, pick: fn(&Percentiles) -> f64| p.as_ref().map_or(f64::NAN, pick);
-    println!("{}: prompts of {} tokens, {} new tokens each", args.label, args.prompt_tokens, args.max_tokens);
+    println!(
+        "{}: prompts of {} tokens, {} new tokens each, {} LoRA adapters",
+        args.label, args.prompt_tokens, args.max_tokens, args.adapters
+    );
     println!("| streams | requests | failed | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut json_lines = Vec::new();
@@ -127,7 +140,7 @@ pub struct BenchCalibrateArgs {
 pub fn bench_calibrate(args: BenchCalibrateArgs) -> anyhow::Result<()> {
     use sluice::lab::calibrate::{default_grid, fit, time_step};
 
-    let model = load_model(&args.model, Device::Cpu, args.threads.max(1))?;
+    let model = load_model(&args.model, Device::Cpu, args.threads.max(1), &[])?;
     let mut samples = Vec::new();
     println!("| prefill | decode | context | ms |");
     println!("|---:|---:|---:|---:|");

@@ -67,13 +67,13 @@ impl Engine {
 
     /// The slot's tokens still in the prefix cache, and their blocks' bytes.
     fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
-        let tokens = &self.slot_tokens[slot];
-        let (blocks, n_tokens) = self.blocks.cached_run(tokens);
+        let (root, tokens) = &self.slot_tokens[slot];
+        let (blocks, n_tokens) = self.blocks.cached_run(*root, tokens);
         let mut bytes = Vec::with_capacity(blocks.len() * self.context.block_format().bytes);
         for block in blocks {
             bytes.extend_from_slice(&self.context.read_block(block)?);
         }
-        Ok(SlotFile { tokens: tokens[..n_tokens].to_vec(), blocks: bytes })
+        Ok(SlotFile { root: *root, tokens: tokens[..n_tokens].to_vec(), blocks: bytes })
     }
 
     /// Write the file's blocks into fresh blocks and cache them as a
@@ -88,13 +88,13 @@ impl Engine {
         if !self.config.prefix_cache {
             return Err(SlotActionError::NoPrefixCache);
         }
-        let SlotFile { tokens, blocks: bytes } = file;
+        let SlotFile { root, tokens, blocks: bytes } = file;
         let block_bytes = self.context.block_format().bytes;
         let n_blocks = tokens.len().div_ceil(self.blocks.block_tokens());
         if tokens.len() > self.config.ctx || bytes.len() != n_blocks * block_bytes {
             return Err(SlotActionError::Malformed { n_tokens: tokens.len(), len: bytes.len() });
         }
-        let mut sequence = SeqBlocks::restored();
+        let mut sequence = SeqBlocks::restored(root);
         if self.blocks.reserve(&mut sequence, tokens.len()).is_err() {
             self.blocks.release(sequence);
             return Err(SlotActionError::NoRoom { n_tokens: tokens.len(), n_blocks });
@@ -109,16 +109,17 @@ impl Engine {
         self.blocks.commit(&mut sequence, &tokens);
         self.blocks.release(sequence);
         let n_tokens = tokens.len();
-        self.slot_tokens[slot] = tokens;
+        self.slot_tokens[slot] = (root, tokens);
         Ok(n_tokens)
     }
 
     /// Evict the slot's cached blocks but those a running request or
     /// another slot's cache also holds; how many of its tokens were cached.
     fn erase_slot(&mut self, slot: usize) -> usize {
-        let tokens = std::mem::take(&mut self.slot_tokens[slot]);
-        let (blocks, n_tokens) = self.blocks.cached_run(&tokens);
-        let kept: HashSet<u32> = self.slot_tokens.iter().flat_map(|others| self.blocks.cached_run(others).0).collect();
+        let (root, tokens) = std::mem::take(&mut self.slot_tokens[slot]);
+        let (blocks, n_tokens) = self.blocks.cached_run(root, &tokens);
+        let kept: HashSet<u32> =
+            self.slot_tokens.iter().flat_map(|(root, others)| self.blocks.cached_run(*root, others).0).collect();
         let dropped: Vec<u32> = blocks.into_iter().filter(|block| !kept.contains(block)).collect();
         self.blocks.evict(&dropped);
         n_tokens
