@@ -97,12 +97,17 @@ fn unmerged_deltas_match_weights_merged_offline() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A three-layer synthetic llama written to `dir`, and its adapter targets.
+fn tiny_base(dir: &Path) -> (PathBuf, Vec<Target>) {
+    let tiny = TinyModel::llama(3);
+    let targets = layer_targets(tiny.n_layer, 32, 16, 64);
+    (write(&dir.join("base.gguf"), tiny.build().build()), targets)
+}
+
 #[test]
 fn rows_of_different_adapter_configurations_share_a_pass_bit_for_bit() {
     let dir = scratch("mixed");
-    let tiny = TinyModel::llama(3);
-    let targets = layer_targets(tiny.n_layer, 32, 16, 64);
-    let base = write(&dir.join("base.gguf"), tiny.build().build());
+    let (base, targets) = tiny_base(&dir);
     let first = write(&dir.join("a.gguf"), LoraSpec::new("llama", 1, 0.5).build(&targets).build());
     // The second adapter changes only the feed-forward, at another rank and
     // with no alpha.
@@ -130,9 +135,7 @@ fn rows_of_different_adapter_configurations_share_a_pass_bit_for_bit() {
 #[test]
 fn broken_adapters_are_refused_naming_the_file_and_tensor() {
     let dir = scratch("broken");
-    let tiny = TinyModel::llama(3);
-    let targets = layer_targets(tiny.n_layer, 32, 16, 64);
-    let base = write(&dir.join("base.gguf"), tiny.build().build());
+    let (base, targets) = tiny_base(&dir);
     let good = LoraSpec::new("llama", 1, 0.5).build(&targets);
     let wrong_shape = {
         let mut targets = targets.clone();

@@ -89,7 +89,7 @@ macro_rules! kquant_kernels {
                 // One weight row at a time, so that only its scales are
                 // live (four rows of Q6_K's would fill half the registers).
                 let (mut sum_weights, mut d, mut dmin) = ([_mm256_setzero_si256(); R], [0u16; R], [0u16; R]);
-                let mut sums = [[_mm256_setzero_si256(); R]; A];
+                let mut sums = [[ops::zero_pair_sum(); R]; A];
                 for r in 0..R {
                     let row = prelude(&w[r][b]);
                     // Called with constants, so that each pair's shifts and
@@ -97,16 +97,25 @@ macro_rules! kquant_kernels {
                     unroll4(
                         #[inline(always)]
                         |p| {
-                            for (half, (q, sc)) in pair(&w[r][b], &row.scales, p).into_iter().enumerate() {
-                                for i in 0..A {
-                                    let act = load_i8x32(&a[i][b].qs.as_chunks::<32>().0[2 * p + half]);
-                                    sums[i][r] = ops::madd_i16(sums[i][r], _mm256_maddubs_epi16(q, act), sc);
-                                }
+                            let [(q0, sc0), (q1, sc1)] = pair(&w[r][b], &row.scales, p);
+                            let (q, sc) = (ops::pair_bytes(q0, q1), ops::pair_bytes(sc0, sc1));
+                            for i in 0..A {
+                                let act = ops::load_pair(&a[i][b].qs.as_chunks::<64>().0[p]);
+                                sums[i][r] = ops::madd_pair(sums[i][r], q, act, sc);
                             }
                         },
                     );
                     (sum_weights[r], d[r], dmin[r]) = (row.sum_weights, row.d, row.dmin);
                 }
+                // A loop, not `map`: a closure called through a function
+                // without this level's features is not inlined.
+                let mut narrow = [[_mm256_setzero_si256(); R]; A];
+                for i in 0..A {
+                    for r in 0..R {
+                        narrow[i][r] = ops::narrow(sums[i][r]);
+                    }
+                }
+                let sums = narrow;
                 if R * A == 1 {
                     // One weight row against one activation row (decoding):
                     // both integer totals from one reduction, then the

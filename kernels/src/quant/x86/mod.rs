@@ -4,10 +4,12 @@
 //! Both compute each block's integer sums exactly as the scalar reference
 //! does and then apply the reference's float steps (`scalar::finish_*`,
 //! lane by lane) in the same order, so a level changes speed, never a
-//! result. The quantized dots stay
+//! result. The legacy formats' dots stay
 //! 256 bits wide at the AVX-512 level: a block is 32 quants, so a wider
 //! vector would need a reduction per half anyway; that level gains from
 //! VNNI's fused byte and word dots instead, and from 16-wide float dots.
+//! The K-quants' 256-quant blocks take two 32-quant sub-blocks per 512-bit
+//! vector there, whose halves are added once per block.
 //!
 //! Every `#[target_feature]` function here is only reachable through
 //! [`super::Kernels`], which is only built for a level the CPU supports.
@@ -208,6 +210,48 @@ mod avx2_ops {
         _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
     }
 
+    /// A K-quant sub-block pair's i32 sums: one vector takes both (the
+    /// order of exact integer sums is free), so that eight of them fit
+    /// AVX2's sixteen registers beside the operands.
+    pub(super) type PairSum = __m256i;
+
+    /// 64 bytes: two 32-byte sub-blocks.
+    pub(super) type PairBytes = [__m256i; 2];
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn pair_bytes(first: __m256i, second: __m256i) -> PairBytes {
+        [first, second]
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn load_pair(b: &[i8; 64]) -> PairBytes {
+        let (first, second) = b.split_at(32);
+        // SAFETY: two unaligned 32-byte loads inside the 64 bytes of `b`.
+        unsafe { [_mm256_loadu_si256(first.as_ptr().cast()), _mm256_loadu_si256(second.as_ptr().cast())] }
+    }
+
+    /// `acc` plus the word-weighted byte dots of both sub-blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn madd_pair(acc: PairSum, q: PairBytes, act: PairBytes, scales: PairBytes) -> PairSum {
+        let acc = madd_i16(acc, _mm256_maddubs_epi16(q[0], act[0]), scales[0]);
+        madd_i16(acc, _mm256_maddubs_epi16(q[1], act[1]), scales[1])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn zero_pair_sum() -> PairSum {
+        _mm256_setzero_si256()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn narrow(sum: PairSum) -> __m256i {
+        sum
+    }
+
     /// The 16 float-dot lanes as two vectors: lanes 0..8 and 8..16.
     pub(super) type F32x16 = [__m256; 2];
 
@@ -271,10 +315,43 @@ mod avx512_ops {
         _mm256_dpbusd_epi32(acc, u, s)
     }
 
+    /// A K-quant sub-block pair in one 512-bit vector: the first sub-block
+    /// in the low half, the second in the high half; halves the byte and
+    /// word dots per activation row against two 256-bit steps.
+    pub(super) type PairSum = __m512i;
+
+    pub(super) type PairBytes = __m512i;
+
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(super) fn madd_i16(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        _mm256_dpwssd_epi32(acc, a, b)
+    pub(super) fn pair_bytes(first: __m256i, second: __m256i) -> PairBytes {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(super) fn load_pair(b: &[i8; 64]) -> PairBytes {
+        // SAFETY: reads the 64 bytes of `b`; unaligned loads have no alignment requirement.
+        unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(super) fn madd_pair(acc: PairSum, q: PairBytes, act: PairBytes, scales: PairBytes) -> PairSum {
+        _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, act), scales)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(super) fn zero_pair_sum() -> PairSum {
+        _mm512_setzero_si512()
+    }
+
+    /// The two halves' sums added lane by lane (exact integers).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(super) fn narrow(sum: PairSum) -> __m256i {
+        _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64::<1>(sum))
     }
 
     pub(super) type F32x16 = __m512;
@@ -387,7 +464,7 @@ macro_rules! legacy_entries {
 /// side by side, block by block, decoded a 1B Q6_K model at half the speed
 /// on a 2-core EPYC.
 macro_rules! kquant_entries {
-    ($features:literal, $kernel:ident, $one:ident, $four:ident, $four_by_two:ident, $four_by_four:ident, $four_by_eight:ident) => {
+    ($features:literal, $kernel:ident, $one:ident, $four:ident, $two_pairs:ident, $four_by_eight:ident) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
             let [[value]] = $kernel::<1, 1>([w], [a]);
@@ -404,15 +481,11 @@ macro_rules! kquant_entries {
             out
         }
 
+        /// Four weight rows as two pairs, each read side by side, against
+        /// `A` (2 or 4) activation rows.
         #[target_feature(enable = $features)]
-        fn $four_by_two(w: [&[u8]; 4], a: [&[u8]; 2]) -> [[f32; 4]; 2] {
-            let (first, second) = ($kernel::<2, 2>([w[0], w[1]], a), $kernel::<2, 2>([w[2], w[3]], a));
-            std::array::from_fn(|i| [first[i][0], first[i][1], second[i][0], second[i][1]])
-        }
-
-        #[target_feature(enable = $features)]
-        fn $four_by_four(w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
-            let (first, second) = ($kernel::<2, 4>([w[0], w[1]], a), $kernel::<2, 4>([w[2], w[3]], a));
+        fn $two_pairs<const A: usize>(w: [&[u8]; 4], a: [&[u8]; A]) -> [[f32; 4]; A] {
+            let (first, second) = ($kernel::<2, A>([w[0], w[1]], a), $kernel::<2, A>([w[2], w[3]], a));
             std::array::from_fn(|i| [first[i][0], first[i][1], second[i][0], second[i][1]])
         }
 
@@ -504,12 +577,12 @@ macro_rules! dot_kernels {
                     };
                 }
                 macro_rules! kquant {
-                    ($one:ident, $four:ident, $by_two:ident, $by_four:ident, $by_eight:ident) => {
+                    ($one:ident, $four:ident, $two_pairs:ident, $by_eight:ident) => {
                         Dot {
                             one: $one,
                             four: Some($four),
-                            four_by_two: Some($by_two),
-                            four_by_four: Some($by_four),
+                            four_by_two: Some($two_pairs::<2>),
+                            four_by_four: Some($two_pairs::<4>),
                             four_by_eight: Some($by_eight),
                         }
                     };
@@ -525,13 +598,13 @@ macro_rules! dot_kernels {
                     DType::Q5_1 => legacy!(one_q5_1, four_q5_1, dot_q5_1),
                     DType::Q8_0 => legacy!(one_q8_0, four_q8_0, dot_q8_0),
                     DType::Q4_K => {
-                        kquant!(one_q4_k, four_q4_k, four_by_two_q4_k, four_by_four_q4_k, four_by_eight_q4_k)
+                        kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k)
                     }
                     DType::Q5_K => {
-                        kquant!(one_q5_k, four_q5_k, four_by_two_q5_k, four_by_four_q5_k, four_by_eight_q5_k)
+                        kquant!(one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k)
                     }
                     DType::Q6_K => {
-                        kquant!(one_q6_k, four_q6_k, four_by_two_q6_k, four_by_four_q6_k, four_by_eight_q6_k)
+                        kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k)
                     }
                 }
             }
@@ -549,8 +622,7 @@ macro_rules! dot_kernels {
                 dot_q4_k,
                 one_q4_k,
                 four_q4_k,
-                four_by_two_q4_k,
-                four_by_four_q4_k,
+                two_pairs_q4_k,
                 four_by_eight_q4_k
             );
             kquant_entries!(
@@ -558,8 +630,7 @@ macro_rules! dot_kernels {
                 dot_q5_k,
                 one_q5_k,
                 four_q5_k,
-                four_by_two_q5_k,
-                four_by_four_q5_k,
+                two_pairs_q5_k,
                 four_by_eight_q5_k
             );
             kquant_entries!(
@@ -567,8 +638,7 @@ macro_rules! dot_kernels {
                 dot_q6_k,
                 one_q6_k,
                 four_q6_k,
-                four_by_two_q6_k,
-                four_by_four_q6_k,
+                two_pairs_q6_k,
                 four_by_eight_q6_k
             );
 
