@@ -114,8 +114,17 @@ fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
             let (status, answer) = server.post("/completion", &adapted);
             assert_eq!(status, StatusCode::OK, "{answer}");
         });
-        wait_for(server, "prefilling", seen + 1);
-        std::thread::sleep(Duration::from_millis(50));
+        // The adapted request waits without a phase of its own; /metrics
+        // names its adapter once the engine holds it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let metrics = server.get_text("/metrics");
+            if metrics.contains("waiting_lora_adapters=\"adapter\"") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the adapted request never waited:\n{metrics}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let compatible = scope.spawn(|| complete(server, &same, false));
         for handle in [first, compatible] {
             handle.join().expect("request");

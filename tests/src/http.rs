@@ -147,6 +147,11 @@ impl Server {
         self.send(self.client.get(self.url(path)))
     }
 
+    /// GET a text body (such as `/metrics`); empty if the request fails.
+    pub fn get_text(&self, path: &str) -> String {
+        self.client.get(self.url(path)).send().and_then(|response| response.text()).unwrap_or_default()
+    }
+
     pub fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         self.send(self.client.post(self.url(path)).json(body))
     }

@@ -109,6 +109,11 @@ pub(super) fn load<B: Backend>(model: &Transformer<B>, path: &Path) -> Result<Ad
         Some(other) => return Err(problem(path, format!("`adapter.type` {other:?} is not supported (only \"lora\")"))),
         None => return Err(problem(path, "`adapter.type` is missing")),
     }
+    // An activated LoRA is an ordinary LoRA file plus its invocation
+    // tokens; applied to every token it would give wrong output silently.
+    if file.get("adapter.alora.invocation_tokens").is_some() {
+        return Err(problem(path, "activated LoRA (`adapter.alora.invocation_tokens`) is not supported"));
+    }
     let base_arch = model.hparams.arch.name();
     match meta("general.architecture")? {
         Some(arch) if arch == base_arch => {}
