@@ -116,15 +116,10 @@ fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
         });
         // The adapted request waits without a phase of its own; /metrics
         // names its adapter once the engine holds it.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let metrics = server.get_text("/metrics");
-            if metrics.contains("waiting_lora_adapters=\"adapter\"") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the adapted request never waited:\n{metrics}");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_until(
+            || server.get_text("/metrics").contains("waiting_lora_adapters=\"adapter\""),
+            || format!("the adapted request never waited:\n{}", server.get_text("/metrics")),
+        );
         let compatible = scope.spawn(|| complete(server, &same, false));
         for handle in [first, compatible] {
             handle.join().expect("request");
@@ -163,9 +158,17 @@ fn complete(server: &Server, prompt: &[u32], stream: bool) -> Vec<u64> {
 
 /// Waits until the log holds `count` transitions into `phase`.
 fn wait_for(server: &Server, phase: &str, count: usize) {
+    wait_until(
+        || transitions(server).iter().filter(|transition| transition.phase == phase).count() >= count,
+        || format!("no {count} × {phase}:\n{}", server.log()),
+    );
+}
+
+/// Polls `ready` every 2 ms until it holds; fails after 60 s with `what`.
+fn wait_until(mut ready: impl FnMut() -> bool, what: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while transitions(server).iter().filter(|transition| transition.phase == phase).count() < count {
-        assert!(Instant::now() < deadline, "no {count} × {phase}:\n{}", server.log());
+    while !ready() {
+        assert!(Instant::now() < deadline, "{}", what());
         std::thread::sleep(Duration::from_millis(2));
     }
 }

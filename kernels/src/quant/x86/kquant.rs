@@ -107,21 +107,12 @@ macro_rules! kquant_kernels {
                     );
                     (sum_weights[r], d[r], dmin[r]) = (row.sum_weights, row.d, row.dmin);
                 }
-                // A loop, not `map`: a closure called through a function
-                // without this level's features is not inlined.
-                let mut narrow = [[_mm256_setzero_si256(); R]; A];
-                for i in 0..A {
-                    for r in 0..R {
-                        narrow[i][r] = ops::narrow(sums[i][r]);
-                    }
-                }
-                let sums = narrow;
                 if R * A == 1 {
                     // One weight row against one activation row (decoding):
                     // both integer totals from one reduction, then the
                     // reference's own scalar step, with no lanes to fill.
                     let iact = _mm256_madd_epi16(load_u8x32(&a[0][b].bsums), sum_weights[0]);
-                    let both = _mm256_hadd_epi32(sums[0][0], iact);
+                    let both = _mm256_hadd_epi32(ops::narrow(sums[0][0]), iact);
                     let both = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256::<1>(both));
                     let both = _mm_hadd_epi32(both, both);
                     let (isum, iact) = (_mm_cvtsi128_si32(both), _mm_extract_epi32::<1>(both));
@@ -139,7 +130,7 @@ macro_rules! kquant_kernels {
                 for i in 0..A {
                     let bsums = load_u8x32(&a[i][b].bsums);
                     for r in 0..R {
-                        isum[i * R + r] = sums[i][r];
+                        isum[i * R + r] = ops::narrow(sums[i][r]);
                         iact[i * R + r] = _mm256_madd_epi16(bsums, sum_weights[r]);
                     }
                 }

@@ -196,7 +196,7 @@ fn reduce_legacy_lanes(v: __m256) -> f32 {
 mod avx2_ops {
     use std::arch::x86_64::*;
 
-    use super::load_u8x32;
+    use super::{load_i8x32, load_u8x32};
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -227,9 +227,8 @@ mod avx2_ops {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) fn load_pair(b: &[i8; 64]) -> PairBytes {
-        let (first, second) = b.split_at(32);
-        // SAFETY: two unaligned 32-byte loads inside the 64 bytes of `b`.
-        unsafe { [_mm256_loadu_si256(first.as_ptr().cast()), _mm256_loadu_si256(second.as_ptr().cast())] }
+        let (halves, _) = b.as_chunks::<32>();
+        [load_i8x32(&halves[0]), load_i8x32(&halves[1])]
     }
 
     /// `acc` plus the word-weighted byte dots of both sub-blocks.
