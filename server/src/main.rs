@@ -58,9 +58,16 @@ enum BenchCommand {
     /// Fit the policy lab's step-cost model to real forward passes.
     #[cfg(feature = "lab")]
     Calibrate(cli::lab::BenchCalibrateArgs),
+    /// Mask time of structured outputs, and decode speed with and without
+    /// a JSON schema on a running server.
+    #[cfg(feature = "lab")]
+    Constrained(cli::lab::BenchConstrainedArgs),
     /// Load a running server (needs a build with the cargo feature `lab`).
     #[cfg(not(feature = "lab"))]
     Serve(cli::WithoutLab),
+    /// Structured outputs' cost (needs a build with the cargo feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    Constrained(cli::WithoutLab),
     /// Fit the lab's step-cost model (needs a build with the cargo feature `lab`).
     #[cfg(not(feature = "lab"))]
     Calibrate(cli::WithoutLab),
@@ -132,10 +139,13 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(args)) => cli::lab::bench_serve(args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "lab")]
         Command::Bench(BenchCommand::Calibrate(args)) => cli::lab::bench_calibrate(args).map(|()| ExitCode::SUCCESS),
-        #[cfg(not(feature = "lab"))]
-        Command::Bench(BenchCommand::Serve(args) | BenchCommand::Calibrate(args)) | Command::Lab(args) => {
-            args.refuse().map(|()| ExitCode::SUCCESS)
+        #[cfg(feature = "lab")]
+        Command::Bench(BenchCommand::Constrained(args)) => {
+            cli::lab::bench_constrained(args).map(|()| ExitCode::SUCCESS)
         }
+        #[cfg(not(feature = "lab"))]
+        Command::Bench(BenchCommand::Serve(args) | BenchCommand::Calibrate(args) | BenchCommand::Constrained(args))
+        | Command::Lab(args) => args.refuse().map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Spec(args)) => cli::bench_spec::bench_spec(args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "lab")]
         Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),

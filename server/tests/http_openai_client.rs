@@ -45,8 +45,90 @@ assert models.data[0].id, models
 print("ok")
 "#;
 
-/// A Python with `openai`, installed on first use.
+/// Function calling through the client: `required` and a named function
+/// give calls whose arguments match the function's schema, streamed deltas
+/// reassemble to the same call, and a tool result renders in the history.
+const TOOLS_SCRIPT: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="sk-sluice-test", max_retries=0, timeout=120)
+weather = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
+           "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}
+add = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 1000},
+       "b": {"type": "integer", "minimum": 0, "maximum": 1000}}, "required": ["a", "b"], "additionalProperties": False}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": weather}},
+         {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": add}}]
+messages = [{"role": "user", "content": "What is the weather in Paris? Also add 2 and 3."}]
+
+def check(name, arguments):
+    args = json.loads(arguments)
+    if name == "get_weather":
+        assert set(args) == {"city", "unit"}, args
+        assert isinstance(args["city"], str) and 1 <= len(args["city"]) <= 20, args
+        assert args["unit"] in ("celsius", "fahrenheit"), args
+    else:
+        assert name == "add", name
+        assert set(args) == {"a", "b"}, args
+        assert all(type(args[k]) is int and 0 <= args[k] <= 1000 for k in "ab"), args
+
+for seed in (1, 2, 3):
+    reply = client.chat.completions.create(model="sluice", messages=messages, tools=tools, tool_choice="required",
+                                           max_tokens=120, temperature=0.8, seed=seed)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert len(calls) == 1 and calls[0].type == "function" and calls[0].id.startswith("call_"), calls
+    check(calls[0].function.name, calls[0].function.arguments)
+    print("required", calls[0].function.name, calls[0].function.arguments)
+
+named = {"type": "function", "function": {"name": "add"}}
+reply = client.chat.completions.create(model="sluice", messages=messages, tools=tools, tool_choice=named,
+                                       max_tokens=120, temperature=0)
+call = reply.choices[0].message.tool_calls[0]
+assert call.function.name == "add", call
+check(call.function.name, call.function.arguments)
+print("named", call.function.arguments)
+
+chunks = list(client.chat.completions.create(model="sluice", messages=messages, tools=tools, tool_choice=named,
+                                             max_tokens=120, temperature=0, stream=True))
+name, arguments, ids, reasons = "", "", [], []
+for chunk in chunks:
+    if not chunk.choices:
+        continue
+    delta = chunk.choices[0].delta
+    reasons.append(chunk.choices[0].finish_reason)
+    for part in delta.tool_calls or []:
+        assert part.index == 0, part
+        if part.id:
+            ids.append(part.id)
+        name += part.function.name or ""
+        arguments += part.function.arguments or ""
+assert (name, arguments) == (call.function.name, call.function.arguments), (name, arguments, call)
+assert len(ids) == 1 and reasons[-1] == "tool_calls", (ids, reasons)
+print("streamed", name, arguments)
+
+history = messages + [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function",
+     "function": {"name": "add", "arguments": call.function.arguments}}]},
+    {"role": "tool", "tool_call_id": call.id, "content": "5"},
+]
+after = client.chat.completions.create(model="sluice", messages=history, tools=tools, max_tokens=24, temperature=0)
+plain = client.chat.completions.create(model="sluice", messages=messages, tools=tools, max_tokens=1, temperature=0)
+assert after.usage.prompt_tokens > plain.usage.prompt_tokens, (after.usage, plain.usage)
+assert after.choices[0].finish_reason in ("stop", "length", "tool_calls"), after
+print("round trip", after.choices[0].finish_reason)
+print("ok")
+"#;
+
+/// A Python with `openai`, installed on first use (once per test binary:
+/// its tests run in parallel).
 fn python_with_openai() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(install_openai).clone()
+}
+
+fn install_openai() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/openai-venv");
     let python = venv.join("bin/python");
     let has_client = |python: &Path| {
@@ -77,9 +159,18 @@ fn python_with_openai() -> PathBuf {
 
 #[test]
 fn the_openai_python_client_works() {
+    run_script(SCRIPT);
+}
+
+#[test]
+fn the_openai_python_client_calls_tools() {
+    run_script(TOOLS_SCRIPT);
+}
+
+fn run_script(script: &str) {
     let python = python_with_openai();
     let server = Server::start(&["--api-key", "sk-sluice-test"]);
-    let output = Command::new(python).args(["-c", SCRIPT, &server.url("")]).output().expect("the client script runs");
+    let output = Command::new(python).args(["-c", script, &server.url("")]).output().expect("the client script runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.lines().last() == Some("ok"),

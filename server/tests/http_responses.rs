@@ -270,8 +270,8 @@ fn bad_requests_are_refused_naming_the_field() {
         (
             "/v1/chat/completions/input_tokens",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}),
-            501,
-            "`tools`",
+            400,
+            "`tools[0].function`",
         ),
     ];
     for (path, body, status, named) in cases {

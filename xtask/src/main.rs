@@ -43,10 +43,12 @@ enum Task {
     /// `--depth N`; `--compare-llama BIN` runs llama-bench interleaved and
     /// prints a table of ratios)
     /// `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
-    /// `--llama-server BIN` measures llama-server the same way) or `spec`
-    /// (decode tokens/s without and with a draft, and the accepted length).
+    /// `--llama-server BIN` measures llama-server the same way), `spec`
+    /// (decode tokens/s without and with a draft, and the accepted length)
+    /// or `constrained` (structured outputs: mask time per token, decode
+    /// tokens/s with and without a JSON schema; `--llama-server BIN` too).
     Bench {
-        #[arg(value_parser = ["plugins", "model", "serve", "spec"])]
+        #[arg(value_parser = ["plugins", "model", "serve", "spec", "constrained"])]
         suite: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -186,6 +188,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
         "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
         "model" => bench_model::bench_model(args),
         "serve" => bench_serve::bench_serve(args),
+        "constrained" => bench_serve::bench_constrained(args),
         "spec" => bench_spec(args),
         other => bail!("unknown benchmark suite `{other}`"),
     }

@@ -15,6 +15,7 @@ use sluice_plugin_api::rules::has_runnable_work;
 
 use super::adapters::{AdapterGroups, cache_root};
 use super::batch::{Assembled, Work, assemble};
+use super::constraint::Grammar;
 use super::drafting::{self, Committed};
 use super::emit::{self, Emitted, Emitter, Ending};
 use super::kv::BlockManager;
@@ -399,6 +400,7 @@ impl Engine {
             sampler.accept(token);
         }
         let layout = waiting.request.layout().unwrap_or_default();
+        let constraint = waiting.request.grammar.as_ref().map(Grammar::start);
         let text = TextStream::new(waiting.request.stop.clone());
         let _ = waiting.events.send(Event::Started { id_slot: slot as u32 });
         let cached = admission.cached_tokens;
@@ -434,6 +436,7 @@ impl Engine {
             draft_n: 0,
             draft_accepted: 0,
             truncated: false,
+            constraint,
         });
         Metrics::add(&self.shared.metrics.requests_processing, 1);
     }

@@ -41,9 +41,18 @@ pub(super) fn draft(
         tracing::warn!(%error, drafter = speculation.drafter.kind(), "drafting failed; decoding without drafts");
         return drafts;
     }
-    for (slot, request) in requested.into_iter().zip(requests) {
-        if request.drafts.len() >= settings.n_min.max(1) {
-            drafts.insert(slot, request.drafts);
+    let mut drafted: Vec<(usize, Vec<u32>)> =
+        requested.into_iter().zip(requests).map(|(slot, request)| (slot, request.drafts)).collect();
+    for (slot, tokens) in &mut drafted {
+        // A draft the grammar forbids would be rejected in verification:
+        // it ends where the grammar stops allowing it.
+        if let Some(constraint) = slots[*slot].as_mut().and_then(|active| active.constraint.as_mut()) {
+            tokens.truncate(constraint.allowed_prefix(tokens));
+        }
+    }
+    for (slot, tokens) in drafted {
+        if tokens.len() >= settings.n_min.max(1) {
+            drafts.insert(slot, tokens);
         }
     }
     drafts

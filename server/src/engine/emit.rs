@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::constraint::ConstraintEnd;
 use super::kv::BlockManager;
 use super::metrics::Metrics;
 use super::policy::{EndReason, Phase};
@@ -59,6 +60,23 @@ impl Emitter<'_> {
             return Emitted::Ended(done(slot, active, StopType::Limit, String::new(), false));
         }
         active.decode_started.get_or_insert_with(Instant::now);
+        if let Some(constraint) = active.constraint.as_mut() {
+            // A grammar that is complete allows only end-of-generation,
+            // which `ignore_eos` bans: the output is finished all the same.
+            let finished = active.request.ignore_eos && constraint.is_finished();
+            let masked =
+                if finished { Err(ConstraintEnd::Exhausted) } else { constraint.apply(&mut active.held_logits) };
+            match masked {
+                Ok(()) => {}
+                Err(ConstraintEnd::Exhausted) => {
+                    return Emitted::Ended(done(slot, active, StopType::Eos, String::new(), false));
+                }
+                Err(error @ ConstraintEnd::Failed(_)) => {
+                    let event = Event::Failed(EngineError::Internal(error.to_string()));
+                    return Emitted::Ended(Ending { reason: EndReason::Failed, event: Some(event) });
+                }
+            }
+        }
         let n_probs = active.request.n_probs;
         let mut post = Vec::new();
         let pre = (n_probs > 0 && !active.request.post_sampling_probs).then(|| top_probs(&active.held_logits, n_probs));
@@ -75,6 +93,15 @@ impl Emitter<'_> {
         }
         active.sampler.accept(token);
         active.generated += 1;
+        let end_of_generation = !active.request.ignore_eos && self.tokenizer.is_end_of_generation(token);
+        if let Some(constraint) = active.constraint.as_mut().filter(|_| !end_of_generation) {
+            // The mask allowed the token, so the matcher takes it; the next
+            // mask is computed while the forward pass runs.
+            if let Err(error) = constraint.commit(token) {
+                let event = Event::Failed(EngineError::Internal(error.to_string()));
+                return Emitted::Ended(Ending { reason: EndReason::Failed, event: Some(event) });
+            }
+        }
         if active.phase != Phase::Decoding {
             trace_phase(self.step, slot, active.id, "decoding");
             active.phase = Phase::Decoding;
@@ -92,7 +119,6 @@ impl Emitter<'_> {
             None
         };
 
-        let end_of_generation = !active.request.ignore_eos && self.tokenizer.is_end_of_generation(token);
         if end_of_generation {
             // The end-of-generation token is reported like any other (no
             // text; in `tokens` and the probabilities), as llama-server does.

@@ -13,6 +13,7 @@
 
 pub mod adapters;
 mod batch;
+pub mod constraint;
 mod core;
 pub mod delivery;
 mod drafting;

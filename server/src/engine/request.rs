@@ -1,6 +1,7 @@
 //! What crosses the http ↔ engine seam: a generation request in, a stream
 //! of events out.
 
+use super::constraint::Grammar;
 use super::sampling::{SamplingParams, TokenProb};
 use crate::model::batch::{ImageSpan, Layout};
 
@@ -44,6 +45,8 @@ pub struct GenerationRequest {
     /// Context shift: tokens dropped at once (0 = half of what follows
     /// `n_keep`).
     pub n_discard: usize,
+    /// What the output must match (structured outputs, tool calls).
+    pub grammar: Option<Grammar>,
     /// Image segments of the prompt (M-RoPE targets): each holds
     /// `nx × ny` cells of the prompt, which carry placeholder ids (see
     /// [`GenerationRequest::push_image`]).
@@ -106,6 +109,7 @@ impl GenerationRequest {
             return_progress: false,
             n_keep: Some(0),
             n_discard: 0,
+            grammar: None,
             images: Vec::new(),
         }
     }

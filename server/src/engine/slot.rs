@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use super::constraint::Constraint;
 use super::delivery::{EventSender, QueueTicket};
 use super::kv::SeqBlocks;
 use super::policy::{Phase, RequestInfo};
@@ -80,6 +81,8 @@ pub(super) struct Active {
     pub draft_accepted: usize,
     /// Its context was shifted: reported as `truncated`.
     pub truncated: bool,
+    /// Its grammar's matcher, when the request has one.
+    pub constraint: Option<Constraint>,
 }
 
 impl Active {

@@ -19,7 +19,8 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::generate::{Plan, blocking, collect, engine_gone, submit};
-use super::openai::{chat_tokens, random_id};
+use super::ids::random_id;
+use super::openai::chat_tokens;
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{Parts, Reasoning, Splitter};
 use super::{AppState, sse};

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
 use super::params::{self, Fields, settings_json};
-use super::{AppState, Ready};
+use super::{AppState, Ready, tools};
 use crate::engine::Health;
 use crate::engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
 use crate::engine::policy::Phase;
@@ -74,7 +74,8 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
         "ui_settings": {},
         "cors_proxy_enabled": false,
         "chat_template": ready.template.source(),
-        "chat_template_caps": {},
+        "chat_template_caps": tools::template_caps(ready.template.source()),
+        "structured_outputs": structured_outputs(&ready),
         "bos_token": text(ready.tokenizer.bos()),
         "eos_token": text(ready.tokenizer.eos()),
         "build_info": format!("sluice {}", env!("CARGO_PKG_VERSION")),
@@ -98,11 +99,27 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
     })))
 }
 
+/// What constrained decoding this server offers (sluice's own field).
+fn structured_outputs(ready: &Ready) -> Value {
+    match &ready.grammars {
+        Ok(_) => json!({
+            "available": true,
+            "json_schema": true,
+            "response_format": ["text", "json_object", "json_schema"],
+            "grammar": ["gbnf", "llguidance"],
+            "tool_format": tools::format_name(ready.template.source()),
+        }),
+        Err(reason) => json!({ "available": false, "reason": reason }),
+    }
+}
+
 /// `GET /v1/models` and `/models`: OpenAI's list plus llama-server's
 /// Ollama-style `models`.
 pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let ready = state.ready()?;
     let model = &ready.model;
+    // Ollama's names: "tools" once calls can be held to their schemas.
+    let capabilities = if ready.grammars.is_ok() { json!(["completion", "tools"]) } else { json!(["completion"]) };
     let created = state.started().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
     // Adapters are models a request's `model` can name (see `lora`), as
     // vLLM lists them: with the base model as `parent`.
@@ -131,6 +148,7 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
             "n_params": model.n_params,
             "size": model.size,
         },
+        "capabilities": capabilities,
     })];
     data.extend(adapters);
     Ok(Json(json!({
@@ -140,7 +158,7 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
             "name": model.name,
             "model": model.name,
             "type": "model",
-            "capabilities": ["completion"],
+            "capabilities": capabilities,
             "details": { "format": "gguf" },
         }],
     })))

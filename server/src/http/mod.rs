@@ -24,7 +24,9 @@ pub mod completion;
 mod conn;
 mod cors;
 pub mod error;
+pub mod fields;
 pub mod generate;
+pub mod ids;
 pub mod info;
 mod listen;
 pub mod lora;
@@ -36,7 +38,9 @@ pub mod responses;
 pub mod server;
 pub mod slot_files;
 pub mod sse;
+pub mod structured;
 pub mod tokenize;
+pub mod tools;
 pub mod vertex;
 
 use std::path::PathBuf;
@@ -54,6 +58,7 @@ use tracing::Instrument;
 
 use crate::config::{Config, RequestDefaults};
 use crate::engine::EngineHandle;
+use crate::engine::constraint::Grammars;
 use crate::model::chat_template::ChatTemplate;
 use crate::model::tokenizer::Tokenizer;
 use crate::startup::Serving;
@@ -88,6 +93,8 @@ pub struct Ready {
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     pub model: ModelInfo,
+    /// Structured outputs' grammar compiler over this model's vocabulary.
+    pub grammars: structured::Compiler,
 }
 
 impl Ready {
@@ -108,7 +115,11 @@ impl Ready {
             size: file.tensors().iter().map(|tensor| tensor.len as u64).sum(),
             ftype: file.opt_u32("general.file_type").ok().flatten(),
         };
-        Ready { engine, adapters, tokenizer, template, model: info }
+        let grammars = Grammars::new(&tokenizer).map_err(|error| {
+            tracing::warn!(%error, "constrained decoding is unavailable");
+            error.to_string()
+        });
+        Ready { engine, adapters, tokenizer, template, model: info, grammars }
     }
 
     /// The limits requests are checked against.
@@ -120,6 +131,7 @@ impl Ready {
             n_ctx: config.ctx,
             tokenizer: &self.tokenizer,
             adapters: &self.adapters,
+            grammars: &self.grammars,
         }
     }
 }

@@ -4,8 +4,6 @@
 //! `logprobs` shape, `usage` with `prompt_tokens_details.cached_tokens`,
 //! `timings`).
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,9 +16,11 @@ use super::generate::{
     Outcome, Plan, StreamProgress, attach_progress, blocking, collect, finish_reason, probs_json, submit, timings_json,
     usage_json,
 };
+use super::ids::random_id;
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{self, Parts, Reasoning, Splitter};
-use super::{AppState, Ready, completion, prompt, sse};
+use super::tools::{self, ChatTools, ToolFormat, ToolStream};
+use super::{AppState, Ready, completion, prompt, sse, structured};
 use crate::config::Thinking;
 use crate::engine::request::{Completion, Progress, TokenEvent, TokenProbs};
 use crate::model::chat_template::TemplateError;
@@ -55,23 +55,6 @@ impl Envelope {
     }
 }
 
-/// 32 random alphanumerics (the standard library's per-process random
-/// hasher keys are random enough for ids).
-pub(super) fn random_id() -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut id = String::with_capacity(32);
-    while id.len() < 32 {
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_usize(id.len());
-        let mut bits = hasher.finish();
-        for _ in 0..8 {
-            id.push(char::from(ALPHABET[(bits % ALPHABET.len() as u64) as usize]));
-            bits /= ALPHABET.len() as u64;
-        }
-    }
-    id
-}
-
 /// llama-server's fingerprint is its build (`b<number>-<commit>`); sluice
 /// reports its version in the same place.
 fn system_fingerprint() -> String {
@@ -95,6 +78,8 @@ struct Parsed {
     plan: Plan,
     envelope: Envelope,
     top_n: usize,
+    /// How the reply's tool calls are written, when it may make some.
+    tool_format: Option<ToolFormat>,
 }
 
 /// `POST /v1/completions`.
@@ -108,7 +93,8 @@ pub async fn completions(State(state): State<AppState>, JsonBody(body): JsonBody
         let value = fields.get("prompt").ok_or_else(|| ApiError::invalid("\"prompt\" must be provided"))?;
         let prompts = prompt::prompts(value, &parsing.tokenizer, parsing.model.n_vocab)?;
         let top_n = generation.request.n_probs;
-        Ok(Parsed { plan: Plan { generation, prompts }, envelope: Envelope::new(&parsing, fields), top_n })
+        let envelope = Envelope::new(&parsing, fields);
+        Ok(Parsed { plan: Plan { generation, prompts }, envelope, top_n, tool_format: None })
     })
     .await?;
     run(state, ready, parsed, Kind::Text).await
@@ -138,10 +124,20 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
+        let tools = ChatTools::read(fields, parsing.template.source())?;
+        if let Some(source) = tools.as_ref().and_then(ChatTools::grammar) {
+            if generation.request.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "`tools` cannot be combined with `response_format`, `json_schema` or `grammar`",
+                ));
+            }
+            generation.request.grammar = Some(structured::compile("tools", &source, &parsing.grammars)?);
+        }
         let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
         let plan = Plan { generation, prompts: vec![prompt.tokens] };
-        Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n }, reasoning))
+        let tool_format = tools.map(|tools| tools.format);
+        Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n, tool_format }, reasoning))
     })
     .await?;
     run(state, ready, parsed, Kind::Chat(reasoning)).await
@@ -174,7 +170,7 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
     // accepts one too): usually just the generation prompt.
     // A final assistant message is continued (below): llama-server joins
     // its text parts with a blank line, every other message's with a newline.
-    let messages = messages
+    let mut messages = messages
         .iter()
         .enumerate()
         .map(|(index, message)| {
@@ -208,6 +204,9 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
             extra.insert("reasoning_effort".into(), Value::String(effort.to_owned()));
         }
         _ => {}
+    }
+    if let Some(tools) = ChatTools::read(fields, ready.template.source())? {
+        tools.prepare(&mut messages, &mut extra);
     }
     let render = |messages: &[Value], add_generation_prompt: bool| {
         ready.template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
@@ -252,6 +251,7 @@ fn normalize(index: usize, message: &Value, separator: &str) -> Result<Value, Ap
         return Err(ApiError::invalid(format!("`messages[{index}].role` must be a string")));
     }
     let mut object = object.clone();
+    tools::arguments_as_objects(&mut object);
     match object.get("content") {
         Some(Value::String(_)) => {}
         // As in llama.cpp: `null` is no text (an assistant turn that only
@@ -296,7 +296,7 @@ enum Kind {
 }
 
 async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> Result<Response, ApiError> {
-    let Parsed { plan, envelope, top_n } = parsed;
+    let Parsed { plan, envelope, top_n, tool_format } = parsed;
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
         let outputs = plan.outputs();
@@ -312,6 +312,7 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
             include_usage: plan.generation.include_usage,
             role_sent: vec![false; outputs],
             splitters,
+            tool_streams: tool_format.map(|format| (0..outputs).map(|_| ToolStream::new(format)).collect()),
             completions: Vec::with_capacity(outputs),
             progress: vec![StreamProgress::default(); outputs],
             plan: Arc::new(plan),
@@ -319,7 +320,7 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
         return sse::respond(jobs, render, state.ping()).await;
     }
     let outcomes = collect(jobs).await?;
-    let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n)).collect();
+    let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n, tool_format)).collect();
     let object_kind = match kind {
         Kind::Text => "text_completion",
         Kind::Chat(_) => "chat.completion",
@@ -335,8 +336,8 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
     Ok(axum::Json(result).into_response())
 }
 
-fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize) -> Value {
-    let reason = finish_reason(outcome.completion.stop_type);
+fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize, tool_format: Option<ToolFormat>) -> Value {
+    let mut reason = finish_reason(outcome.completion.stop_type);
     let probs = outcome.probs(&ready.tokenizer);
     match kind {
         Kind::Text => {
@@ -345,7 +346,15 @@ fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize) -> Value {
         }
         Kind::Chat(split) => {
             let Parts { reasoning, content } = split.split(&outcome.content());
+            let (content, calls) = match tool_format {
+                Some(format) => tools::reply(format, &content),
+                None => (Value::String(content), None),
+            };
             let mut message = json!({ "role": "assistant", "content": content });
+            if let Some(calls) = calls {
+                insert(&mut message, "tool_calls", calls);
+                reason = "tool_calls";
+            }
             // As llama-server, only a reply that reasoned has the field.
             if !reasoning.is_empty() {
                 insert(&mut message, "reasoning_content", Value::String(reasoning));
@@ -370,6 +379,8 @@ struct OpenAiStream {
     role_sent: Vec<bool>,
     /// Each chat choice's reasoning splitter (none for text completions).
     splitters: Vec<Splitter>,
+    /// Each chat choice's tool-call parser, when the reply may call tools.
+    tool_streams: Option<Vec<ToolStream>>,
     completions: Vec<Completion>,
     /// For `timings_per_token`.
     progress: Vec<StreamProgress>,
@@ -408,13 +419,18 @@ impl OpenAiStream {
     /// its own chunk, as llama-server sends them, the token's logprobs
     /// with the last. A token whose text is all held back (a partial tag
     /// or stop word) still carries its logprobs, in an empty content delta.
-    fn chat_choices(&self, index: usize, parts: &Parts, probs: Option<&TokenProbs>) -> Vec<Value> {
+    fn chat_choices(&mut self, index: usize, parts: &Parts, probs: Option<&TokenProbs>, end: bool) -> Vec<Value> {
         let mut deltas = Vec::new();
         if !parts.reasoning.is_empty() {
             deltas.push(json!({ "reasoning_content": parts.reasoning }));
         }
-        if !parts.content.is_empty() || (deltas.is_empty() && probs.is_some()) {
-            deltas.push(json!({ "content": parts.content }));
+        match self.tool_streams.as_mut().and_then(|streams| streams.get_mut(index)) {
+            Some(stream) => deltas.extend(stream.push(&parts.content, end)),
+            None if !parts.content.is_empty() => deltas.push(json!({ "content": parts.content })),
+            None => {}
+        }
+        if deltas.is_empty() && probs.is_some() {
+            deltas.push(json!({ "content": "" }));
         }
         let last = deltas.len().saturating_sub(1);
         deltas
@@ -454,9 +470,12 @@ impl OpenAiStream {
             }
             Kind::Chat(_) => {
                 let parts = self.split(index, &completion.text, true);
-                for choice in self.chat_choices(index, &parts, None) {
+                for choice in self.chat_choices(index, &parts, None, true) {
                     chunks.push(self.chunk(vec![choice]));
                 }
+                let called =
+                    self.tool_streams.as_ref().and_then(|streams| streams.get(index)).is_some_and(ToolStream::called);
+                let reason = if called { "tool_calls" } else { reason };
                 let mut last = self.chunk(vec![json!({ "finish_reason": reason, "index": index, "delta": {} })]);
                 if !self.include_usage {
                     insert(&mut last, "timings", timings_json(&completion.timings));
@@ -500,7 +519,7 @@ impl sse::Render for OpenAiStream {
             Kind::Text => vec![self.text_choice(index, &token.text, token.probs.as_ref(), None)],
             Kind::Chat(_) => {
                 let parts = self.split(index, &token.text, false);
-                self.chat_choices(index, &parts, token.probs.as_ref())
+                self.chat_choices(index, &parts, token.probs.as_ref(), false)
             }
         };
         let count = choices.len();
@@ -552,14 +571,6 @@ impl sse::Render for OpenAiStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_32_alphanumerics() {
-        let id = random_id();
-        assert_eq!(id.len(), 32);
-        assert!(id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
-        assert_ne!(random_id(), random_id());
-    }
 
     #[test]
     fn text_parts_are_joined() {

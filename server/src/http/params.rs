@@ -12,11 +12,14 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
+use super::fields::integer;
+pub use super::fields::{Fields, object, wrong};
 use super::lora::Adapters;
+use super::structured::{self, Compiler};
 use crate::config::RequestDefaults;
 use crate::engine::request::GenerationRequest;
 use crate::engine::sampling::{SamplingParams, Stage};
@@ -63,98 +66,6 @@ impl FromRequest<AppState> for RawBody {
     }
 }
 
-/// The body as an object, or 400.
-pub fn object(body: &Value) -> Result<&Map<String, Value>, ApiError> {
-    body.as_object().ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
-}
-
-/// Typed access to a JSON object's fields; errors name the field.
-#[derive(Clone, Copy)]
-pub struct Fields<'a>(pub &'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    /// The value of `key`, with `null` read as absent.
-    pub fn get(&self, key: &str) -> Option<&'a Value> {
-        self.0.get(key).filter(|value| !value.is_null())
-    }
-
-    pub fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        self.get(key).map(|value| value.as_bool().ok_or_else(|| wrong(key, "a boolean"))).transpose()
-    }
-
-    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, ApiError> {
-        Ok(self.bool(key)?.unwrap_or(default))
-    }
-
-    /// An integer; integral floats (`8.0`) are accepted.
-    pub fn int(&self, key: &str) -> Result<Option<i64>, ApiError> {
-        self.get(key).map(|value| integer(key, value)).transpose()
-    }
-
-    pub fn float(&self, key: &str) -> Result<Option<f64>, ApiError> {
-        self.get(key).map(|value| value.as_f64().ok_or_else(|| wrong(key, "a number"))).transpose()
-    }
-
-    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
-        self.get(key).map(|value| value.as_str().ok_or_else(|| wrong(key, "a string"))).transpose()
-    }
-
-    /// An integer within `range`, else 400 naming the field.
-    pub fn int_in(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Result<Option<i64>, ApiError> {
-        match self.int(key)? {
-            Some(value) if !range.contains(&value) => {
-                Err(ApiError::invalid(format!("`{key}` must be in {}..={}, not {value}", range.start(), range.end())))
-            }
-            value => Ok(value),
-        }
-    }
-
-    /// A finite float, as f32.
-    pub fn f32(&self, key: &str) -> Result<Option<f32>, ApiError> {
-        match self.float(key)? {
-            Some(value) if !(value.is_finite() && value.abs() <= f64::from(f32::MAX)) => {
-                Err(ApiError::invalid(format!("`{key}` must be a finite number")))
-            }
-            value => Ok(value.map(|value| value as f32)),
-        }
-    }
-
-    /// A list of strings, also accepting one string.
-    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>, ApiError> {
-        let Some(value) = self.get(key) else { return Ok(None) };
-        match value {
-            Value::String(text) => Ok(Some(vec![text.clone()])),
-            Value::Array(items) => items
-                .iter()
-                .map(|item| {
-                    item.as_str().map(str::to_owned).ok_or_else(|| wrong(key, "a string or an array of strings"))
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            _ => Err(wrong(key, "a string or an array of strings")),
-        }
-    }
-}
-
-pub fn wrong(key: &str, expected: &str) -> ApiError {
-    ApiError::invalid(format!("`{key}` must be {expected}"))
-}
-
-fn integer(key: &str, value: &Value) -> Result<i64, ApiError> {
-    if let Some(int) = value.as_i64() {
-        return Ok(int);
-    }
-    let out_of_range = || ApiError::invalid(format!("`{key}` is out of range"));
-    if value.is_u64() {
-        return Err(out_of_range());
-    }
-    match value.as_f64() {
-        Some(float) if float.fract() == 0.0 && float.abs() < 9.0e18 => Ok(float as i64),
-        Some(float) if float.fract() == 0.0 => Err(out_of_range()),
-        _ => Err(wrong(key, "an integer")),
-    }
-}
-
 /// The server-side limits a request is checked against.
 pub struct Limits<'a> {
     pub defaults: &'a RequestDefaults,
@@ -162,6 +73,7 @@ pub struct Limits<'a> {
     pub n_ctx: usize,
     pub tokenizer: &'a Tokenizer,
     pub adapters: &'a Adapters,
+    pub grammars: &'a Compiler,
 }
 
 /// The generation fields of one request (the prompt comes separately).
@@ -189,7 +101,6 @@ pub const RANDOM_SEED: u32 = u32::MAX;
 
 /// Read the generation fields of a request.
 pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation, ApiError> {
-    refuse_unsupported(fields)?;
     let defaults = limits.defaults;
     let n_predict =
         match ["n_predict", "max_completion_tokens", "max_tokens"].iter().find(|key| fields.get(key).is_some()) {
@@ -329,6 +240,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         lora: limits.adapters.request(fields.get("lora"), fields.get("model").and_then(Value::as_str))?,
         n_keep,
         n_discard,
+        grammar: structured::grammar(fields, limits.grammars)?,
         images: Vec::new(),
     };
     Ok(Generation {
@@ -343,27 +255,6 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         response_fields: fields.strings("response_fields")?.unwrap_or_default(),
         n_cmpl,
     })
-}
-
-/// Fields whose meaning sluice does not implement yet: ignoring them would
-/// silently give a different answer than asked for.
-fn refuse_unsupported(fields: Fields<'_>) -> Result<(), ApiError> {
-    if fields.str("grammar")?.is_some_and(|grammar| !grammar.is_empty()) {
-        return Err(ApiError::unsupported("`grammar`"));
-    }
-    if fields.get("json_schema").is_some() {
-        return Err(ApiError::unsupported("`json_schema`"));
-    }
-    if let Some(format) = fields.get("response_format") {
-        let kind = format.get("type").and_then(Value::as_str).unwrap_or("text");
-        if kind != "text" {
-            return Err(ApiError::unsupported(&format!("`response_format` of type {kind:?}")));
-        }
-    }
-    if fields.get("tools").and_then(Value::as_array).is_some_and(|tools| !tools.is_empty()) {
-        return Err(ApiError::unsupported("`tools`"));
-    }
-    Ok(())
 }
 
 /// `samplers`: names (with llama.cpp's aliases) or a string of letters.

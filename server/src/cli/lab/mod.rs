@@ -18,8 +18,10 @@ use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
 
 mod bench;
+mod bench_constrained;
 
 pub use bench::{BenchCalibrateArgs, BenchServeArgs, bench_calibrate, bench_serve};
+pub use bench_constrained::{BenchConstrainedArgs, bench_constrained};
 
 #[derive(clap::Args)]
 pub struct LabArgs {

@@ -20,6 +20,8 @@ mod vocab;
 
 #[cfg(test)]
 mod test_gguf;
+#[cfg(test)]
+pub(crate) use tests::spm as test_spm;
 
 pub use stream::StreamDecoder;
 
@@ -189,7 +191,7 @@ impl Tokenizer {
     /// tokens are empty unless `render_special` (llama-server's `special`
     /// request flag, off by default).
     pub fn render_bytes(&self, id: u32, render_special: bool) -> &[u8] {
-        if !render_special && matches!(self.vocab.attr(id), Some(TokenAttr::Control | TokenAttr::Unknown)) {
+        if !render_special && self.is_control(id) {
             return &[];
         }
         self.token_bytes(id)
@@ -230,6 +232,12 @@ impl Tokenizer {
     /// `<|eot_id|>`, …) and the FIM pad/repo/file-separator tokens.
     pub fn is_end_of_generation(&self, id: u32) -> bool {
         self.vocab.eog.binary_search(&id).is_ok()
+    }
+
+    /// Whether `id` is a control (or unknown) token: never text, so
+    /// generated output shows nothing for it.
+    pub fn is_control(&self, id: u32) -> bool {
+        matches!(self.vocab.attr(id), Some(TokenAttr::Control | TokenAttr::Unknown))
     }
 
     /// All end-of-generation ids, sorted (for `ignore_eos` biases).

@@ -57,7 +57,9 @@ const HELLO_WORLD: &[(&str, f32)] = &[
     ("▁world", -0.2),
 ];
 
-fn spm(pieces: &[(&str, f32)]) -> Tokenizer {
+/// A SentencePiece tokenizer over `pieces` (with byte fallback, so it can
+/// write any text).
+pub(crate) fn spm(pieces: &[(&str, f32)]) -> Tokenizer {
     Tokenizer::from_gguf(&gguf(spm_entries(pieces))).expect("valid SPM vocabulary")
 }
 
