@@ -215,18 +215,30 @@ fn json_schemas_are_followed_and_batch_invariant() {
 #[test]
 fn constrained_rows_leave_unconstrained_rows_untouched() {
     let server = Server::start(&["-np", "2"]);
-    let free = json!({"prompt": "Once upon a time", "n_predict": 48, "temperature": 0.8, "seed": 5,
-                      "ignore_eos": true, "return_tokens": true});
-    let (_, alone, _) = run(&server, &free, false);
+    let free = json!({"prompt": "Once upon a time", "n_predict": 96, "temperature": 0.8, "seed": 5,
+                      "ignore_eos": true, "return_tokens": true, "stream": true});
+    let tokens = |reader: &mut sluice_tests::http::SseReader, tokens: &mut Vec<Value>| {
+        let event: Value = serde_json::from_str(&reader.next_data().expect("an event")).expect("JSON");
+        tokens.extend(event["tokens"].as_array().cloned().unwrap_or_default());
+        event["stop"] == true
+    };
+    let mut alone = Vec::new();
+    let mut reader = server.open_stream("/completion", &free);
+    while !tokens(&mut reader, &mut alone) {}
+    // The constrained request starts once the free one is decoding, and
+    // ends while it still is: they shared steps.
     let (name, schema) = &schemas()[0];
-    let constrained = body(name, schema, 0.0, 1);
-    let (beside, with_grammar) = std::thread::scope(|scope| {
-        let grammar = scope.spawn(|| run(&server, &constrained, true));
-        let beside = run(&server, &free, true).1;
-        (beside, grammar.join().expect("the constrained request"))
-    });
+    let mut beside = Vec::new();
+    let mut reader = server.open_stream("/completion", &free);
+    tokens(&mut reader, &mut beside);
+    let (status, constrained) = server.post("/completion", &body(name, schema, 0.0, 1));
+    assert_eq!(status, StatusCode::OK, "{constrained}");
+    let (_, slots) = server.get("/slots");
+    let busy = slots.as_array().map_or(0, |slots| slots.iter().filter(|slot| slot["is_processing"] == true).count());
+    assert_eq!(busy, 1, "the free request ended before the constrained one: no shared step\n{slots}");
+    while !tokens(&mut reader, &mut beside) {}
     assert_eq!(beside, alone, "the unconstrained request's tokens changed beside a constrained one");
-    validate(name, schema, &with_grammar.0);
+    validate(name, schema, constrained["content"].as_str().unwrap_or_default());
 }
 
 #[test]
@@ -311,6 +323,9 @@ fn is_expression(text: &str) -> bool {
     expr(text.as_bytes(), &mut at) && at == text.len()
 }
 
+/// An independent check of a grammar's language.
+type Language<'a> = dyn Fn(&str) -> bool + 'a;
+
 #[test]
 fn gbnf_grammars_are_followed() {
     let server = Server::start(&["-np", "2"]);
@@ -331,7 +346,7 @@ ws     ::= | " " | "\n" [ \t]{0,8}
     let classes = "root ::= [A-Z] [^0-9\\n ]{2,5} \"-\" [0-9]{3} | \"#\" [a-fA-F0-9]{6}\n";
     let item = regex::Regex::new(r"^(- [a-z]{1,10}\n){2,4}$").expect("regex");
     let class = regex::Regex::new(r"^([A-Z][^0-9\n ]{2,5}-[0-9]{3}|#[a-fA-F0-9]{6})$").expect("regex");
-    let cases: [(&str, &str, &dyn Fn(&str) -> bool); 4] = [
+    let cases: [(&str, &str, &Language<'_>); 4] = [
         ("arithmetic", arithmetic, &is_expression),
         ("json", json_grammar, &|text| serde_json::from_str::<Value>(text.trim_end()).is_ok_and(|v| v.is_object())),
         ("list", list, &|text| item.is_match(text)),
@@ -375,7 +390,7 @@ fn bad_grammars_and_schemas_are_400s_naming_the_problem() {
         answer["error"]["message"].as_str().unwrap_or_default().to_owned()
     };
     let message = refused(json!({"grammar": "root ::= \"a\" | b\n"}));
-    assert!(message.contains("`grammar`") && message.contains('b'), "{message}");
+    assert!(message.contains("`grammar`") && message.contains("undefined rule 'b'"), "{message}");
     let message = refused(json!({"grammar": "root ::= [a-z\n"}));
     assert!(message.contains("line 1"), "{message}");
     let message = refused(json!({"grammar": "item ::= \"a\"\n"}));
@@ -383,7 +398,7 @@ fn bad_grammars_and_schemas_are_400s_naming_the_problem() {
     let message = refused(json!({"grammar": "root ::= \"a\"", "json_schema": {"type": "string"}}));
     assert!(message.contains("not both"), "{message}");
     let message = refused(json!({"json_schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}));
-    assert!(message.contains("`json_schema`"), "{message}");
+    assert!(message.contains("`json_schema`") && message.contains("missing"), "{message}");
     let message = refused(json!({"grammar": "%llguidance {}\nstart: undefined_rule\n"}));
     assert!(message.contains("undefined_rule"), "{message}");
     // The server goes on serving.

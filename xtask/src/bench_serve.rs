@@ -15,12 +15,12 @@ use anyhow::Context;
 use crate::{cargo, models, repo_root, run};
 
 const SLOTS: &str = "16";
-const THREADS: &str = "2";
+pub(crate) const THREADS: &str = "2";
 /// Per slot: a 100-token prompt and 128 new tokens fit.
 const SLOT_CTX: usize = 512;
 
 /// Kills the server when the benchmark ends, however it ends.
-struct Server(Child);
+pub(crate) struct Server(pub(crate) Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -73,46 +73,6 @@ pub fn bench_serve(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask bench constrained [--llama-server BIN]`: mask times over the
-/// default model's vocabulary, then decode speed with and without JSON
-/// schemas on `sluice serve` (1 slot, 2 threads) and, when given, on
-/// llama-server with the same settings.
-pub fn bench_constrained(args: &[String]) -> anyhow::Result<()> {
-    let (llama_server, rest) = split_llama_server(args)?;
-    let model = models::fetch_model()?;
-    run(cargo().args(["build", "--quiet", "--release", "--package", "sluice", "--features", "lab"]))?;
-    let sluice = repo_root().join("target/release/sluice");
-    let bench = |port: u16, label: &str, mask: bool| {
-        let mut command = Command::new(&sluice);
-        command.args(["bench", "constrained", "--url", &format!("http://127.0.0.1:{port}"), "--label", label]);
-        if mask {
-            command.arg("-m").arg(&model);
-        }
-        run(command.args(&rest))
-    };
-    let mut servers: Vec<(&str, PathBuf)> = vec![("sluice", sluice.clone())];
-    servers.extend(llama_server.map(|binary| ("llama-server", binary)));
-    for (label, binary) in servers {
-        let port = free_port()?;
-        let mut command = Command::new(&binary);
-        if label == "sluice" {
-            command.arg("serve");
-        }
-        let _server = Server(
-            command
-                .arg("-m")
-                .arg(&model)
-                .args(["--port", &port.to_string(), "-np", "1", "-t", THREADS, "-c", "2048"])
-                .stdout(Stdio::null())
-                .stderr(log_file(label)?)
-                .spawn()
-                .with_context(|| format!("starting {}", binary.display()))?,
-        );
-        bench(port, label, label == "sluice")?;
-    }
-    Ok(())
-}
-
 fn measure(sluice: &Path, port: u16, label: &str, args: &[String]) -> anyhow::Result<()> {
     run(Command::new(sluice)
         .args(["bench", "serve", "--url", &format!("http://127.0.0.1:{port}"), "--label", label])
@@ -120,7 +80,7 @@ fn measure(sluice: &Path, port: u16, label: &str, args: &[String]) -> anyhow::Re
 }
 
 /// The server's log goes to target/bench-serve-NAME.log, out of the table's way.
-fn log_file(name: &str) -> anyhow::Result<std::fs::File> {
+pub(crate) fn log_file(name: &str) -> anyhow::Result<std::fs::File> {
     let path = repo_root().join(format!("target/bench-serve-{name}.log"));
     std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))
 }
@@ -143,7 +103,7 @@ fn adapters(args: &[String]) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Takes `--llama-server BIN` out of the arguments.
-fn split_llama_server(args: &[String]) -> anyhow::Result<(Option<PathBuf>, Vec<String>)> {
+pub(crate) fn split_llama_server(args: &[String]) -> anyhow::Result<(Option<PathBuf>, Vec<String>)> {
     let mut binary = None;
     let mut rest = Vec::new();
     let mut args = args.iter();
@@ -158,6 +118,6 @@ fn split_llama_server(args: &[String]) -> anyhow::Result<(Option<PathBuf>, Vec<S
 }
 
 /// A port that was free a moment ago (the servers bind it right after).
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

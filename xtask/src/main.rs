@@ -1,5 +1,6 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod bench_constrained;
 mod bench_model;
 mod bench_serve;
 mod fuzz;
@@ -188,7 +189,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
         "plugins" => run(cargo().args(["bench", "--package", "sluice", "--bench", "plugins"])),
         "model" => bench_model::bench_model(args),
         "serve" => bench_serve::bench_serve(args),
-        "constrained" => bench_serve::bench_constrained(args),
+        "constrained" => bench_constrained::bench_constrained(args),
         "spec" => bench_spec(args),
         other => bail!("unknown benchmark suite `{other}`"),
     }

@@ -8,6 +8,8 @@ const fn flag(names: &'static [&'static str], value: bool, action: Action) -> Fl
     Flag { names, value, action }
 }
 
+const NO_DEFAULT_GRAMMAR: &str = "no server-wide default grammar: send `grammar` or `json_schema` with each request";
+
 pub(super) const FLAGS: &[Flag] = &[
     flag(&["-h", "--help"], false, Native),
     flag(&["--usage"], false, Alias("--help")),
@@ -138,26 +140,10 @@ pub(super) const FLAGS: &[Flag] = &[
         true,
         Refuse("a server-wide logit bias is not supported; requests pass `logit_bias`"),
     ),
-    flag(
-        &["--grammar"],
-        true,
-        Refuse("no server-wide default grammar: send `grammar` or `json_schema` with each request"),
-    ),
-    flag(
-        &["--grammar-file"],
-        true,
-        Refuse("no server-wide default grammar: send `grammar` or `json_schema` with each request"),
-    ),
-    flag(
-        &["-j", "--json-schema"],
-        true,
-        Refuse("no server-wide default grammar: send `grammar` or `json_schema` with each request"),
-    ),
-    flag(
-        &["-jf", "--json-schema-file"],
-        true,
-        Refuse("no server-wide default grammar: send `grammar` or `json_schema` with each request"),
-    ),
+    flag(&["--grammar"], true, Refuse(NO_DEFAULT_GRAMMAR)),
+    flag(&["--grammar-file"], true, Refuse(NO_DEFAULT_GRAMMAR)),
+    flag(&["-j", "--json-schema"], true, Refuse(NO_DEFAULT_GRAMMAR)),
+    flag(&["-jf", "--json-schema-file"], true, Refuse(NO_DEFAULT_GRAMMAR)),
     flag(&["-bs", "--backend-sampling"], false, Ignore("sampling always runs on the host")),
     flag(&["--pooling"], true, Ignore("only used for embeddings, which sluice refuses")),
     flag(&["--rope-scaling"], true, Refuse("overriding the model's RoPE parameters is not supported")),

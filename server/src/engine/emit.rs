@@ -63,9 +63,11 @@ impl Emitter<'_> {
         if let Some(constraint) = active.constraint.as_mut() {
             // A grammar that is complete allows only end-of-generation,
             // which `ignore_eos` bans: the output is finished all the same.
-            let finished = active.request.ignore_eos && constraint.is_finished();
-            let masked =
-                if finished { Err(ConstraintEnd::Exhausted) } else { constraint.apply(&mut active.held_logits) };
+            let masked = match active.request.ignore_eos.then(|| constraint.is_finished()) {
+                Some(Ok(true)) => Err(ConstraintEnd::Exhausted),
+                Some(Err(error)) => Err(error),
+                Some(Ok(false)) | None => constraint.apply(&mut active.held_logits),
+            };
             match masked {
                 Ok(()) => {}
                 Err(ConstraintEnd::Exhausted) => {
@@ -171,6 +173,7 @@ impl Emitter<'_> {
         Metrics::add(&self.metrics.draft_tokens_total, drafts.len() as u64);
         active.draft_n += drafts.len();
         for (index, &draft) in drafts.iter().enumerate() {
+            let generated = active.generated;
             match self.emit(slot, active, Some(draft)) {
                 Emitted::Continue => {
                     self.metrics.count_accepted_at(index);
@@ -179,7 +182,10 @@ impl Emitter<'_> {
                 }
                 Emitted::Rejected => break,
                 ended @ (Emitted::Ended(_) | Emitted::Shift) => {
-                    self.metrics.count_accepted_at(index);
+                    // A constrained row can end before it samples the draft.
+                    if active.generated > generated {
+                        self.metrics.count_accepted_at(index);
+                    }
                     return ended;
                 }
             }

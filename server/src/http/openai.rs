@@ -134,6 +134,14 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             generation.request.grammar = Some(structured::compile("tools", &source, &parsing.grammars)?);
         }
         let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        if prompt.opens_thinking && generation.request.grammar.is_some() {
+            // The grammar would hold the reasoning to the format, and the
+            // reply would land in `reasoning_content`.
+            return Err(ApiError::invalid(
+                "the chat template opens a thinking block, which a grammar, schema or tool call cannot follow; \
+                 turn thinking off (`reasoning_effort: \"none\"` or `chat_template_kwargs: {\"enable_thinking\": false}`)",
+            ));
+        }
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
         let plan = Plan { generation, prompts: vec![prompt.tokens] };
         let tool_format = tools.map(|tools| tools.format);
@@ -353,7 +361,7 @@ fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize, tool_forma
             let mut message = json!({ "role": "assistant", "content": content });
             if let Some(calls) = calls {
                 insert(&mut message, "tool_calls", calls);
-                reason = "tool_calls";
+                reason = tools::finish_reason(reason);
             }
             // As llama-server, only a reply that reasoned has the field.
             if !reasoning.is_empty() {
@@ -475,7 +483,7 @@ impl OpenAiStream {
                 }
                 let called =
                     self.tool_streams.as_ref().and_then(|streams| streams.get(index)).is_some_and(ToolStream::called);
-                let reason = if called { "tool_calls" } else { reason };
+                let reason = if called { tools::finish_reason(reason) } else { reason };
                 let mut last = self.chunk(vec![json!({ "finish_reason": reason, "index": index, "delta": {} })]);
                 if !self.include_usage {
                     insert(&mut last, "timings", timings_json(&completion.timings));

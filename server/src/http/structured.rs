@@ -31,10 +31,13 @@ pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Resu
 /// Which field asks for what, if any does.
 fn source(fields: Fields<'_>) -> Result<Option<(&'static str, GrammarSource)>, ApiError> {
     let grammar = fields.str("grammar")?.filter(|grammar| !grammar.is_empty());
-    let schema = match fields.get("json_schema") {
-        Some(schema @ (Value::Object(_) | Value::Bool(_))) => Some(("json_schema", schema.clone())),
-        Some(_) => return Err(wrong("json_schema", "a JSON schema (an object)")),
-        None => response_format(fields)?.map(|schema| ("response_format", schema)),
+    let schema = match (fields.get("json_schema"), response_format(fields)?) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("either `json_schema` or `response_format` can be given, not both"));
+        }
+        (Some(schema @ (Value::Object(_) | Value::Bool(_))), None) => Some(("json_schema", schema.clone())),
+        (Some(_), None) => return Err(wrong("json_schema", "a JSON schema (an object)")),
+        (None, schema) => schema.map(|schema| ("response_format", schema)),
     };
     Ok(match (grammar, schema) {
         (Some(_), Some((field, _))) => {
@@ -68,14 +71,14 @@ fn response_format(fields: Fields<'_>) -> Result<Option<Value>, ApiError> {
             schema(format.get("schema"), "response_format.schema")?.unwrap_or_else(|| json!({"type": "object"})),
         )),
         "json_schema" => {
+            let empty = serde_json::Map::new();
             let wrapper = match format.get("json_schema") {
                 Some(Value::Object(wrapper)) => Fields(wrapper),
                 Some(_) => return Err(wrong("response_format.json_schema", "an object")),
-                None => {
-                    return Err(ApiError::invalid("`response_format.json_schema` is required for type json_schema"));
-                }
+                // As llama-server: no wrapper is any JSON value.
+                None => Fields(&empty),
             };
-            // llama-server also takes the schema directly beside the type.
+            // A schema beside the type (as with json_object) is taken too.
             let given = schema(wrapper.get("schema"), "response_format.json_schema.schema")?
                 .or(schema(format.get("schema"), "response_format.schema")?);
             Ok(Some(given.unwrap_or_else(|| json!({}))))
@@ -135,8 +138,12 @@ mod tests {
         assert!(message.contains("`json_schema`"), "{message}");
         let message = read(json!({"response_format": {"type": "xml"}})).unwrap_err();
         assert!(message.contains("response_format.type") && message.contains("xml"), "{message}");
-        let message = read(json!({"response_format": {"type": "json_schema"}})).unwrap_err();
-        assert!(message.contains("response_format.json_schema"), "{message}");
+        assert_eq!(
+            read(json!({"response_format": {"type": "json_schema"}})),
+            Ok(Some(("response_format", GrammarSource::JsonSchema(json!({})))))
+        );
+        let message = read(json!({"json_schema": {}, "response_format": {"type": "json_object"}})).unwrap_err();
+        assert!(message.contains("not both"), "{message}");
         let message =
             read(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}})).unwrap_err();
         assert!(message.contains("response_format.json_schema.schema"), "{message}");

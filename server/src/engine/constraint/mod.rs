@@ -15,7 +15,6 @@ mod vocabulary;
 
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -58,7 +57,7 @@ pub struct Grammars {
 
 impl Grammars {
     pub fn new(tokenizer: &Tokenizer) -> Result<Self, GrammarError> {
-        let env = vocabulary::environment(&tokenizer).map_err(GrammarError::Vocabulary)?;
+        let env = vocabulary::environment(tokenizer).map_err(GrammarError::Vocabulary)?;
         let vocab = env.tok_trie().vocab_size();
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|error| GrammarError::Vocabulary(error.to_string()))?;
@@ -92,6 +91,8 @@ impl Grammars {
     }
 }
 
+const WHITESPACE: &str = "\\x20|\\x0A[\\x20\\x09]{0,20}";
+
 /// Whitespace between JSON tokens as llama.cpp's schema grammars allow it —
 /// one space, or a newline and up to 20 spaces or tabs — unless the schema
 /// sets its own (`x-guidance`). llguidance's default allows any run of
@@ -99,10 +100,14 @@ impl Grammars {
 /// blanks until its token limit.
 fn bounded(schema: &Value) -> Value {
     let mut schema = schema.clone();
-    if let Value::Object(object) = &mut schema {
-        object
-            .entry("x-guidance")
-            .or_insert_with(|| serde_json::json!({"whitespace_pattern": "\\x20|\\x0A[\\x20\\x09]{0,20}"}));
+    let options = match &mut schema {
+        Value::Object(object) => object.entry("x-guidance").or_insert_with(|| Value::Object(Default::default())),
+        // `true` (anything) is `{}` with the bound.
+        Value::Bool(true) => return bounded(&serde_json::json!({})),
+        _ => return schema,
+    };
+    if let Value::Object(options) = options {
+        options.entry("whitespace_pattern").or_insert_with(|| Value::String(WHITESPACE.into()));
     }
     schema
 }
@@ -137,7 +142,6 @@ impl Grammar {
         Constraint {
             state: State::Ready(Box::new(compiled.matcher.clone()), Ok(compiled.mask.clone())),
             vocab: compiled.vocab,
-            waited: Duration::ZERO,
         }
     }
 }
@@ -158,9 +162,6 @@ pub enum ConstraintEnd {
 pub struct Constraint {
     state: State,
     vocab: usize,
-    /// Time the engine spent waiting for masks (the part of mask
-    /// computation the forward pass did not hide).
-    waited: Duration,
 }
 
 type Computed = (Box<Matcher>, Result<SimpleVob, String>);
@@ -204,7 +205,11 @@ impl Constraint {
         };
         let (send, receive) = mpsc::sync_channel(1);
         rayon::spawn(move || {
-            let mask = matcher.compute_mask_or_eos().map_err(|error| error.to_string());
+            // A panic on a rayon worker would abort the process; llguidance
+            // catches its own, this is insurance for the rest.
+            let mask = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| matcher.compute_mask_or_eos()))
+                .map_err(|_| "the mask computation panicked".to_owned())
+                .and_then(|mask| mask.map_err(|error| error.to_string()));
             // The sequence may have ended meanwhile; then nobody listens.
             let _ = send.send((matcher, mask));
         });
@@ -214,31 +219,28 @@ impl Constraint {
 
     /// How many of `drafts` (in order) the grammar allows.
     pub fn allowed_prefix(&mut self, drafts: &[u32]) -> usize {
+        // llguidance fails the whole matcher on an id outside the
+        // vocabulary (a drafter over padded logits can propose one): such a
+        // draft ends there without asking.
+        let known = drafts.iter().position(|&token| token as usize >= self.vocab).unwrap_or(drafts.len());
         match self.ready() {
-            Ok((matcher, _)) => matcher.validate_tokens(drafts).unwrap_or(0),
+            Ok((matcher, _)) => matcher.validate_tokens(&drafts[..known]).unwrap_or(0),
             Err(_) => 0,
         }
     }
 
     /// Whether the grammar is complete: nothing but end-of-generation may
     /// follow.
-    pub fn is_finished(&mut self) -> bool {
-        self.ready().map_or(true, |(matcher, _)| matcher.is_stopped())
-    }
-
-    /// Time spent waiting for masks so far.
-    pub fn waited(&self) -> Duration {
-        self.waited
+    pub fn is_finished(&mut self) -> Result<bool, ConstraintEnd> {
+        self.ready().map(|(matcher, _)| matcher.is_stopped())
     }
 
     fn ready(&mut self) -> Result<(&mut Box<Matcher>, &Result<SimpleVob, String>), ConstraintEnd> {
         if let State::Computing(receive) = &self.state {
-            let started = Instant::now();
             self.state = match receive.recv() {
                 Ok((matcher, mask)) => State::Ready(matcher, mask),
                 Err(_) => State::Failed("the mask worker stopped".into()),
             };
-            self.waited += started.elapsed();
         }
         match &mut self.state {
             State::Ready(matcher, mask) => Ok((matcher, mask)),

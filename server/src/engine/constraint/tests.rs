@@ -123,11 +123,11 @@ fn a_forbidden_token_fails_the_matcher() {
 #[test]
 fn bad_grammars_are_errors_naming_the_problem() {
     let (_, grammars) = grammars();
-    let error = |source: GrammarSource| grammars.compile(&source).err().expect("refused").to_string();
+    let error = |source: GrammarSource| grammars.compile(&source).expect_err("refused").to_string();
     let message = error(GrammarSource::Lark("start: missing_rule".into()));
     assert!(message.contains("missing_rule"), "{message}");
     let message = error(GrammarSource::JsonSchema(json!({"type": "object", "properties": {"a": {"type": 7}}})));
-    assert!(!message.is_empty());
+    assert!(message.contains("type"), "{message}");
     let message = error(GrammarSource::Gbnf("root ::= \"a".into()));
     assert!(message.contains("line 1"), "{message}");
 }

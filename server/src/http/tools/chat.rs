@@ -112,12 +112,18 @@ fn call_id() -> String {
     format!("call_{}", &random_id()[..24])
 }
 
-/// A finished reply's `content` and `tool_calls` (`None` when it made no
-/// call).
+/// The finish reason of a reply that called: `tool_calls`, unless the
+/// token limit cut it (llama-server reports those as `length`).
+pub fn finish_reason(reason: &'static str) -> &'static str {
+    if reason == "length" { reason } else { "tool_calls" }
+}
+
+/// A finished reply's `content` (trimmed, `null` when empty, as a stream of
+/// the same reply sends it) and `tool_calls` (`None` when it made no call).
 pub fn reply(format: ToolFormat, text: &str) -> (Value, Option<Value>) {
     let (content, calls) = parse_output(format, text);
     if calls.is_empty() {
-        return (Value::String(text.to_owned()), None);
+        return (content.map_or(Value::Null, Value::String), None);
     }
     let calls = calls
         .into_iter()
@@ -185,7 +191,9 @@ mod tests {
         assert_eq!(calls[0]["function"], json!({"name": "weather", "arguments": "{\"city\":\"Paris\"}"}));
         assert_eq!(calls[0]["type"], "function");
         assert!(calls[0]["id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() == 29));
-        assert_eq!(reply(ToolFormat::Hermes, "plain"), (json!("plain"), None));
+        assert_eq!(reply(ToolFormat::Hermes, " plain "), (json!("plain"), None));
+        assert_eq!(finish_reason("length"), "length");
+        assert_eq!(finish_reason("stop"), "tool_calls");
     }
 
     #[test]

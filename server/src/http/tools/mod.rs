@@ -24,7 +24,7 @@
 mod chat;
 mod stream;
 
-pub use chat::{ChatTools, ToolStream, arguments_as_objects, reply};
+pub use chat::{ChatTools, ToolStream, arguments_as_objects, finish_reason, reply};
 
 pub use stream::{StreamEvent, StreamParser, ToolCall, parse_output};
 
