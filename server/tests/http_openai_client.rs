@@ -114,9 +114,12 @@ history = messages + [
     {"role": "tool", "tool_call_id": call.id, "content": "5"},
 ]
 after = client.chat.completions.create(model="sluice", messages=history, tools=tools, max_tokens=24, temperature=0)
+# The call and its result both reach the prompt.
+no_result = client.chat.completions.create(model="sluice", messages=history[:-1], tools=tools, max_tokens=1,
+                                           temperature=0)
 plain = client.chat.completions.create(model="sluice", messages=messages, tools=tools, max_tokens=1, temperature=0)
-assert after.usage.prompt_tokens > plain.usage.prompt_tokens, (after.usage, plain.usage)
-assert after.choices[0].finish_reason in ("stop", "length", "tool_calls"), after
+assert after.usage.prompt_tokens > no_result.usage.prompt_tokens > plain.usage.prompt_tokens, (after.usage,
+    no_result.usage, plain.usage)
 print("round trip", after.choices[0].finish_reason)
 print("ok")
 "#;

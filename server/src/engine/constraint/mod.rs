@@ -251,4 +251,4 @@ impl Constraint {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -17,7 +17,7 @@ fn grammars() -> (Arc<Tokenizer>, Grammars) {
 
 /// What the constrained greedy choice over seeded random logits writes, and
 /// whether it ended with end-of-generation within `limit` tokens.
-fn generate(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64, limit: usize) -> (String, bool) {
+pub(crate) fn generate(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64, limit: usize) -> (String, bool) {
     let mut constraint = grammar.start();
     let mut state = seed | 1;
     let mut text = Vec::new();

@@ -247,3 +247,61 @@ mod tests {
         assert_eq!(message["tool_calls"][1]["function"]["arguments"], "not json");
     }
 }
+
+/// Every format and choice compiles, and what a grammar lets a model write
+/// (random logits, the best allowed token) parses back into valid calls.
+#[cfg(test)]
+mod grammar_tests {
+    use serde_json::{Value, json};
+
+    use super::super::{ToolChoice, ToolFormat, grammar, parse_output, parse_tools};
+    use crate::engine::constraint::tests::generate;
+    use crate::engine::constraint::{GrammarSource, Grammars};
+    use crate::model::tokenizer::test_spm;
+
+    #[test]
+    fn every_format_and_choice_compiles_and_parses_back() {
+        let tokenizer = test_spm(&[]);
+        let grammars = Grammars::new(&tokenizer).expect("the vocabulary indexes");
+        let tools = parse_tools(&json!([
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["a", "b"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "mode", "parameters": {"type": "object", "properties": {
+                "on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}}
+        ]))
+        .expect("valid tools");
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+            for choice in [ToolChoice::Auto, ToolChoice::Required, ToolChoice::Named("mode".into())] {
+                for parallel in [false, true] {
+                    let text = grammar(format, &tools, &choice, parallel).expect("a grammar");
+                    let compiled = grammars
+                        .compile(&GrammarSource::Lark(text))
+                        .unwrap_or_else(|error| panic!("{format:?} {choice:?} {parallel}: {error}"));
+                    if choice == ToolChoice::Auto {
+                        continue;
+                    }
+                    for seed in 1..=4 {
+                        let (reply, ended) = generate(&tokenizer, &compiled, seed, 400);
+                        let what = format!("{format:?} {choice:?} {parallel} seed {seed}: {reply:?}");
+                        assert!(ended, "{what}: no end");
+                        let (content, calls) = parse_output(format, &reply);
+                        assert!(content.is_none() && !calls.is_empty(), "{what}");
+                        assert!(parallel || calls.len() == 1, "{what}");
+                        for call in calls {
+                            let arguments: Value = serde_json::from_str(&call.arguments).expect("JSON arguments");
+                            match call.name.as_str() {
+                                "add" => assert!(arguments["a"].is_u64() && arguments["b"].is_u64(), "{what}"),
+                                "mode" => assert!(arguments["on"].is_boolean(), "{what}"),
+                                other => panic!("{what}: unknown function {other}"),
+                            }
+                            if let ToolChoice::Named(name) = &choice {
+                                assert_eq!(&call.name, name, "{what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
