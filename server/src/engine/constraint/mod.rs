@@ -1,5 +1,5 @@
 //! Constrained decoding (structured outputs): a request's grammar — a JSON
-//! schema, a GBNF grammar (translated by [`gbnf`]) or llguidance's own Lark
+//! schema, a GBNF grammar (translated by `gbnf`) or llguidance's own Lark
 //! — compiled by the `llguidance` crate against the model's vocabulary, then
 //! one token mask per step applied to that request's logits before its
 //! sampler chain.
