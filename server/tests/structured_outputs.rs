@@ -283,27 +283,24 @@ fn openai_response_format_is_followed() {
 
 /// An arithmetic expression over digits, + - * / and parentheses.
 fn is_expression(text: &str) -> bool {
-    fn expr(s: &[u8], at: &mut usize) -> bool {
-        term(s, at) && {
-            while *at < s.len() && matches!(s[*at], b'+' | b'-') {
-                *at += 1;
-                if !term(s, at) {
-                    return false;
-                }
-            }
-            true
+    /// Operands joined by any of `operators`, left to right.
+    fn chain(s: &[u8], at: &mut usize, operators: &[u8], operand: fn(&[u8], &mut usize) -> bool) -> bool {
+        if !operand(s, at) {
+            return false;
         }
+        while s.get(*at).is_some_and(|byte| operators.contains(byte)) {
+            *at += 1;
+            if !operand(s, at) {
+                return false;
+            }
+        }
+        true
+    }
+    fn expr(s: &[u8], at: &mut usize) -> bool {
+        chain(s, at, b"+-", term)
     }
     fn term(s: &[u8], at: &mut usize) -> bool {
-        factor(s, at) && {
-            while *at < s.len() && matches!(s[*at], b'*' | b'/') {
-                *at += 1;
-                if !factor(s, at) {
-                    return false;
-                }
-            }
-            true
-        }
+        chain(s, at, b"*/", factor)
     }
     fn factor(s: &[u8], at: &mut usize) -> bool {
         if s.get(*at) == Some(&b'(') {

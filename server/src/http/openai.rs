@@ -124,8 +124,8 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
-        let tools = ChatTools::read(fields, parsing.template.source())?;
-        if let Some(source) = tools.as_ref().and_then(ChatTools::grammar) {
+        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        if let Some(source) = prompt.tools.as_ref().and_then(ChatTools::grammar) {
             if generation.request.grammar.is_some() {
                 return Err(ApiError::invalid(
                     "`tools` cannot be combined with `response_format`, `json_schema` or `grammar`",
@@ -133,7 +133,6 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             }
             generation.request.grammar = Some(structured::compile("tools", &source, &parsing.grammars)?);
         }
-        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
         if prompt.opens_thinking && generation.request.grammar.is_some() {
             // The grammar would hold the reasoning to the format, and the
             // reply would land in `reasoning_content`.
@@ -144,7 +143,7 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
         }
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
         let plan = Plan { generation, prompts: vec![prompt.tokens] };
-        let tool_format = tools.map(|tools| tools.format);
+        let tool_format = prompt.tools.map(|tools| tools.format);
         Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n, tool_format }, reasoning))
     })
     .await?;
@@ -156,15 +155,18 @@ pub struct ChatPrompt {
     pub tokens: Vec<u32>,
     /// The prompt ends inside a think block, so the reply starts in it.
     pub opens_thinking: bool,
+    /// The request's tools, when the reply may call them.
+    pub tools: Option<ChatTools>,
 }
 
 /// The tokens of the rendered chat prompt (special tokens parsed, BOS
 /// added where the vocabulary asks for it).
 pub fn chat_tokens(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<ChatPrompt, ApiError> {
-    let text = chat_prompt(ready, fields, thinking)?;
+    let (text, tools) = render(ready, fields, thinking)?;
     Ok(ChatPrompt {
         tokens: ready.tokenizer.encode(&text, true, true),
         opens_thinking: reasoning::opens_thinking(&text),
+        tools,
     })
 }
 
@@ -172,6 +174,11 @@ pub fn chat_tokens(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
 /// server's `--reasoning`) sets `enable_thinking` unless the request's
 /// `chat_template_kwargs` or `reasoning_effort` do.
 pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<String, ApiError> {
+    render(ready, fields, thinking).map(|(text, _)| text)
+}
+
+/// The rendered prompt, and the request's tools when it may call them.
+fn render(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<(String, Option<ChatTools>), ApiError> {
     let messages = fields.get("messages").ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
     // An empty conversation renders as the template has it (llama-server
@@ -213,7 +220,8 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
         }
         _ => {}
     }
-    if let Some(tools) = ChatTools::read(fields, ready.template.source())? {
+    let tools = ChatTools::read(fields, ready.template.source())?;
+    if let Some(tools) = &tools {
         tools.prepare(&mut messages, &mut extra);
     }
     let render = |messages: &[Value], add_generation_prompt: bool| {
@@ -244,10 +252,11 @@ pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Res
     // it; a template that writes BOS itself would double it, so its text is
     // dropped here (as llama.cpp does).
     let bos = ready.tokenizer.bos().map(|id| ready.tokenizer.piece(id)).filter(|bos| !bos.is_empty());
-    Ok(match bos {
+    let rendered = match bos {
         Some(bos) if ready.tokenizer.adds_bos() => rendered.strip_prefix(bos).map(str::to_owned).unwrap_or(rendered),
         _ => rendered,
-    })
+    };
+    Ok((rendered, tools))
 }
 
 /// A message as templates expect it: `content` as one string (text parts

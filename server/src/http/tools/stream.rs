@@ -18,6 +18,11 @@ pub fn parse_output(format: ToolFormat, text: &str) -> (Option<String>, Vec<Tool
     let mut parser = StreamParser::new(format);
     let mut events = parser.push(text);
     events.extend(parser.finish());
+    assemble(events)
+}
+
+/// Content and calls put back together from a parser's events.
+fn assemble(events: impl IntoIterator<Item = StreamEvent>) -> (Option<String>, Vec<ToolCall>) {
     let mut content = String::new();
     let mut calls: Vec<ToolCall> = Vec::new();
     for event in events {
@@ -371,21 +376,16 @@ mod tests {
                         events.extend(parser.push(&piece.iter().collect::<String>()));
                     }
                     events.extend(parser.finish());
-                    let mut content = String::new();
-                    let mut calls: Vec<ToolCall> = Vec::new();
-                    for event in events {
-                        match event {
-                            StreamEvent::Content(delta) => content.push_str(&delta),
-                            StreamEvent::CallStart { index, name } => {
-                                assert_eq!(index, calls.len());
-                                calls.push(call(&name, ""));
-                            }
-                            StreamEvent::CallArguments { index, fragment } => {
-                                calls[index].arguments.push_str(&fragment)
-                            }
-                        }
-                    }
-                    let streamed = ((!content.is_empty()).then_some(content), calls);
+                    // Calls are numbered in the order they start.
+                    let starts: Vec<usize> = events
+                        .iter()
+                        .filter_map(|event| match event {
+                            StreamEvent::CallStart { index, .. } => Some(*index),
+                            _ => None,
+                        })
+                        .collect();
+                    assert_eq!(starts, (0..starts.len()).collect::<Vec<_>>());
+                    let streamed = assemble(events);
                     assert_eq!(streamed, parse_output(format, text), "{format:?} {text:?} in pieces of {size}");
                 }
             }
