@@ -9,14 +9,22 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::pool::ThreadPool;
-use crate::quant::{ActFormat, DType, Dot, KernelError, Kernels};
+use crate::quant::{ActFormat, DType, Dot, KernelError, Kernels, PackedRows};
 
 /// Weight rows held at once per tile while the activation rows pass over
 /// them: about half of a typical L1 data cache.
 const TILE_BYTES: usize = 16 * 1024;
 
+/// Rows per packed group, and the unit in which threads take rows.
+const GROUP_ROWS: usize = 8;
+
+/// Activation rows per pass over a tile of packed groups: the widest
+/// packed kernel's.
+const PACKED_ACT_ROWS: usize = 8;
+
 /// A row-major `n_out × n_in` weight matrix in one dtype, borrowed from its
-/// file.
+/// file, and the packed copy of its rows where the kernels have one
+/// ([`QuantMatrix::pack`]).
 #[derive(Clone, Copy)]
 pub struct QuantMatrix<'a> {
     dtype: DType,
@@ -25,6 +33,7 @@ pub struct QuantMatrix<'a> {
     n_in: usize,
     row_bytes: usize,
     act_row_bytes: usize,
+    packed: Option<&'a PackedRows>,
 }
 
 /// Shape and type only: the data is megabytes.
@@ -51,7 +60,7 @@ impl<'a> QuantMatrix<'a> {
         if data.len() != total {
             return Err(KernelError::Length { what: "the weight matrix (bytes)", got: data.len(), expected: total });
         }
-        Ok(QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes })
+        Ok(QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes, packed: None })
     }
 
     /// A matrix whose bytes [`QuantMatrix::new`] accepted before (the CPU
@@ -61,7 +70,31 @@ impl<'a> QuantMatrix<'a> {
         let row_bytes = dtype.row_bytes(n_in).unwrap_or_default();
         let act_row_bytes = dtype.act_format().row_bytes(n_in).unwrap_or_default();
         debug_assert_eq!(Some(data.len()), row_bytes.checked_mul(n_out));
-        QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes }
+        QuantMatrix { dtype, data, n_out, n_in, row_bytes, act_row_bytes, packed: None }
+    }
+
+    /// The matrix's whole groups of eight rows packed for this process's
+    /// kernels, or `None` where they multiply the file's layout (a type
+    /// without packed kernels, the scalar level, fewer than eight rows).
+    /// A copy: as many bytes as those rows (Q4_K's scales unpacked add
+    /// 3 %).
+    pub fn pack(&self) -> Option<PackedRows> {
+        if !Kernels::detected().dot(self.dtype).packs() {
+            return None;
+        }
+        PackedRows::new(self.dtype, self.data, self.n_out, self.n_in)
+    }
+
+    /// This matrix multiplied through `packed`, which [`QuantMatrix::pack`]
+    /// made from the same bytes; a packed copy of another shape or type is
+    /// refused.
+    pub fn with_packed(self, packed: &'a PackedRows) -> Result<QuantMatrix<'a>, KernelError> {
+        let expected = PackedRows::len_for(self.dtype, self.n_out, self.n_in);
+        if packed.dtype() != self.dtype || Some(packed.bytes().len()) != expected {
+            let expected = expected.unwrap_or_default();
+            return Err(KernelError::Length { what: "the packed matrix (bytes)", got: packed.bytes().len(), expected });
+        }
+        Ok(QuantMatrix { packed: Some(packed), ..self })
     }
 
     pub fn dtype(&self) -> DType {
@@ -134,17 +167,18 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
             Job { weights, acts, dot: kernels.dot(weights.dtype), out: as_atomic(out) }
         })
         .collect();
-    // Each matrix's rows as groups of four (the kernels' unit), numbered
-    // through all the matrices; a thread takes a contiguous run of groups.
+    // Each matrix's rows as groups of eight (the packed kernels' unit,
+    // two of the others'), numbered through all the matrices; a thread
+    // takes a contiguous run of groups.
     let firsts: Vec<usize> = jobs
         .iter()
         .scan(0, |next, job| {
             let first = *next;
-            *next += job.weights.n_out.div_ceil(4);
+            *next += job.weights.n_out.div_ceil(GROUP_ROWS);
             Some(first)
         })
         .collect();
-    let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(4)).sum::<usize>();
+    let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(GROUP_ROWS)).sum::<usize>();
     // Threads claim runs of groups until none are left, so that a thread
     // slowed by its neighbours (a shared core, a busy host) does less of
     // the work instead of holding up the others.
@@ -159,10 +193,10 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
             let groups = start..(start + run).min(n_groups);
             for (job, &first) in jobs.iter().zip(&firsts) {
                 let n_out = job.weights.n_out;
-                let start = groups.start.clamp(first, first + n_out.div_ceil(4)) - first;
-                let end = groups.end.clamp(first, first + n_out.div_ceil(4)) - first;
+                let start = groups.start.clamp(first, first + n_out.div_ceil(GROUP_ROWS)) - first;
+                let end = groups.end.clamp(first, first + n_out.div_ceil(GROUP_ROWS)) - first;
                 if start < end {
-                    job.rows(m, 4 * start..(4 * end).min(n_out));
+                    job.rows(m, GROUP_ROWS * start..(GROUP_ROWS * end).min(n_out));
                 }
             }
         }
@@ -214,19 +248,61 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Outputs of weight rows `rows` for all `m` activation rows: tiles of
-    /// weight rows stay in cache while every activation row passes.
-    fn rows(&self, m: usize, rows: std::ops::Range<usize>) {
+    /// Outputs of weight rows `rows` (from a multiple of eight) for all `m`
+    /// activation rows: tiles of weight rows stay in cache while every
+    /// activation row passes. Packed groups first, then the rest from the
+    /// file's layout.
+    fn rows(&self, m: usize, mut rows: std::ops::Range<usize>) {
+        if let Some(packed) = self.weights.packed {
+            let groups = rows.start / GROUP_ROWS..(rows.end / GROUP_ROWS).min(packed.n_groups());
+            if !groups.is_empty() {
+                rows.start = GROUP_ROWS * groups.end;
+                self.packed_rows(packed, m, groups);
+            }
+        }
+        if !rows.is_empty() {
+            self.file_rows(m, rows);
+        }
+    }
+
+    fn act(&self, i: usize) -> &[u8] {
+        let n = self.weights.act_row_bytes;
+        &self.acts[i * n..(i + 1) * n]
+    }
+
+    fn store(&self, i: usize, j: usize, values: &[f32]) {
+        for (o, v) in self.out[i * self.weights.n_out + j..].iter().zip(values) {
+            o.store(v.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// Packed groups `groups` for all `m` activation rows, eight at a
+    /// time, in tiles of groups as [`Job::file_rows`] does.
+    fn packed_rows(&self, packed: &PackedRows, m: usize, groups: std::ops::Range<usize>) {
+        let group_bytes = packed.group_bytes();
+        let tile = (TILE_BYTES / group_bytes.max(1)).max(1);
+        let acts: Vec<&[u8]> = (0..m).map(|i| self.act(i)).collect();
+        for tile_start in groups.clone().step_by(tile) {
+            for (chunk, acts) in acts.chunks(PACKED_ACT_ROWS).enumerate() {
+                for g in tile_start..(tile_start + tile).min(groups.end) {
+                    if chunk == 0 {
+                        prefetch_ahead(packed.bytes(), g * group_bytes..(g + 1) * group_bytes, group_bytes);
+                    }
+                    self.dot.call_packed(packed.group(g), acts, |i, values| {
+                        self.store(PACKED_ACT_ROWS * chunk + i, GROUP_ROWS * g, values)
+                    });
+                }
+            }
+        }
+    }
+
+    /// Rows `rows` from the file's layout.
+    fn file_rows(&self, m: usize, rows: std::ops::Range<usize>) {
         let (weights, dot) = (self.weights, self.dot);
-        let (n_out, act_row_bytes) = (weights.n_out, weights.act_row_bytes);
         // Whole groups of four rows, so that only a share's last rows run one by one.
         let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(4) / 4 * 4;
-        let act = |i: usize| &self.acts[i * act_row_bytes..(i + 1) * act_row_bytes];
-        let store = |i: usize, j: usize, values: &[f32]| {
-            for (o, v) in self.out[i * n_out + j..].iter().zip(values) {
-                o.store(v.to_bits(), Ordering::Relaxed);
-            }
-        };
+        let act = |i: usize| self.act(i);
+        let store = |i: usize, j: usize, values: &[f32]| self.store(i, j, values);
         for tile_start in rows.clone().step_by(tile) {
             let tile_rows = tile_start..(tile_start + tile).min(rows.end);
             let groups_end = tile_rows.start + (tile_rows.len() / 4) * 4;
@@ -370,6 +446,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn packed_matrices_give_the_bits_of_the_file_layout() {
+        let mut rng = Rng::new(16);
+        let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            // Rows past the last whole group, groups in several tiles, and
+            // a matrix too small to pack.
+            for (n_out, n_in) in [(45, 512), (8, 256), (7, 256), (130, 1024)] {
+                let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
+                let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
+                let Some(packed) = w.pack() else {
+                    assert!(n_out < 8 || !Kernels::detected().dot(dtype).packs(), "{dtype} {n_out} rows");
+                    continue;
+                };
+                let packed_w = w.with_packed(&packed).expect("packed from these bytes");
+                for m in [1, 3, 4, 9, 17] {
+                    let x = random_acts(&mut rng, m * n_in);
+                    let want = per_element(&w, &x, m);
+                    for pool in &pools {
+                        let mut out = vec![f32::NAN; m * n_out];
+                        matmul(&packed_w, &x, m, &mut out, pool);
+                        let same = out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{dtype} {n_out}×{n_in} m={m} threads={}", pool.n_threads());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_packed_copy_of_another_matrix_is_refused() {
+        let mut rng = Rng::new(17);
+        let data: Vec<u8> = (0..16).flat_map(|_| random_weights(&mut rng, DType::Q4_K, 256)).collect();
+        let w = QuantMatrix::new(DType::Q4_K, &data, 16, 256).expect("consistent shapes");
+        let half = QuantMatrix::new(DType::Q4_K, &data[..data.len() / 2], 8, 256).expect("consistent shapes");
+        let Some(packed) = half.pack() else { return };
+        let err = w.with_packed(&packed).expect_err("8 rows packed, 16 in the matrix");
+        assert!(err.to_string().contains("packed"), "{err}");
+        let q6: Vec<u8> = (0..8).flat_map(|_| random_weights(&mut rng, DType::Q6_K, 256)).collect();
+        let q6 = QuantMatrix::new(DType::Q6_K, &q6, 8, 256).expect("consistent shapes");
+        assert!(q6.with_packed(&packed).is_err(), "Q4_K rows for a Q6_K matrix");
     }
 
     #[test]

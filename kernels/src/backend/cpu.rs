@@ -17,7 +17,7 @@ use super::{
 use crate::matmul::{QuantMatrix, matmuls, share};
 use crate::ops::{self, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
-use crate::quant::SimdLevel;
+use crate::quant::{PackedRows, SimdLevel};
 
 /// Host memory and `n` threads.
 pub struct CpuBackend {
@@ -39,18 +39,22 @@ impl CpuBackend {
     }
 }
 
-/// A weight matrix where the model file maps it.
+/// A weight matrix where the model file maps it, with its rows packed for
+/// the kernels where they have a packed layout.
 pub struct CpuMatrix {
     bytes: SharedBytes,
     /// The shape, checked against the bytes once.
     dtype: crate::quant::DType,
     n_out: usize,
     n_in: usize,
+    packed: Option<PackedRows>,
 }
 
 impl CpuMatrix {
     fn view(&self) -> QuantMatrix<'_> {
-        QuantMatrix::checked_at_load(self.dtype, self.bytes.as_slice(), self.n_out, self.n_in)
+        let view = QuantMatrix::checked_at_load(self.dtype, self.bytes.as_slice(), self.n_out, self.n_in);
+        // `packed` came from this view's bytes, so the check cannot fail.
+        self.packed.as_ref().and_then(|packed| view.with_packed(packed).ok()).unwrap_or(view)
     }
 }
 
@@ -102,8 +106,8 @@ impl Backend for CpuBackend {
 
     fn matrix(&self, source: MatrixSource) -> Result<CpuMatrix, BackendError> {
         let MatrixSource { dtype, bytes, n_out, n_in } = source;
-        QuantMatrix::new(dtype, bytes.as_slice(), n_out, n_in)?;
-        Ok(CpuMatrix { bytes, dtype, n_out, n_in })
+        let packed = QuantMatrix::new(dtype, bytes.as_slice(), n_out, n_in)?.pack();
+        Ok(CpuMatrix { bytes, dtype, n_out, n_in, packed })
     }
 
     fn vector(&self, values: &[f32]) -> Result<Vec<f32>, BackendError> {

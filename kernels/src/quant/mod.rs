@@ -14,6 +14,7 @@
 //! `matmul` computes every output element with this same dot.
 
 pub(crate) mod blocks;
+pub(crate) mod packed;
 mod scalar;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -26,6 +27,7 @@ use std::sync::OnceLock;
 use thiserror::Error;
 
 use blocks::{QK, QK_K};
+pub use packed::PackedRows;
 
 /// The element types of weight tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -353,6 +355,8 @@ type Dot4x2Fn = unsafe fn([&[u8]; 4], [&[u8]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
 type Dot4x8Fn = unsafe fn([&[u8]; 4], [&[u8]; 8]) -> [[f32; 4]; 8];
 type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
+/// A packed group of eight weight rows against `A` activation rows.
+type PackedFn<const A: usize> = unsafe fn(&[u8], [&[u8]; A]) -> [[f32; 8]; A];
 
 /// The kernels of one supported level. Only constructed for a level the CPU
 /// supports, which is what makes calling its entry points sound.
@@ -378,7 +382,14 @@ impl Kernels {
             SimdLevel::Avx2 => x86::avx2::kernels(dtype),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => x86::avx512::kernels(dtype),
-            _ => Dot { one: scalar_dot(dtype), four: None, four_by_two: None, four_by_four: None, four_by_eight: None },
+            _ => Dot {
+                one: scalar_dot(dtype),
+                four: None,
+                four_by_two: None,
+                four_by_four: None,
+                four_by_eight: None,
+                packed: None,
+            },
         }
     }
 
@@ -404,6 +415,17 @@ pub(crate) struct Dot {
     four_by_two: Option<Dot4x2Fn>,
     four_by_four: Option<Dot4x4Fn>,
     four_by_eight: Option<Dot4x8Fn>,
+    packed: Option<PackedDot>,
+}
+
+/// The kernels over [`PackedRows`] groups, by activation rows per call.
+#[derive(Clone, Copy)]
+pub(crate) struct PackedDot {
+    pub(crate) one: PackedFn<1>,
+    pub(crate) four: PackedFn<4>,
+    /// Only where the registers hold eight rows' sums (AVX-512's 32);
+    /// AVX2's 16 spill them.
+    pub(crate) eight: Option<PackedFn<8>>,
 }
 
 impl Dot {
@@ -411,6 +433,48 @@ impl Dot {
     pub(crate) fn call(self, weight_row: &[u8], act_row: &[u8]) -> f32 {
         // SAFETY: `Dot` is only built by `Kernels::dot`, for a supported level.
         unsafe { (self.one)(weight_row, act_row) }
+    }
+
+    /// Whether this level multiplies the dtype's weights packed
+    /// ([`PackedRows`]).
+    pub(crate) fn packs(self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// The eight rows of a packed group against each of `acts`, the same
+    /// bits as [`Dot::call`] on each original row; `store(i, values)` takes activation row `i`'s outputs. Does nothing
+    /// at a level without packed kernels (the caller packs only where
+    /// [`Dot::packs`]).
+    #[inline]
+    pub(crate) fn call_packed(self, group: &[u8], acts: &[&[u8]], mut store: impl FnMut(usize, &[f32; 8])) {
+        let Some(packed) = self.packed else { return };
+        let mut values = [[0.0f32; 8]; 8];
+        let mut start = 0;
+        while let Some(rest) = acts.get(start..).filter(|rest| !rest.is_empty()) {
+            let n = match (rest.len(), packed.eight) {
+                (8.., Some(eight)) => {
+                    // SAFETY: as in `call`.
+                    values = unsafe { eight(group, std::array::from_fn(|k| rest[k])) };
+                    8
+                }
+                (4.., _) => {
+                    // SAFETY: as in `call`.
+                    let four = unsafe { (packed.four)(group, std::array::from_fn(|k| rest[k])) };
+                    values[..4].copy_from_slice(&four);
+                    4
+                }
+                _ => {
+                    // SAFETY: as in `call`.
+                    let one = unsafe { (packed.one)(group, [rest[0]]) };
+                    values[..1].copy_from_slice(&one);
+                    1
+                }
+            };
+            for (k, v) in values[..n].iter().enumerate() {
+                store(start + k, v);
+            }
+            start += n;
+        }
     }
 
     /// Four weight rows against one activation row: side by side,

@@ -150,7 +150,7 @@ fn k_quants(qs: &[u8; 128], qh: Option<&[u8; 32]>) -> [u8; QK_K] {
 }
 
 /// Q6_K quants in element order, unsigned (the value uses `q - 32`).
-fn q6_k_quants(b: &BlockQ6K) -> [u8; QK_K] {
+pub(crate) fn q6_k_quants(b: &BlockQ6K) -> [u8; QK_K] {
     let mut q = [0u8; QK_K];
     for half in 0..2 {
         let (ql, qh, out) = (&b.ql[64 * half..], &b.qh[32 * half..], &mut q[128 * half..]);

@@ -528,6 +528,48 @@ fn multi_activation_row_kernels_equal_the_reference_for_every_row() {
 }
 
 #[test]
+fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
+    let mut rng = Rng::new(10);
+    let n = 512;
+    for level in simd_levels() {
+        let kernels = Kernels::new(level).expect("level is supported");
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            let dot = kernels.dot(dtype);
+            assert!(dot.packs(), "{level:?} {dtype}");
+            // Adversarial rows (extreme quants and scales) and random ones,
+            // two groups of eight in several arrangements.
+            let mut rows = adversarial_weights(&mut rng, dtype, n);
+            rows.extend((0..16 - rows.len()).map(|_| random_weights(&mut rng, dtype, n)));
+            let mut xs = adversarial_acts(n);
+            xs.extend((0..7).map(|_| random_acts(&mut rng, n)));
+            let acts: Vec<Vec<u8>> = xs.iter().map(|x| quantized(level, dtype.act_format(), x)).collect();
+            for shift in [0, 5] {
+                rows.rotate_left(shift);
+                let data = rows.concat();
+                let packed = PackedRows::new(dtype, &data, rows.len(), n).expect("two whole groups");
+                assert_eq!(packed.n_groups(), 2);
+                // Every count of activation rows, so that each of the
+                // kernels' widths (eight, four, one) and their mixes run.
+                for count in 1..=acts.len() {
+                    let acts: Vec<&[u8]> = acts[..count].iter().map(Vec::as_slice).collect();
+                    for g in 0..2 {
+                        let mut seen = 0;
+                        dot.call_packed(packed.group(g), &acts, |i, values| {
+                            seen += 1;
+                            for (r, got) in values.iter().enumerate() {
+                                let want = dot.call(&rows[8 * g + r], acts[i]);
+                                assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} row {r} act {i}");
+                            }
+                        });
+                        assert_eq!(seen, count);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn extreme_finite_scales_give_finite_dots() {
     let mut rng = Rng::new(5);
     let n = 512;

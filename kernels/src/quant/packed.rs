@@ -1,0 +1,180 @@
+//! K-quant weights repacked at load: eight weight rows interleaved, so that
+//! the kernels keep one weight row per 32-bit lane.
+//!
+//! In the file's layout a kernel multiplies 32 quants of one weight row at
+//! a time and must, per 256-value block, unpack the 6-bit scales and
+//! reduce each row's lanes to one sum. Interleaved, four consecutive quants
+//! of eight rows fill one 32-byte vector: a byte dot against the activation
+//! row's four matching bytes (broadcast) gives each row's partial sum in its
+//! own lane, the scales are unpacked bytes ready to widen, and the per-block
+//! float step of the reference runs on eight rows at once. Integer sums are
+//! exact and the float steps are the reference's, so every output keeps the
+//! bits of [`super::vec_dot`] on the original row.
+//!
+//! A matrix keeps its file bytes beside the packed copy: rows past the last
+//! whole group of eight and embedding lookups read those.
+//!
+//! Layout of one packed block (eight rows' block `b`, in that order):
+//!
+//! - Q4_K, 1184 bytes: the eight `d` (f16), the eight `dmin` (f16); scales
+//!   then minima, each as four 16-byte groups `p`, row by row the pair
+//!   (sub-block 2p, 2p+1); then for `p` in 0..4 and step `s` in 0..8, each
+//!   row's bytes `qs[32p + 4s .. 32p + 4s + 4]` (low nibbles: sub-block 2p,
+//!   elements 4s..4s+4; high nibbles: sub-block 2p+1).
+//! - Q6_K, 1680 bytes: the eight `d` (f16); the sixteen signed scales as
+//!   eight 16-byte groups, row by row the pair (2g, 2g+1); then for `t` in
+//!   0..32, each row's four bytes holding elements 4t+k in the low nibble
+//!   and 128+4t+k in the high; then for `u` in 0..16, four bytes per row
+//!   holding the two high bits of elements 4u+k, 64+4u+k, 128+4u+k and
+//!   192+4u+k at bits 0, 2, 4 and 6.
+
+use super::blocks::{BlockQ4K, BlockQ6K, QK_K, blocks, k_scales};
+use super::{DType, scalar};
+
+/// Weight rows per packed group: one per 32-bit lane of a 256-bit vector.
+pub(crate) const GROUP_ROWS: usize = 8;
+
+/// The whole groups of eight rows of a K-quant matrix, interleaved.
+pub struct PackedRows {
+    dtype: DType,
+    /// Bytes of one group: its rows' blocks, block by block.
+    group_bytes: usize,
+    n_groups: usize,
+    data: Vec<u8>,
+}
+
+impl PackedRows {
+    /// The packed form of the `n_out` rows of `n_in` elements in `data`
+    /// (the file's layout, as [`crate::matmul::QuantMatrix`] checked it),
+    /// or `None` for a type without packed kernels or fewer than eight rows.
+    pub(crate) fn new(dtype: DType, data: &[u8], n_out: usize, n_in: usize) -> Option<PackedRows> {
+        let block_bytes = packed_block_bytes(dtype)?;
+        let n_groups = n_out / GROUP_ROWS;
+        let row_bytes = dtype.row_bytes(n_in)?;
+        if n_groups == 0 || data.len() != n_out.checked_mul(row_bytes)? {
+            return None;
+        }
+        let n_blocks = n_in / QK_K;
+        let group_bytes = n_blocks * block_bytes;
+        let mut packed = vec![0u8; n_groups * group_bytes];
+        for (g, out) in packed.chunks_exact_mut(group_bytes).enumerate() {
+            let rows: [&[u8]; GROUP_ROWS] =
+                std::array::from_fn(|r| &data[(GROUP_ROWS * g + r) * row_bytes..(GROUP_ROWS * g + r + 1) * row_bytes]);
+            for (b, out) in out.chunks_exact_mut(block_bytes).enumerate() {
+                match dtype {
+                    DType::Q4_K => pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
+                    DType::Q6_K => pack_q6_k(rows.map(|row| &blocks::<BlockQ6K>(row)[b]), out),
+                    _ => return None,
+                }
+            }
+        }
+        Some(PackedRows { dtype, group_bytes, n_groups, data: packed })
+    }
+
+    /// Bytes of the packed form of `n_out` rows of `n_in` elements;
+    /// `None` for a type without one.
+    pub(crate) fn len_for(dtype: DType, n_out: usize, n_in: usize) -> Option<usize> {
+        (n_out / GROUP_ROWS).checked_mul(n_in / QK_K)?.checked_mul(packed_block_bytes(dtype)?)
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Rows `0..8 · n_groups` are packed.
+    pub(crate) fn n_groups(&self) -> usize {
+        self.n_groups
+    }
+
+    pub(crate) fn group_bytes(&self) -> usize {
+        self.group_bytes
+    }
+
+    /// The bytes of group `g` (rows `8g..8g+8`). Panics past the last group.
+    pub(crate) fn group(&self, g: usize) -> &[u8] {
+        &self.data[g * self.group_bytes..(g + 1) * self.group_bytes]
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// Shape only, as for the matrix.
+impl std::fmt::Debug for PackedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedRows({} groups of 8 {})", self.n_groups, self.dtype)
+    }
+}
+
+/// Bytes of eight rows' block in the packed layout; `None` for types that
+/// are not packed.
+pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::Q4_K => Some(Q4_K_BLOCK),
+        DType::Q6_K => Some(Q6_K_BLOCK),
+        _ => None,
+    }
+}
+
+pub(crate) const Q4_K_D: usize = 0;
+pub(crate) const Q4_K_DMIN: usize = 16;
+pub(crate) const Q4_K_SCALES: usize = 32;
+pub(crate) const Q4_K_MINS: usize = 96;
+pub(crate) const Q4_K_QS: usize = 160;
+pub(crate) const Q4_K_BLOCK: usize = Q4_K_QS + 8 * 128;
+
+pub(crate) const Q6_K_D: usize = 0;
+pub(crate) const Q6_K_SCALES: usize = 16;
+pub(crate) const Q6_K_QL: usize = 144;
+pub(crate) const Q6_K_QH: usize = Q6_K_QL + 8 * 128;
+pub(crate) const Q6_K_BLOCK: usize = Q6_K_QH + 8 * 64;
+
+const _: () = assert!(Q4_K_BLOCK == 1184 && Q6_K_BLOCK == 8 * size_of::<BlockQ6K>());
+
+fn pack_q4_k(rows: [&BlockQ4K; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        out[Q4_K_D + 2 * r..Q4_K_D + 2 * r + 2].copy_from_slice(&x.d);
+        out[Q4_K_DMIN + 2 * r..Q4_K_DMIN + 2 * r + 2].copy_from_slice(&x.dmin);
+        let (sc, m) = k_scales(&x.scales);
+        for p in 0..4 {
+            let at = 16 * p + 2 * r;
+            out[Q4_K_SCALES + at..Q4_K_SCALES + at + 2].copy_from_slice(&sc[2 * p..2 * p + 2]);
+            out[Q4_K_MINS + at..Q4_K_MINS + at + 2].copy_from_slice(&m[2 * p..2 * p + 2]);
+        }
+        for p in 0..4 {
+            for s in 0..8 {
+                let at = Q4_K_QS + 32 * (8 * p + s) + 4 * r;
+                out[at..at + 4].copy_from_slice(&x.qs[32 * p + 4 * s..32 * p + 4 * s + 4]);
+            }
+        }
+    }
+}
+
+fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        out[Q6_K_D + 2 * r..Q6_K_D + 2 * r + 2].copy_from_slice(&x.d);
+        for g in 0..8 {
+            let at = Q6_K_SCALES + 16 * g + 2 * r;
+            out[at] = x.scales[2 * g] as u8;
+            out[at + 1] = x.scales[2 * g + 1] as u8;
+        }
+        let q = scalar::q6_k_quants(x);
+        for t in 0..32 {
+            for k in 0..4 {
+                let (lo, hi) = (q[4 * t + k], q[128 + 4 * t + k]);
+                out[Q6_K_QL + 32 * t + 4 * r + k] = (lo & 0xF) | (hi & 0xF) << 4;
+            }
+        }
+        for u in 0..16 {
+            for k in 0..4 {
+                let high = |e: usize| q[e] >> 4;
+                let bits = high(4 * u + k)
+                    | high(64 + 4 * u + k) << 2
+                    | high(128 + 4 * u + k) << 4
+                    | high(192 + 4 * u + k) << 6;
+                out[Q6_K_QH + 32 * u + 4 * r + k] = bits;
+            }
+        }
+    }
+}
