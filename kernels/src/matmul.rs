@@ -15,8 +15,12 @@ use crate::quant::{ActFormat, DType, Dot, KernelError, Kernels, PackedRows};
 /// them: about half of a typical L1 data cache.
 const TILE_BYTES: usize = 16 * 1024;
 
-/// Rows per packed group, and the unit in which threads take rows.
+/// Rows per packed group.
 const GROUP_ROWS: usize = 8;
+
+/// The unit in which threads take rows: two packed groups, the most a
+/// packed kernel takes per call, so that a share ends in no half call.
+const UNIT_ROWS: usize = 16;
 
 /// Activation rows per pass over a tile of packed groups: the widest
 /// packed kernel's.
@@ -167,18 +171,18 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
             Job { weights, acts, dot: kernels.dot(weights.dtype), out: as_atomic(out) }
         })
         .collect();
-    // Each matrix's rows as groups of eight (the packed kernels' unit,
-    // two of the others'), numbered through all the matrices; a thread
-    // takes a contiguous run of groups.
+    // Each matrix's rows as units of sixteen (whole calls of the packed
+    // kernels, four of the others'), numbered through all the matrices; a
+    // thread takes a contiguous run of units.
     let firsts: Vec<usize> = jobs
         .iter()
         .scan(0, |next, job| {
             let first = *next;
-            *next += job.weights.n_out.div_ceil(GROUP_ROWS);
+            *next += job.weights.n_out.div_ceil(UNIT_ROWS);
             Some(first)
         })
         .collect();
-    let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(GROUP_ROWS)).sum::<usize>();
+    let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(UNIT_ROWS)).sum::<usize>();
     // Threads claim runs of groups until none are left, so that a thread
     // slowed by its neighbours (a shared core, a busy host) does less of
     // the work instead of holding up the others.
@@ -193,10 +197,10 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
             let groups = start..(start + run).min(n_groups);
             for (job, &first) in jobs.iter().zip(&firsts) {
                 let n_out = job.weights.n_out;
-                let start = groups.start.clamp(first, first + n_out.div_ceil(GROUP_ROWS)) - first;
-                let end = groups.end.clamp(first, first + n_out.div_ceil(GROUP_ROWS)) - first;
+                let start = groups.start.clamp(first, first + n_out.div_ceil(UNIT_ROWS)) - first;
+                let end = groups.end.clamp(first, first + n_out.div_ceil(UNIT_ROWS)) - first;
                 if start < end {
-                    job.rows(m, GROUP_ROWS * start..(GROUP_ROWS * end).min(n_out));
+                    job.rows(m, UNIT_ROWS * start..(UNIT_ROWS * end).min(n_out));
                 }
             }
         }
@@ -277,18 +281,23 @@ impl Job<'_> {
     }
 
     /// Packed groups `groups` for all `m` activation rows, eight at a
-    /// time, in tiles of groups as [`Job::file_rows`] does.
+    /// time, in tiles of groups as [`Job::file_rows`] does, as many groups
+    /// per call as the kernels take.
     fn packed_rows(&self, packed: &PackedRows, m: usize, groups: std::ops::Range<usize>) {
         let group_bytes = packed.group_bytes();
-        let tile = (TILE_BYTES / group_bytes.max(1)).max(1);
+        let per_call = self.dot.packed_groups();
+        let tile = (TILE_BYTES / group_bytes.max(1)).max(1).next_multiple_of(per_call);
         let acts: Vec<&[u8]> = (0..m).map(|i| self.act(i)).collect();
         for tile_start in groups.clone().step_by(tile) {
+            let tile_end = (tile_start + tile).min(groups.end);
             for (chunk, acts) in acts.chunks(PACKED_ACT_ROWS).enumerate() {
-                for g in tile_start..(tile_start + tile).min(groups.end) {
+                for g in (tile_start..tile_end).step_by(per_call) {
+                    let n = per_call.min(tile_end - g);
+                    let bytes = g * group_bytes..(g + n) * group_bytes;
                     if chunk == 0 {
-                        prefetch_ahead(packed.bytes(), g * group_bytes..(g + 1) * group_bytes, group_bytes);
+                        prefetch_ahead(packed.bytes(), bytes.clone(), bytes.len());
                     }
-                    self.dot.call_packed(packed.group(g), acts, |i, values| {
+                    self.dot.call_packed(&packed.bytes()[bytes], n, acts, |i, values| {
                         self.store(PACKED_ACT_ROWS * chunk + i, GROUP_ROWS * g, values)
                     });
                 }

@@ -355,8 +355,9 @@ type Dot4x2Fn = unsafe fn([&[u8]; 4], [&[u8]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
 type Dot4x8Fn = unsafe fn([&[u8]; 4], [&[u8]; 8]) -> [[f32; 4]; 8];
 type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
-/// A packed group of eight weight rows against `A` activation rows.
-type PackedFn<const A: usize> = unsafe fn(&[u8], [&[u8]; A]) -> [[f32; 8]; A];
+/// Packed groups of eight weight rows (as many as [`PackedDot::groups`])
+/// against `A` activation rows: eight values per group, per activation row.
+type PackedFn<const A: usize> = unsafe fn(&[u8], [&[u8]; A]) -> [[f32; 16]; A];
 
 /// The kernels of one supported level. Only constructed for a level the CPU
 /// supports, which is what makes calling its entry points sound.
@@ -421,6 +422,8 @@ pub(crate) struct Dot {
 /// The kernels over [`PackedRows`] groups, by activation rows per call.
 #[derive(Clone, Copy)]
 pub(crate) struct PackedDot {
+    /// Groups per call, side by side in the level's vectors (1 or 2).
+    pub(crate) groups: usize,
     pub(crate) one: PackedFn<1>,
     pub(crate) four: PackedFn<4>,
     /// Only where the registers hold eight rows' sums (AVX-512's 32);
@@ -441,39 +444,50 @@ impl Dot {
         self.packed.is_some()
     }
 
-    /// The eight rows of a packed group against each of `acts`, the same
-    /// bits as [`Dot::call`] on each original row; `store(i, values)` takes activation row `i`'s outputs. Does nothing
-    /// at a level without packed kernels (the caller packs only where
-    /// [`Dot::packs`]).
+    /// Packed groups per call: [`Dot::call_packed`] takes up to this
+    /// many at once (1 where the level has no packed kernels).
+    pub(crate) fn packed_groups(self) -> usize {
+        self.packed.map_or(1, |packed| packed.groups)
+    }
+
+    /// The rows of the packed groups in `groups` (at most
+    /// [`Dot::packed_groups`] of them, consecutive) against each of `acts`,
+    /// the same bits as [`Dot::call`] on each original row; `store(i,
+    /// values)` takes activation row `i`'s outputs, eight per group. Does
+    /// nothing at a level without packed kernels (the caller packs only
+    /// where [`Dot::packs`]).
     #[inline]
-    pub(crate) fn call_packed(self, group: &[u8], acts: &[&[u8]], mut store: impl FnMut(usize, &[f32; 8])) {
+    pub(crate) fn call_packed(
+        self,
+        groups: &[u8],
+        n_groups: usize,
+        acts: &[&[u8]],
+        mut store: impl FnMut(usize, &[f32]),
+    ) {
         let Some(packed) = self.packed else { return };
-        let mut values = [[0.0f32; 8]; 8];
+        let width = 8 * n_groups.min(packed.groups);
         let mut start = 0;
         while let Some(rest) = acts.get(start..).filter(|rest| !rest.is_empty()) {
-            let n = match (rest.len(), packed.eight) {
+            let mut emit = |values: &[[f32; 16]]| {
+                for (k, v) in values.iter().enumerate() {
+                    store(start + k, &v[..width]);
+                }
+                values.len()
+            };
+            start += match (rest.len(), packed.eight) {
                 (8.., Some(eight)) => {
                     // SAFETY: as in `call`.
-                    values = unsafe { eight(group, std::array::from_fn(|k| rest[k])) };
-                    8
+                    emit(&unsafe { eight(groups, std::array::from_fn(|k| rest[k])) })
                 }
                 (4.., _) => {
                     // SAFETY: as in `call`.
-                    let four = unsafe { (packed.four)(group, std::array::from_fn(|k| rest[k])) };
-                    values[..4].copy_from_slice(&four);
-                    4
+                    emit(&unsafe { (packed.four)(groups, std::array::from_fn(|k| rest[k])) })
                 }
                 _ => {
                     // SAFETY: as in `call`.
-                    let one = unsafe { (packed.one)(group, [rest[0]]) };
-                    values[..1].copy_from_slice(&one);
-                    1
+                    emit(&unsafe { (packed.one)(groups, [rest[0]]) })
                 }
             };
-            for (k, v) in values[..n].iter().enumerate() {
-                store(start + k, v);
-            }
-            start += n;
         }
     }
 

@@ -90,11 +90,6 @@ impl PackedRows {
         self.group_bytes
     }
 
-    /// The bytes of group `g` (rows `8g..8g+8`). Panics past the last group.
-    pub(crate) fn group(&self, g: usize) -> &[u8] {
-        &self.data[g * self.group_bytes..(g + 1) * self.group_bytes]
-    }
-
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.data
     }

@@ -549,13 +549,19 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
                 let packed = PackedRows::new(dtype, &data, rows.len(), n).expect("two whole groups");
                 assert_eq!(packed.n_groups(), 2);
                 // Every count of activation rows, so that each of the
-                // kernels' widths (eight, four, one) and their mixes run.
+                // kernels' widths (eight, four, one) and their mixes run;
+                // each group alone and, where the level takes two per
+                // call, both together.
+                let group_bytes = packed.group_bytes();
+                let calls = [(0, 1), (1, 1), (0, 2)];
                 for count in 1..=acts.len() {
                     let acts: Vec<&[u8]> = acts[..count].iter().map(Vec::as_slice).collect();
-                    for g in 0..2 {
+                    for (g, n) in calls.into_iter().filter(|&(_, n)| n <= dot.packed_groups()) {
                         let mut seen = 0;
-                        dot.call_packed(packed.group(g), &acts, |i, values| {
+                        let bytes = &packed.bytes()[g * group_bytes..(g + n) * group_bytes];
+                        dot.call_packed(bytes, n, &acts, |i, values| {
                             seen += 1;
+                            assert_eq!(values.len(), 8 * n);
                             for (r, got) in values.iter().enumerate() {
                                 let want = dot.call(&rows[8 * g + r], acts[i]);
                                 assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} row {r} act {i}");

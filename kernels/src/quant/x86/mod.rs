@@ -205,6 +205,9 @@ mod avx2_ops {
     /// per call measured 20 % faster than eight on a Q4_K prompt).
     pub(super) const PACKED_EIGHT: bool = false;
 
+    /// Packed groups per call: one per 256-bit vector.
+    pub(super) const PACKED_GROUPS: usize = 1;
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) fn dot_u8i8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -317,6 +320,9 @@ mod avx512_ops {
 
     /// Eight activation rows' sums fit AVX-512's 32 registers.
     pub(super) const PACKED_EIGHT: bool = true;
+
+    /// Packed groups per call: two side by side in a 512-bit vector.
+    pub(super) const PACKED_GROUPS: usize = 2;
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
@@ -607,11 +613,13 @@ macro_rules! dot_kernels {
                     packed: None,
                 };
                 let q4_k = PackedDot {
+                    groups: ops::PACKED_GROUPS,
                     one: packed_q4_k::<1>,
                     four: packed_q4_k::<4>,
                     eight: ops::PACKED_EIGHT.then_some(packed_q4_k::<8>),
                 };
                 let q6_k = PackedDot {
+                    groups: ops::PACKED_GROUPS,
                     one: packed_q6_k::<1>,
                     four: packed_q6_k::<4>,
                     eight: ops::PACKED_EIGHT.then_some(packed_q6_k::<8>),

@@ -1,69 +1,40 @@
 //! Kernels over packed K-quant groups (`super::super::packed`): eight
-//! weight rows, one per 32-bit lane, against `A` activation rows. Written
-//! once for both x86 levels: [`packed_kernels!`] is expanded inside each
-//! level's module, where the wider level's extra registers let the
-//! compiler keep more activation rows' sums in them.
+//! weight rows per group, one per 32-bit lane, against `A` activation rows.
+//! Written once: [`packed_kernels!`] is expanded inside each level's module
+//! with that level's width operations, [`avx2_ops`] (one group per 256-bit
+//! vector) or [`avx512_ops`] (two groups side by side in a 512-bit vector).
 //!
-//! Per step, one 32-byte load holds four consecutive quants of each of the
-//! eight rows, and each activation row's four matching bytes are broadcast
-//! to every lane, so that a byte dot leaves each row's partial sum in its
-//! own lane; the level's [`avx2_ops`] or [`avx512_ops`] say how those sums
-//! are kept and scaled. After a block, the reference's float step runs
-//! lane-wise on the eight rows. No reduction across lanes is left.
-
-use std::arch::x86_64::*;
+//! Per step, one load holds four consecutive quants of each row, and each
+//! activation row's four matching bytes are broadcast to every lane, so
+//! that a byte dot leaves each row's partial sum in its own lane; the
+//! width operations say how those sums are kept and scaled. After a block,
+//! the reference's float step runs lane-wise on the rows. No reduction
+//! across lanes is left.
 
 macro_rules! packed_kernels {
-    ($features:literal, $ops:ident) => {
-        use packed::$ops as packed_ops;
-
-        /// Activation bytes `4k..4k+4` of `qs` in every 32-bit lane.
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn broadcast4(qs: &[i8; 256], k: usize) -> __m256i {
-            _mm256_set1_epi32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
-        }
-
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn load16(b: &[u8], at: usize) -> __m128i {
-            let bytes: &[u8; 16] = b[at..at + 16].try_into().unwrap_or(&[0; 16]);
-            load_u8x16(bytes)
-        }
-
-        #[target_feature(enable = $features)]
-        #[inline]
-        fn load32(b: &[u8], at: usize) -> __m256i {
-            let bytes: &[u8; 32] = b[at..at + 32].try_into().unwrap_or(&[0; 32]);
-            load_u8x32(bytes)
-        }
+    ($features:literal, $width:ident) => {
+        use packed::$width as pk;
 
         /// `acc` lane-wise plus one block's float step of the reference:
         /// `d` and `dmin` per row, `d_a` the activation block's.
         #[target_feature(enable = $features)]
         #[inline]
-        fn block_step(acc: __m256, d: __m256, d_a: f32, isum: __m256i, dmin: Option<(__m256, __m256i)>) -> __m256 {
-            let d_a = _mm256_set1_ps(d_a);
-            let scaled = _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(isum));
+        fn block_step(acc: pk::F, d: pk::F, d_a: f32, isum: pk::I, dmin: Option<(pk::F, pk::I)>) -> pk::F {
+            let d_a = pk::splat_f(d_a);
+            let scaled = pk::mul_f(pk::mul_f(d, d_a), pk::to_f(isum));
             match dmin {
-                Some((dmin, imin)) => _mm256_add_ps(
-                    acc,
-                    _mm256_sub_ps(scaled, _mm256_mul_ps(_mm256_mul_ps(dmin, d_a), _mm256_cvtepi32_ps(imin))),
-                ),
-                None => _mm256_add_ps(acc, scaled),
+                Some((dmin, imin)) => {
+                    pk::add_f(acc, pk::sub_f(scaled, pk::mul_f(pk::mul_f(dmin, d_a), pk::to_f(imin))))
+                }
+                None => pk::add_f(acc, scaled),
             }
         }
 
-        /// The eight lanes of each of `A` accumulators.
+        /// The four bytes of activation bsums pair `k` in every lane.
         #[target_feature(enable = $features)]
         #[inline]
-        fn lanes8<const A: usize>(acc: [__m256; A]) -> [[f32; 8]; A] {
-            let mut out = [[0.0f32; 8]; A];
-            for (o, v) in out.iter_mut().zip(acc) {
-                // SAFETY: stores 8 floats into the 8 floats of `o`.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-            }
-            out
+        fn bsums_pair(a: &BlockQ8K, k: usize) -> pk::I {
+            pk::splat_i32(bytemuck::cast::<[u8; 4], i32>(a.bsums.as_chunks::<4>().0[k]))
         }
 
         /// Sub-block `2p + HALF` of a packed Q4_K block (`HALF` picks the
@@ -73,52 +44,51 @@ macro_rules! packed_kernels {
         #[target_feature(enable = $features)]
         #[inline]
         fn q4_k_sub_block<const A: usize, const HALF: usize>(
-            w: &[u8; layout::Q4_K_BLOCK],
+            w: [&[u8]; 2],
             a: [&BlockQ8K; A],
             p: usize,
-            isum: &mut [__m256i; A],
-            imin: &mut [__m256i; A],
+            isum: &mut [pk::I; A],
+            imin: &mut [pk::I; A],
         ) {
             use layout::{Q4_K_MINS, Q4_K_QS, Q4_K_SCALES};
             let j = 2 * p + HALF;
-            let mut part = [_mm256_setzero_si256(); A];
+            let mut part = [pk::zero(); A];
             for s in 0..8 {
-                let v = load32(w, Q4_K_QS + 32 * (8 * p + s));
-                let q = _mm256_and_si256(if HALF == 0 { v } else { _mm256_srli_epi16::<4>(v) }, _mm256_set1_epi8(0xF));
+                let v = pk::load(w, Q4_K_QS + 32 * (8 * p + s));
+                let q = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
                 for i in 0..A {
-                    part[i] = packed_ops::byte_dot(part[i], q, broadcast4(&a[i].qs, 8 * j + s));
+                    part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 8 * j + s));
                 }
             }
-            let sc = packed_ops::row_scales(load16(w, Q4_K_SCALES + 16 * p), HALF, false);
-            let m = packed::row_word(_mm256_cvtepu8_epi16(load16(w, Q4_K_MINS + 16 * p)), HALF);
+            let sc = pk::row_scales(w, Q4_K_SCALES + 16 * p, HALF, false);
+            let m = pk::row_words(w, Q4_K_MINS + 16 * p, HALF);
             for i in 0..A {
-                let bsums = _mm256_set1_epi32(bytemuck::cast::<[u8; 4], i32>(a[i].bsums.as_chunks::<4>().0[j]));
-                isum[i] = packed_ops::scaled_add(isum[i], part[i], sc);
-                imin[i] = _mm256_add_epi32(imin[i], _mm256_madd_epi16(m, bsums));
+                isum[i] = pk::scaled_add(isum[i], part[i], sc);
+                imin[i] = pk::madd(imin[i], m, bsums_pair(a[i], j));
             }
         }
 
-        /// One packed Q4_K group (eight rows) against `A` activation rows.
+        /// The packed Q4_K groups in `groups` (as many as the level takes
+        /// per call; a missing second one is stood in for by the first)
+        /// against `A` activation rows.
         #[target_feature(enable = $features)]
-        fn packed_q4_k<const A: usize>(group: &[u8], acts: [&[u8]; A]) -> [[f32; 8]; A] {
+        fn packed_q4_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [_mm256_setzero_ps(); A];
-            let (w, _) = group.as_chunks::<{ layout::Q4_K_BLOCK }>();
-            let n = acts.iter().map(|row| row.len()).fold(w.len(), usize::min);
-            for (b, w) in w[..n].iter().enumerate() {
-                let a: [&BlockQ8K; A] = std::array::from_fn(|i| &acts[i][b]);
-                let (mut isum, mut imin) = ([_mm256_setzero_si256(); A], [_mm256_setzero_si256(); A]);
+            let mut acc = [pk::zero_f(); A];
+            let (n, w) = packed::group_blocks::<{ layout::Q4_K_BLOCK }, _>(groups, &acts);
+            for b in 0..n {
+                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+                let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
                 for p in 0..4 {
                     q4_k_sub_block::<A, 0>(w, a, p, &mut isum, &mut imin);
                     q4_k_sub_block::<A, 1>(w, a, p, &mut isum, &mut imin);
                 }
-                let d = _mm256_cvtph_ps(load16(w, layout::Q4_K_D));
-                let dmin = _mm256_cvtph_ps(load16(w, layout::Q4_K_DMIN));
+                let (d, dmin) = (pk::halves(w, layout::Q4_K_D), pk::halves(w, layout::Q4_K_DMIN));
                 for i in 0..A {
                     acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], Some((dmin, imin[i])));
                 }
             }
-            lanes8(acc)
+            acc.map(|v| pk::lanes(v))
         }
 
         /// Quarter `Q` of a packed Q6_K block (elements 64·Q..64·Q+64, whose
@@ -127,156 +97,467 @@ macro_rules! packed_kernels {
         /// that the quarter's shifts are constants.
         #[target_feature(enable = $features)]
         #[inline]
-        fn q6_k_quarter<const A: usize, const Q: usize>(
-            w: &[u8; layout::Q6_K_BLOCK],
-            a: [&BlockQ8K; A],
-            isum: &mut [__m256i; A],
-        ) {
+        fn q6_k_quarter<const A: usize, const Q: usize>(w: [&[u8]; 2], a: [&BlockQ8K; A], isum: &mut [pk::I; A]) {
             use layout::{Q6_K_QH, Q6_K_QL, Q6_K_SCALES};
-            const STEPS: usize = packed_ops::Q6_K_STEPS;
+            const STEPS: usize = pk::Q6_K_STEPS;
             for g in 0..4 {
                 let scale = 4 * Q + g;
-                let sc = packed_ops::row_scales(load16(w, Q6_K_SCALES + 16 * (scale / 2)), scale % 2, true);
+                let sc = pk::row_scales(w, Q6_K_SCALES + 16 * (scale / 2), scale % 2, true);
                 for chunk in 0..4 / STEPS {
-                    let mut part = [_mm256_setzero_si256(); A];
+                    let mut part = [pk::zero(); A];
                     for step in 0..STEPS {
                         let u = 4 * g + STEPS * chunk + step;
-                        let l = load32(w, Q6_K_QL + 32 * (u + 16 * (Q % 2)));
-                        let h = load32(w, Q6_K_QH + 32 * u);
+                        let l = pk::load(w, Q6_K_QL + 32 * (u + 16 * (Q % 2)));
+                        let h = pk::load(w, Q6_K_QH + 32 * u);
                         let (l, h) = match Q {
-                            0 => (l, _mm256_slli_epi16::<4>(h)),
-                            1 => (l, _mm256_slli_epi16::<2>(h)),
-                            2 => (_mm256_srli_epi16::<4>(l), h),
-                            _ => (_mm256_srli_epi16::<4>(l), _mm256_srli_epi16::<2>(h)),
+                            0 => (l, pk::shl16::<4>(h)),
+                            1 => (l, pk::shl16::<2>(h)),
+                            2 => (pk::shr16::<4>(l), h),
+                            _ => (pk::shr16::<4>(l), pk::shr16::<2>(h)),
                         };
-                        let q = _mm256_or_si256(
-                            _mm256_and_si256(l, _mm256_set1_epi8(0xF)),
-                            _mm256_and_si256(h, _mm256_set1_epi8(0x30)),
-                        );
+                        let q = pk::or(pk::and_bytes(l, 0xF), pk::and_bytes(h, 0x30));
                         for i in 0..A {
-                            part[i] = packed_ops::byte_dot(part[i], q, broadcast4(&a[i].qs, 16 * Q + u));
+                            part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 16 * Q + u));
                         }
                     }
                     for i in 0..A {
-                        isum[i] = packed_ops::scaled_add(isum[i], part[i], sc);
+                        isum[i] = pk::scaled_add(isum[i], part[i], sc);
                     }
                 }
             }
         }
 
-        /// One packed Q6_K group (eight rows) against `A` activation rows.
+        /// The packed Q6_K groups in `groups`, as [`packed_q4_k`] takes them.
         #[target_feature(enable = $features)]
-        fn packed_q6_k<const A: usize>(group: &[u8], acts: [&[u8]; A]) -> [[f32; 8]; A] {
+        fn packed_q6_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [_mm256_setzero_ps(); A];
-            let (w, _) = group.as_chunks::<{ layout::Q6_K_BLOCK }>();
-            let n = acts.iter().map(|row| row.len()).fold(w.len(), usize::min);
-            for (b, w) in w[..n].iter().enumerate() {
-                let a: [&BlockQ8K; A] = std::array::from_fn(|i| &acts[i][b]);
-                let mut isum = [_mm256_setzero_si256(); A];
+            let mut acc = [pk::zero_f(); A];
+            let (n, w) = packed::group_blocks::<{ layout::Q6_K_BLOCK }, _>(groups, &acts);
+            for b in 0..n {
+                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+                let mut isum = [pk::zero(); A];
                 q6_k_quarter::<A, 0>(w, a, &mut isum);
                 q6_k_quarter::<A, 1>(w, a, &mut isum);
                 q6_k_quarter::<A, 2>(w, a, &mut isum);
                 q6_k_quarter::<A, 3>(w, a, &mut isum);
                 // The quants carry an offset of 32: Σ_g sc_g · (Σa)_g, times
                 // 32, comes off the sum, pairs of groups per word dot.
-                let mut offset = [_mm256_setzero_si256(); A];
+                let mut offset = [pk::zero(); A];
                 for pair in 0..8 {
-                    let sc = _mm256_cvtepi8_epi16(load16(w, layout::Q6_K_SCALES + 16 * pair));
+                    let sc = pk::words(w, layout::Q6_K_SCALES + 16 * pair, true);
                     for i in 0..A {
-                        let bsums =
-                            _mm256_set1_epi32(bytemuck::cast::<[u8; 4], i32>(a[i].bsums.as_chunks::<4>().0[pair]));
-                        offset[i] = _mm256_add_epi32(offset[i], _mm256_madd_epi16(sc, bsums));
+                        offset[i] = pk::madd(offset[i], sc, bsums_pair(a[i], pair));
                     }
                 }
-                let d = _mm256_cvtph_ps(load16(w, layout::Q6_K_D));
+                let d = pk::halves(w, layout::Q6_K_D);
                 for i in 0..A {
-                    let isum = _mm256_sub_epi32(isum[i], _mm256_slli_epi32::<5>(offset[i]));
+                    let isum = pk::sub(isum[i], pk::shl32::<5>(offset[i]));
                     acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum, None);
                 }
             }
-            lanes8(acc)
+            acc.map(|v| pk::lanes(v))
         }
     };
 }
 
 pub(super) use packed_kernels;
 
-/// The 16-bit words `j` of a pair of bytes per row in every word of the
-/// row's lane: rows 0–3 in the low 128 bits, 4–7 in the high, as the words
-/// were widened (`j` is 0 or 1).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) fn row_word(words: __m256i, j: usize) -> __m256i {
-    let pick = |row: usize| {
-        let lo = (4 * row + 2 * j) as u32;
-        (lo | (lo + 1) << 8 | lo << 16 | (lo + 1) << 24) as i32
-    };
-    _mm256_shuffle_epi8(
-        words,
-        _mm256_setr_epi32(pick(0), pick(1), pick(2), pick(3), pick(0), pick(1), pick(2), pick(3)),
-    )
+/// The blocks of the (one or two) groups in `groups` that the activation
+/// rows `acts` reach, and how many: the second group is the first where
+/// `groups` holds one.
+#[allow(clippy::type_complexity)]
+pub(super) fn group_blocks<'a, const BLOCK: usize, T>(
+    groups: &'a [u8],
+    acts: &[&[T]],
+) -> (usize, [&'a [[u8; BLOCK]]; 2]) {
+    let (blocks, _) = groups.as_chunks::<BLOCK>();
+    let n = acts.iter().map(|row| row.len()).fold(blocks.len(), usize::min);
+    let first = &blocks[..n];
+    let second = blocks.get(n..2 * n).unwrap_or(first);
+    (n, [first, second])
 }
 
-/// Without VNNI: partial sums in 16 bits, over the steps that cannot
-/// overflow them (a Q4_K sub-block's eight steps reach at most
-/// 8 · 2 · 15 · 128 = 30720; two Q6_K steps at most 2 · 2 · 63 · 128 =
-/// 32256), widened by one word dot against the row's scale.
+/// In a group's 16 bytes holding each row's pair of bytes, the byte
+/// indices of the pair's word `j` (0 or 1) for rows 0–3, each twice, as
+/// widened words: row `r`'s lane then holds the word in both halves.
+fn word_picks(j: usize) -> [i32; 4] {
+    std::array::from_fn(|row| {
+        let lo = (4 * row + 2 * j) as u32;
+        (lo | (lo + 1) << 8 | lo << 16 | (lo + 1) << 24) as i32
+    })
+}
+
+/// In a group's 16 bytes holding each row's pair of bytes, the indices
+/// of byte `j` (0 or 1) of rows 0–7, as one 64-bit shuffle pattern.
+fn byte_picks(j: usize) -> i64 {
+    bytemuck::cast::<[i8; 8], i64>(std::array::from_fn(|row| (2 * row + j) as i8))
+}
+
+fn load16(b: &[u8], at: usize) -> &[u8; 16] {
+    b[at..at + 16].try_into().unwrap_or(&[0; 16])
+}
+
+fn load32(b: &[u8], at: usize) -> &[u8; 32] {
+    b[at..at + 32].try_into().unwrap_or(&[0; 32])
+}
+
+/// One group per 256-bit vector. Without VNNI the partial sums stay in 16
+/// bits over the steps that cannot overflow them (a Q4_K sub-block's eight
+/// steps reach at most 8 · 2 · 15 · 128 = 30720; two Q6_K steps at most
+/// 2 · 2 · 63 · 128 = 32256), widened by one word dot against the row's
+/// scale.
 pub(super) mod avx2_ops {
     use std::arch::x86_64::*;
 
+    use super::super::{load_u8x16, load_u8x32};
+
+    pub(in super::super) type I = __m256i;
+    pub(in super::super) type F = __m256;
     pub(in super::super) const Q6_K_STEPS: usize = 2;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn byte_dot(part: __m256i, q: __m256i, a: __m256i) -> __m256i {
+    pub(in super::super) fn load(w: [&[u8]; 2], at: usize) -> I {
+        load_u8x32(super::load32(w[0], at))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn and_bytes(v: I, mask: i8) -> I {
+        _mm256_and_si256(v, _mm256_set1_epi8(mask))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn or(a: I, b: I) -> I {
+        _mm256_or_si256(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn shr16<const N: i32>(v: I) -> I {
+        _mm256_srli_epi16::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn shl16<const N: i32>(v: I) -> I {
+        _mm256_slli_epi16::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn shl32<const N: i32>(v: I) -> I {
+        _mm256_slli_epi32::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn sub(a: I, b: I) -> I {
+        _mm256_sub_epi32(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn zero() -> I {
+        _mm256_setzero_si256()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn splat_i32(x: i32) -> I {
+        _mm256_set1_epi32(x)
+    }
+
+    /// Activation bytes `4k..4k+4` of `qs` in every lane.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn splat4(qs: &[i8; 256], k: usize) -> I {
+        splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn byte_dot(part: I, q: I, a: I) -> I {
         _mm256_add_epi16(part, _mm256_maddubs_epi16(q, a))
     }
 
-    /// Scale `j` (0 or 1) of each row's pair in `pairs`, as words.
+    /// The group's 16 bytes at `at` as words.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn row_scales(pairs: __m128i, j: usize, signed: bool) -> __m256i {
-        super::row_word(if signed { _mm256_cvtepi8_epi16(pairs) } else { _mm256_cvtepu8_epi16(pairs) }, j)
+    pub(in super::super) fn words(w: [&[u8]; 2], at: usize, signed: bool) -> I {
+        let bytes = load_u8x16(super::load16(w[0], at));
+        if signed { _mm256_cvtepi8_epi16(bytes) } else { _mm256_cvtepu8_epi16(bytes) }
+    }
+
+    /// Byte `j` of each row's (unsigned) pair at `at`, as a word in both
+    /// halves of the row's lane.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn row_words(w: [&[u8]; 2], at: usize, j: usize) -> I {
+        pick_words(words(w, at, false), j)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn scaled_add(acc: __m256i, part: __m256i, scales: __m256i) -> __m256i {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(part, scales))
+    fn pick_words(words: I, j: usize) -> I {
+        let [a, b, c, d] = super::word_picks(j);
+        _mm256_shuffle_epi8(words, _mm256_setr_epi32(a, b, c, d, a, b, c, d))
+    }
+
+    /// Scale `j` of each row's pair at `at`, as [`scaled_add`] takes it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn row_scales(w: [&[u8]; 2], at: usize, j: usize, signed: bool) -> I {
+        pick_words(words(w, at, signed), j)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn scaled_add(acc: I, part: I, scales: I) -> I {
+        madd(acc, part, scales)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn madd(acc: I, a: I, b: I) -> I {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
+
+    /// The eight f16 at `at`, as floats.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn halves(w: [&[u8]; 2], at: usize) -> F {
+        _mm256_cvtph_ps(load_u8x16(super::load16(w[0], at)))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn zero_f() -> F {
+        _mm256_setzero_ps()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn splat_f(x: f32) -> F {
+        _mm256_set1_ps(x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn to_f(v: I) -> F {
+        _mm256_cvtepi32_ps(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn mul_f(a: F, b: F) -> F {
+        _mm256_mul_ps(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn add_f(a: F, b: F) -> F {
+        _mm256_add_ps(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn sub_f(a: F, b: F) -> F {
+        _mm256_sub_ps(a, b)
+    }
+
+    /// The eight rows' values, then eight zeros.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn lanes(v: F) -> [f32; 16] {
+        let mut out = [0.0f32; 16];
+        // SAFETY: stores 8 floats into the first 8 of the 16 floats of `out`.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        out
     }
 }
 
-/// With VNNI: one `vpdpbusd` per step adds the byte dot into 32-bit
-/// partial sums, which no K-quant sub-block can overflow, and one 32-bit
-/// multiply per sub-block applies its scale: per Q4_K sub-block and
-/// activation row, 10 instructions where the 16-bit route takes 18.
+/// Two groups side by side in a 512-bit vector (rows 0–7 of the first,
+/// then of the second), so that one instruction serves sixteen rows. With
+/// VNNI, one `vpdpbusd` per step adds the byte dot into 32-bit partial
+/// sums, which no K-quant sub-block can overflow, and one 32-bit multiply
+/// per sub-block applies its scale: per Q4_K sub-block and activation row,
+/// 10 instructions where the 16-bit route takes 18.
 pub(super) mod avx512_ops {
     use std::arch::x86_64::*;
 
+    use super::super::{load_u8x16, load_u8x32};
+
+    pub(in super::super) type I = __m512i;
+    pub(in super::super) type F = __m512;
     pub(in super::super) const Q6_K_STEPS: usize = 4;
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn byte_dot(part: __m256i, q: __m256i, a: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(part, q, a)
-    }
-
-    /// Scale `j` (0 or 1) of each row's pair in `pairs`, as 32-bit lanes.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    pub(in super::super) fn row_scales(pairs: __m128i, j: usize, signed: bool) -> __m256i {
-        let j = j as i8;
-        let picked = _mm_shuffle_epi8(
-            pairs,
-            _mm_setr_epi8(j, 2 + j, 4 + j, 6 + j, 8 + j, 10 + j, 12 + j, 14 + j, -1, -1, -1, -1, -1, -1, -1, -1),
-        );
-        if signed { _mm256_cvtepi8_epi32(picked) } else { _mm256_cvtepu8_epi32(picked) }
+    pub(in super::super) fn load(w: [&[u8]; 2], at: usize) -> I {
+        let first = _mm512_castsi256_si512(load_u8x32(super::load32(w[0], at)));
+        _mm512_inserti64x4::<1>(first, load_u8x32(super::load32(w[1], at)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn scaled_add(acc: __m256i, part: __m256i, scales: __m256i) -> __m256i {
-        _mm256_add_epi32(acc, _mm256_mullo_epi32(part, scales))
+    pub(in super::super) fn and_bytes(v: I, mask: i8) -> I {
+        _mm512_and_si512(v, _mm512_set1_epi8(mask))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn or(a: I, b: I) -> I {
+        _mm512_or_si512(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn shr16<const N: u32>(v: I) -> I {
+        _mm512_srli_epi16::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn shl16<const N: u32>(v: I) -> I {
+        _mm512_slli_epi16::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn shl32<const N: u32>(v: I) -> I {
+        _mm512_slli_epi32::<N>(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn sub(a: I, b: I) -> I {
+        _mm512_sub_epi32(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn zero() -> I {
+        _mm512_setzero_si512()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn splat_i32(x: i32) -> I {
+        _mm512_set1_epi32(x)
+    }
+
+    /// Activation bytes `4k..4k+4` of `qs` in every lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn splat4(qs: &[i8; 256], k: usize) -> I {
+        splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn byte_dot(part: I, q: I, a: I) -> I {
+        _mm512_dpbusd_epi32(part, q, a)
+    }
+
+    /// Each group's 16 bytes at `at`, the first group's in the low half.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn bytes16(w: [&[u8]; 2], at: usize) -> __m256i {
+        let first = _mm256_castsi128_si256(load_u8x16(super::load16(w[0], at)));
+        _mm256_inserti128_si256::<1>(first, load_u8x16(super::load16(w[1], at)))
+    }
+
+    /// Each group's 16 bytes at `at` as words.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn words(w: [&[u8]; 2], at: usize, signed: bool) -> I {
+        let bytes = bytes16(w, at);
+        if signed { _mm512_cvtepi8_epi16(bytes) } else { _mm512_cvtepu8_epi16(bytes) }
+    }
+
+    /// Byte `j` of each row's (unsigned) pair at `at`, as a word in both
+    /// halves of the row's lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn row_words(w: [&[u8]; 2], at: usize, j: usize) -> I {
+        let [a, b, c, d] = super::word_picks(j);
+        _mm512_shuffle_epi8(words(w, at, false), _mm512_broadcast_i32x4(_mm_setr_epi32(a, b, c, d)))
+    }
+
+    /// Scale `j` of each row's pair at `at`, as a 32-bit lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn row_scales(w: [&[u8]; 2], at: usize, j: usize, signed: bool) -> I {
+        let picked = _mm256_shuffle_epi8(bytes16(w, at), _mm256_set1_epi64x(super::byte_picks(j)));
+        // Each group's eight bytes lead its 128-bit half: join them.
+        let joined = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(picked));
+        if signed { _mm512_cvtepi8_epi32(joined) } else { _mm512_cvtepu8_epi32(joined) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn scaled_add(acc: I, part: I, scales: I) -> I {
+        _mm512_add_epi32(acc, _mm512_mullo_epi32(part, scales))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn madd(acc: I, a: I, b: I) -> I {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+    }
+
+    /// Each group's eight f16 at `at`, as floats.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn halves(w: [&[u8]; 2], at: usize) -> F {
+        _mm512_cvtph_ps(bytes16(w, at))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn zero_f() -> F {
+        _mm512_setzero_ps()
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn splat_f(x: f32) -> F {
+        _mm512_set1_ps(x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn to_f(v: I) -> F {
+        _mm512_cvtepi32_ps(v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn mul_f(a: F, b: F) -> F {
+        _mm512_mul_ps(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn add_f(a: F, b: F) -> F {
+        _mm512_add_ps(a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn sub_f(a: F, b: F) -> F {
+        _mm512_sub_ps(a, b)
+    }
+
+    /// The sixteen rows' values.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn lanes(v: F) -> [f32; 16] {
+        let mut out = [0.0f32; 16];
+        // SAFETY: one 16-float store into the 16 floats of `out`.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out
     }
 }
