@@ -102,7 +102,7 @@ fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
     });
     let (long, other, same) = (prompt(240, 6), prompt(10, 7), prompt(10, 8));
     let server = &server;
-    let before = transitions(server).len();
+    let (before, ends) = (transitions(server).len(), ended(server));
     std::thread::scope(|scope| {
         let seen = transitions(server).iter().filter(|t| t.phase == "prefilling").count();
         let first = scope.spawn(|| complete(server, &long, false));
@@ -126,7 +126,7 @@ fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
         }
         adapted.join().expect("adapted request");
     });
-    let run = by_request(&transitions(server)[before..]);
+    let run = by_request(&settled(server, ends + 3)[before..]);
     assert_eq!(run.len(), 3, "{run:?}");
     // Admission order: the long prompt, the compatible one (it joined the
     // forming cohort), then the adapted one.
@@ -156,6 +156,33 @@ fn complete(server: &Server, prompt: &[u32], stream: bool) -> Vec<u64> {
     answer["tokens"].as_array().expect("tokens").iter().map(|token| token.as_u64().expect("id")).collect()
 }
 
+/// Whether a transition ends its request.
+fn is_end(transition: &Transition) -> bool {
+    matches!(transition.phase.as_str(), "completed" | "cancelled" | "failed")
+}
+
+/// Requests ended so far, by the log.
+fn ended(server: &Server) -> usize {
+    transitions(server).iter().filter(|t| is_end(t)).count()
+}
+
+/// The transitions once the log shows `ends` requests ended: the log
+/// reaches the test through the server's stderr, which on a busy machine
+/// can trail the responses.
+fn settled(server: &Server, ends: usize) -> Vec<Transition> {
+    wait_until(
+        || ended(server) >= ends,
+        || {
+            format!(
+                "no {ends} ended requests:
+{}",
+                server.log()
+            )
+        },
+    );
+    transitions(server)
+}
+
 /// Waits until the log holds `count` transitions into `phase`.
 fn wait_for(server: &Server, phase: &str, count: usize) {
     wait_until(
@@ -176,7 +203,7 @@ fn wait_until(mut ready: impl FnMut() -> bool, what: impl Fn() -> String) {
 /// Runs a long prompt, then (once it is prefilling) a medium and a short
 /// one, concurrently; returns each one's tokens and the phase log of the run.
 fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Run) {
-    let before = transitions(server).len();
+    let (before, ends) = (transitions(server).len(), ended(server));
     let prompts = [prompt(120, 1), prompt(40, 2), prompt(6, 3)];
     let tokens = std::thread::scope(|scope| {
         let seen = transitions(server).iter().filter(|t| t.phase == "prefilling").count();
@@ -187,7 +214,7 @@ fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Run) {
         tokens.extend(others.into_iter().map(|handle| handle.join().expect("request")));
         tokens
     });
-    (tokens, by_request(&transitions(server)[before..]))
+    (tokens, by_request(&settled(server, ends + 3)[before..]))
 }
 
 /// The order of (member, phase) over the run, members numbered by admission.
@@ -226,9 +253,9 @@ fn members_hold_until_the_last_prompt_then_decode_together_streaming_or_not() {
     // (h) A cohort of one behaves like a plain request: same tokens as under
     // `continuous`, prompt → ready → decoding in consecutive steps.
     let alone = prompt(6, 3);
-    let before = transitions(&server).len();
+    let (before, ends) = (transitions(&server).len(), ended(&server));
     assert_eq!(complete(&server, &alone, false), tokens[2], "batch invariance across cohort sizes");
-    let solo = by_request(&transitions(&server)[before..]);
+    let solo = by_request(&settled(&server, ends + 1)[before..]);
     let steps: Vec<u64> = ["prefilling", "ready", "decoding"].iter().map(|p| step_of(&solo[0].1, p)).collect();
     assert_eq!(steps[2], steps[1] + 1, "{solo:?}");
     let (plain, plain_dir) = server_continuous();
@@ -272,7 +299,7 @@ fn new_prompts_wait_for_the_decoding_cohort_to_drain() {
             assert_eq!(handle.join().expect("request").len(), 6);
         }
     });
-    let run = by_request(&transitions(&server));
+    let run = by_request(&settled(&server, 3));
     assert_eq!(run.len(), 3, "{run:?}");
     let seal = step_of(&run[0].1, "ready");
     assert!(step_of(&run[1].1, "prefilling") < seal, "the medium prompt joined before the seal: {run:?}");
@@ -305,7 +332,7 @@ fn a_member_cancelled_during_its_prompt_releases_the_others() {
         // (e) The held member is released and finishes with its solo tokens.
         assert_eq!(held.join().expect("request"), expected);
     });
-    let run = by_request(&transitions(&server));
+    let run = by_request(&settled(&server, 2));
     let cancelled = step_of(&run[1].1, "cancelled");
     assert!(step_of(&run[0].1, "decoding") > cancelled, "{run:?}");
     assert!(!run[1].1.iter().any(|t| t.phase == "ready"), "cancelled during its prompt: {run:?}");

@@ -37,7 +37,36 @@ impl CpuBackend {
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
     }
+
+    /// `f(start, piece)` over `out` cut into one piece per thread, each
+    /// starting at a multiple of `unit` values (a row, or whole vectors for
+    /// element-wise steps, so that no value changes its place in a vector).
+    /// Below [`PARALLEL_VALUES`] the caller's thread does it all: waking
+    /// the pool costs more than a decoding step's rows.
+    fn split(&self, out: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let n = self.pool.n_threads();
+        if n == 1 || out.len() < PARALLEL_VALUES || unit == 0 {
+            f(0, out);
+            return;
+        }
+        let per = out.len().div_ceil(unit).div_ceil(n) * unit;
+        let pieces: Vec<Mutex<(usize, &mut [f32])>> =
+            out.chunks_mut(per).enumerate().map(|(i, piece)| Mutex::new((i * per, piece))).collect();
+        self.pool.run(|thread, _| {
+            if let Some(Ok(mut piece)) = pieces.get(thread).map(Mutex::lock) {
+                let (start, piece) = &mut *piece;
+                f(*start, piece);
+            }
+        });
+    }
 }
+
+/// Values from which the per-row steps (norms, RoPE, SwiGLU, adds) run on
+/// every thread: eight rows of a 4096-wide model.
+const PARALLEL_VALUES: usize = 32 * 1024;
+
+/// Element-wise steps split at whole vectors of the row kernels.
+const VECTOR_UNIT: usize = 64;
 
 /// A weight matrix where the model file maps it, with its rows packed for
 /// the kernels where they have a packed layout.
@@ -238,13 +267,18 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, out: &mut Vec<f32>) {
         resize(out, x.len());
-        for (input, output) in x.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
-            ops::rms_norm(input, weight, eps, output);
-        }
+        let width = weight.len();
+        self.split(out, width, |start, out| {
+            for (input, output) in x[start..].chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+                ops::rms_norm(input, weight, eps, output);
+            }
+        });
     }
 
     fn rms_norm_in_place(&self, x: &mut Vec<f32>, weight: &Vec<f32>, eps: f32) {
-        x.chunks_exact_mut(weight.len()).for_each(|piece| ops::rms_norm_in_place(piece, weight, eps));
+        self.split(x, weight.len(), |_, x| {
+            x.chunks_exact_mut(weight.len()).for_each(|row| ops::rms_norm_in_place(row, weight, eps));
+        });
     }
 
     fn matmuls(&self, x: &Vec<f32>, m: usize, products: &mut [(&CpuMatrix, &mut Vec<f32>)]) {
@@ -302,16 +336,19 @@ impl Backend for CpuBackend {
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) {
-        x.chunks_exact_mut(bias.len()).for_each(|row| ops::add_in_place(row, bias));
+        self.split(x, bias.len(), |_, x| x.chunks_exact_mut(bias.len()).for_each(|row| ops::add_in_place(row, bias)));
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) {
-        ops::add_in_place(x, y);
+        self.split(x, VECTOR_UNIT, |start, x| ops::add_in_place(x, &y[start..start + x.len()]));
     }
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) {
         resize(out, gate.len());
-        ops::swiglu(gate, up, out);
+        self.split(out, VECTOR_UNIT, |start, out| {
+            let values = start..start + out.len();
+            ops::swiglu(&gate[values.clone()], &up[values], out);
+        });
     }
 
     fn gather(&self, x: &Vec<f32>, rows: &[usize], width: usize, out: &mut Vec<f32>) {
@@ -323,9 +360,11 @@ impl Backend for CpuBackend {
 
     fn rope(&self, rope: &Rope, pass: &CpuPass, x: &mut Vec<f32>) {
         let Some(width) = x.len().checked_div(pass.angles.len()) else { return };
-        for (row, angles) in x.chunks_exact_mut(width).zip(&pass.angles) {
-            rope.apply(angles, row);
-        }
+        self.split(x, width, |start, x| {
+            for (row, angles) in x.chunks_exact_mut(width).zip(&pass.angles[start / width..]) {
+                rope.apply(angles, row);
+            }
+        });
     }
 
     fn store_kv(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, pass: &CpuPass) {
@@ -506,6 +545,36 @@ mod tests {
     }
 
     #[test]
+    fn the_per_row_steps_give_the_same_bits_on_any_number_of_threads() {
+        // Enough values for the pool to take them, in rows that are no
+        // whole number of vectors.
+        let (n_rows, width, head_dim) = (48, 1000, 40);
+        assert!(n_rows * width >= PARALLEL_VALUES);
+        let (x, y, weight) = (ops_noise(n_rows * width, 21), ops_noise(n_rows * width, 22), ops_noise(width, 23));
+        let rope = Rope::new(head_dim, head_dim, 10000.0, 1.0, ops::RopeKind::Neox).expect("valid rope");
+        let rows: Vec<PassRow> =
+            (0..n_rows).map(|i| PassRow { pos: [7 * i as u32; 4], slot: i, seq: 0, visible: i + 1 }).collect();
+        let blocks: Vec<u32> = (0..n_rows as u32).collect();
+        let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &blocks, hidden: &[] }] };
+        let steps = |backend: &CpuBackend| {
+            let mut pass = CpuPass::default();
+            backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
+            let (mut x_out, mut glu) = (Vec::new(), Vec::new());
+            backend.rms_norm(&x, &weight, 1e-5, &mut x_out);
+            backend.rms_norm_in_place(&mut x_out, &weight, 1e-5);
+            backend.add_bias(&mut x_out, &weight);
+            backend.add(&mut x_out, &y);
+            backend.rope(&rope, &pass, &mut x_out);
+            backend.swiglu(&x_out, &y, &mut glu);
+            x_out.iter().chain(&glu).map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let alone = steps(&CpuBackend::new(1));
+        for threads in [2, 3] {
+            assert!(steps(&CpuBackend::new(threads)) == alone, "{threads} threads");
+        }
+    }
+
+    #[test]
     fn low_rank_deltas_of_a_row_do_not_depend_on_the_other_rows_or_the_threads() {
         // Enough work for the pool to take it (`LOW_RANK_SERIAL_WORK`).
         let (rank, n_in, n_out) = (32, 600, 520);
@@ -570,6 +639,41 @@ mod tests {
         let mut out = vec![0.0; range.len()];
         dequantize_row(kv_type.dtype(), &arena.bytes()[start..end], &mut out).expect("whole blocks");
         out
+    }
+
+    #[test]
+    fn a_decoding_row_attends_to_the_same_bits_on_any_number_of_threads() {
+        // Groups of 3, 4 and 7 query heads per KV head.
+        for (n_head, n_kv_head, head_dim) in [(9, 3, 64), (32, 8, 32), (28, 4, 32)] {
+            let heads = HeadShape::new(n_head, n_kv_head, head_dim).expect("valid heads");
+            let kv_dim = n_kv_head * head_dim;
+            let n_cached = 40;
+            let rope = Rope::new(head_dim, head_dim, 10000.0, 1.0, ops::RopeKind::Neox).expect("valid rope");
+            let blocks = [2, 0, 1];
+            let attend = |threads: usize| {
+                let backend = CpuBackend::new(threads);
+                let types = KvTypes::default();
+                let shape = KvShape { n_layer: 1, kv_dim, head_dim, n_blocks: 3, block_tokens: 16, types };
+                let mut kv = backend.kv(shape).expect("a small store");
+                let rows: Vec<PassRow> =
+                    (0..=n_cached).map(|i| PassRow { pos: [i as u32; 4], slot: i, seq: 0, visible: i + 1 }).collect();
+                let layout = PassLayout { rows: &rows, sequences: &[PassSequence { blocks: &blocks, hidden: &[] }] };
+                let mut pass = CpuPass::default();
+                backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
+                let (k, v) = (ops_noise(rows.len() * kv_dim, 31), ops_noise(rows.len() * kv_dim, 32));
+                backend.store_kv(&mut kv, 0, &k, &v, &pass);
+                // The last row alone, as a decoding step.
+                let layout = PassLayout { rows: &rows[n_cached..], ..layout };
+                backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
+                let (q, mut out) = (ops_noise(heads.q_len(), 33), Vec::new());
+                backend.attend(&kv, 0, &q, &pass, heads, 0.125, &mut out).expect("valid inputs");
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let alone = attend(1);
+            for threads in [2, 3] {
+                assert!(attend(threads) == alone, "{n_head}/{n_kv_head} heads, {threads} threads");
+            }
+        }
     }
 
     #[test]
