@@ -36,12 +36,12 @@ fn random_matrix(dtype: DType, n_out: usize, n_in: usize) -> Vec<u8> {
 fn bench_matmul(bencher: Bencher, dtype: DType, n_out: usize, n_in: usize, m: usize, threads: usize) {
     let data = random_matrix(dtype, n_out, n_in);
     let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
+    let pool = ThreadPool::new(threads);
     // As the CPU backend loads it: packed where the kernels have a layout.
-    let packed = w.pack();
+    let packed = w.pack(&pool);
     let w = packed.as_ref().map_or(Ok(w), |packed| w.with_packed(packed)).expect("packed from these bytes");
     let x: Vec<f32> = (0..m * n_in).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let mut out = vec![0.0; m * n_out];
-    let pool = ThreadPool::new(threads);
     bencher.bench_local(|| matmul(&w, black_box(&x), m, &mut out, &pool));
 }
 

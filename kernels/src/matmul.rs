@@ -82,11 +82,11 @@ impl<'a> QuantMatrix<'a> {
     /// without packed kernels, the scalar level, fewer than eight rows).
     /// A copy: as many bytes as those rows (Q4_K's scales unpacked add
     /// 3 %).
-    pub fn pack(&self) -> Option<PackedRows> {
+    pub fn pack(&self, pool: &ThreadPool) -> Option<PackedRows> {
         if !Kernels::detected().dot(self.dtype).packs() {
             return None;
         }
-        PackedRows::new(self.dtype, self.data, self.n_out, self.n_in)
+        PackedRows::new(self.dtype, self.data, self.n_out, self.n_in, pool)
     }
 
     /// This matrix multiplied through `packed`, which [`QuantMatrix::pack`]
@@ -467,7 +467,7 @@ mod tests {
             for (n_out, n_in) in [(45, 512), (8, 256), (7, 256), (130, 1024)] {
                 let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
                 let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
-                let Some(packed) = w.pack() else {
+                let Some(packed) = w.pack(&pools[2]) else {
                     assert!(n_out < 8 || !Kernels::detected().dot(dtype).packs(), "{dtype} {n_out} rows");
                     continue;
                 };
@@ -492,7 +492,7 @@ mod tests {
         let data: Vec<u8> = (0..16).flat_map(|_| random_weights(&mut rng, DType::Q4_K, 256)).collect();
         let w = QuantMatrix::new(DType::Q4_K, &data, 16, 256).expect("consistent shapes");
         let half = QuantMatrix::new(DType::Q4_K, &data[..data.len() / 2], 8, 256).expect("consistent shapes");
-        let Some(packed) = half.pack() else { return };
+        let Some(packed) = half.pack(&ThreadPool::new(2)) else { return };
         let err = w.with_packed(&packed).expect_err("8 rows packed, 16 in the matrix");
         assert!(err.to_string().contains("packed"), "{err}");
         let q6: Vec<u8> = (0..8).flat_map(|_| random_weights(&mut rng, DType::Q6_K, 256)).collect();

@@ -135,7 +135,7 @@ impl Backend for CpuBackend {
 
     fn matrix(&self, source: MatrixSource) -> Result<CpuMatrix, BackendError> {
         let MatrixSource { dtype, bytes, n_out, n_in } = source;
-        let packed = QuantMatrix::new(dtype, bytes.as_slice(), n_out, n_in)?.pack();
+        let packed = QuantMatrix::new(dtype, bytes.as_slice(), n_out, n_in)?.pack(&self.pool);
         Ok(CpuMatrix { bytes, dtype, n_out, n_in, packed })
     }
 

@@ -28,8 +28,11 @@
 //!   holding the two high bits of elements 4u+k, 64+4u+k, 128+4u+k and
 //!   192+4u+k at bits 0, 2, 4 and 6.
 
+use std::sync::Mutex;
+
 use super::blocks::{BlockQ4K, BlockQ6K, QK_K, blocks, k_scales};
 use super::{DType, scalar};
+use crate::pool::ThreadPool;
 
 /// Weight rows per packed group: one per 32-bit lane of a 256-bit vector.
 pub(crate) const GROUP_ROWS: usize = 8;
@@ -47,27 +50,35 @@ impl PackedRows {
     /// The packed form of the `n_out` rows of `n_in` elements in `data`
     /// (the file's layout, as [`crate::matmul::QuantMatrix`] checked it),
     /// or `None` for a type without packed kernels or fewer than eight rows.
-    pub(crate) fn new(dtype: DType, data: &[u8], n_out: usize, n_in: usize) -> Option<PackedRows> {
+    /// The groups are packed on `pool`'s threads, each its own share.
+    pub(crate) fn new(dtype: DType, data: &[u8], n_out: usize, n_in: usize, pool: &ThreadPool) -> Option<PackedRows> {
         let block_bytes = packed_block_bytes(dtype)?;
+        let pack_block: fn(&[&[u8]; GROUP_ROWS], usize, &mut [u8]) = match dtype {
+            DType::Q4_K => |rows, b, out| pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
+            DType::Q6_K => |rows, b, out| pack_q6_k(rows.map(|row| &blocks::<BlockQ6K>(row)[b]), out),
+            _ => return None,
+        };
         let n_groups = n_out / GROUP_ROWS;
         let row_bytes = dtype.row_bytes(n_in)?;
         if n_groups == 0 || data.len() != n_out.checked_mul(row_bytes)? {
             return None;
         }
-        let n_blocks = n_in / QK_K;
-        let group_bytes = n_blocks * block_bytes;
+        let group_bytes = (n_in / QK_K) * block_bytes;
         let mut packed = vec![0u8; n_groups * group_bytes];
-        for (g, out) in packed.chunks_exact_mut(group_bytes).enumerate() {
-            let rows: [&[u8]; GROUP_ROWS] =
-                std::array::from_fn(|r| &data[(GROUP_ROWS * g + r) * row_bytes..(GROUP_ROWS * g + r + 1) * row_bytes]);
-            for (b, out) in out.chunks_exact_mut(block_bytes).enumerate() {
-                match dtype {
-                    DType::Q4_K => pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
-                    DType::Q6_K => pack_q6_k(rows.map(|row| &blocks::<BlockQ6K>(row)[b]), out),
-                    _ => return None,
+        let per_thread = n_groups.div_ceil(pool.n_threads()) * group_bytes;
+        let pieces: Vec<Mutex<&mut [u8]>> = packed.chunks_mut(per_thread.max(1)).map(Mutex::new).collect();
+        pool.run(|thread, _| {
+            let Some(Ok(mut piece)) = pieces.get(thread).map(Mutex::lock) else { return };
+            let first = thread * per_thread / group_bytes.max(1);
+            for (g, out) in piece.chunks_exact_mut(group_bytes).enumerate() {
+                let at = |r: usize| (GROUP_ROWS * (first + g) + r) * row_bytes;
+                let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &data[at(r)..at(r) + row_bytes]);
+                for (b, out) in out.chunks_exact_mut(block_bytes).enumerate() {
+                    pack_block(&rows, b, out);
                 }
             }
-        }
+        });
+        drop(pieces);
         Some(PackedRows { dtype, group_bytes, n_groups, data: packed })
     }
 

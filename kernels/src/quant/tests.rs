@@ -531,6 +531,8 @@ fn multi_activation_row_kernels_equal_the_reference_for_every_row() {
 fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
     let mut rng = Rng::new(10);
     let n = 512;
+    // More threads than groups: one packs nothing.
+    let pool = crate::pool::ThreadPool::new(3);
     for level in simd_levels() {
         let kernels = Kernels::new(level).expect("level is supported");
         for dtype in [DType::Q4_K, DType::Q6_K] {
@@ -546,7 +548,7 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
             for shift in [0, 5] {
                 rows.rotate_left(shift);
                 let data = rows.concat();
-                let packed = PackedRows::new(dtype, &data, rows.len(), n).expect("two whole groups");
+                let packed = PackedRows::new(dtype, &data, rows.len(), n, &pool).expect("two whole groups");
                 assert_eq!(packed.n_groups(), 2);
                 // Every count of activation rows, so that each of the
                 // kernels' widths (eight, four, one) and their mixes run;
