@@ -9,18 +9,16 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crate::pool::ThreadPool;
+use crate::quant::packed::GROUP_ROWS;
 use crate::quant::{ActFormat, DType, Dot, KernelError, Kernels, PackedRows};
 
 /// Weight rows held at once per tile while the activation rows pass over
 /// them: about half of a typical L1 data cache.
 const TILE_BYTES: usize = 16 * 1024;
 
-/// Rows per packed group.
-const GROUP_ROWS: usize = 8;
-
 /// The unit in which threads take rows: two packed groups, the most a
 /// packed kernel takes per call, so that a share ends in no half call.
-const UNIT_ROWS: usize = 16;
+const UNIT_ROWS: usize = 2 * GROUP_ROWS;
 
 /// Activation rows per pass over a tile of packed groups: the widest
 /// packed kernel's.
@@ -491,8 +489,9 @@ mod tests {
         let mut rng = Rng::new(17);
         let data: Vec<u8> = (0..16).flat_map(|_| random_weights(&mut rng, DType::Q4_K, 256)).collect();
         let w = QuantMatrix::new(DType::Q4_K, &data, 16, 256).expect("consistent shapes");
-        let half = QuantMatrix::new(DType::Q4_K, &data[..data.len() / 2], 8, 256).expect("consistent shapes");
-        let Some(packed) = half.pack(&ThreadPool::new(2)) else { return };
+        // Packed directly, so that the check runs at every level.
+        let packed =
+            PackedRows::new(DType::Q4_K, &data[..data.len() / 2], 8, 256, &ThreadPool::new(2)).expect("a whole group");
         let err = w.with_packed(&packed).expect_err("8 rows packed, 16 in the matrix");
         assert!(err.to_string().contains("packed"), "{err}");
         let q6: Vec<u8> = (0..8).flat_map(|_| random_weights(&mut rng, DType::Q6_K, 256)).collect();

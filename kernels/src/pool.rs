@@ -149,6 +149,27 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// `f(start, piece)` on the threads over `data` cut into one piece per
+    /// thread, each starting at a multiple of `unit` elements; `start` is
+    /// the piece's first index in `data`.
+    pub fn split_mut<T: Send>(&self, data: &mut [T], unit: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+        let unit = unit.max(1);
+        let per = data.len().div_ceil(unit).div_ceil(self.n_threads()) * unit;
+        if per == 0 {
+            return f(0, data);
+        }
+        let pieces: Vec<Mutex<(usize, &mut [T])>> =
+            data.chunks_mut(per).enumerate().map(|(i, piece)| Mutex::new((i * per, piece))).collect();
+        self.run(|thread, _| {
+            if let Some(Ok(mut piece)) = pieces.get(thread).map(Mutex::lock) {
+                let (start, piece) = &mut *piece;
+                f(*start, piece);
+            }
+        });
+    }
+}
+
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Relaxed);
@@ -231,6 +252,27 @@ mod tests {
             assert_eq!(pool.n_threads(), n.max(1));
             for _ in 0..1000 {
                 assert_eq!(counts(&pool), vec![1; n.max(1)]);
+            }
+        }
+    }
+
+    #[test]
+    fn split_pieces_cover_the_data_once_from_unit_boundaries() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for (len, unit) in [(0, 4), (7, 4), (64, 4), (100, 7), (5, 0)] {
+                let mut data = vec![0usize; len];
+                let starts = Mutex::new(Vec::new());
+                pool.split_mut(&mut data, unit, |start, piece| {
+                    starts.lock().expect("not poisoned").push(start);
+                    for (i, value) in piece.iter_mut().enumerate() {
+                        *value += start + i + 1;
+                    }
+                });
+                assert_eq!(data, (1..=len).collect::<Vec<_>>(), "{threads} threads, {len} by {unit}");
+                let starts = starts.into_inner().expect("not poisoned");
+                assert!(starts.iter().all(|start| start % unit.max(1) == 0), "{starts:?}");
+                assert!(starts.len() <= threads, "{starts:?}");
             }
         }
     }

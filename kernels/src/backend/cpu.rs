@@ -44,20 +44,11 @@ impl CpuBackend {
     /// Below [`PARALLEL_VALUES`] the caller's thread does it all: waking
     /// the pool costs more than a decoding step's rows.
     fn split(&self, out: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-        let n = self.pool.n_threads();
-        if n == 1 || out.len() < PARALLEL_VALUES || unit == 0 {
+        if out.len() < PARALLEL_VALUES || unit == 0 {
             f(0, out);
-            return;
+        } else {
+            self.pool.split_mut(out, unit, f);
         }
-        let per = out.len().div_ceil(unit).div_ceil(n) * unit;
-        let pieces: Vec<Mutex<(usize, &mut [f32])>> =
-            out.chunks_mut(per).enumerate().map(|(i, piece)| Mutex::new((i * per, piece))).collect();
-        self.pool.run(|thread, _| {
-            if let Some(Ok(mut piece)) = pieces.get(thread).map(Mutex::lock) {
-                let (start, piece) = &mut *piece;
-                f(*start, piece);
-            }
-        });
     }
 }
 

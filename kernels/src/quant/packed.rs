@@ -28,8 +28,6 @@
 //!   holding the two high bits of elements 4u+k, 64+4u+k, 128+4u+k and
 //!   192+4u+k at bits 0, 2, 4 and 6.
 
-use std::sync::Mutex;
-
 use super::blocks::{BlockQ4K, BlockQ6K, QK_K, blocks, k_scales};
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
@@ -64,12 +62,12 @@ impl PackedRows {
             return None;
         }
         let group_bytes = (n_in / QK_K) * block_bytes;
+        if group_bytes == 0 {
+            return None;
+        }
         let mut packed = vec![0u8; n_groups * group_bytes];
-        let per_thread = n_groups.div_ceil(pool.n_threads()) * group_bytes;
-        let pieces: Vec<Mutex<&mut [u8]>> = packed.chunks_mut(per_thread.max(1)).map(Mutex::new).collect();
-        pool.run(|thread, _| {
-            let Some(Ok(mut piece)) = pieces.get(thread).map(Mutex::lock) else { return };
-            let first = thread * per_thread / group_bytes.max(1);
+        pool.split_mut(&mut packed, group_bytes, |start, piece| {
+            let first = start / group_bytes;
             for (g, out) in piece.chunks_exact_mut(group_bytes).enumerate() {
                 let at = |r: usize| (GROUP_ROWS * (first + g) + r) * row_bytes;
                 let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &data[at(r)..at(r) + row_bytes]);
@@ -78,7 +76,6 @@ impl PackedRows {
                 }
             }
         });
-        drop(pieces);
         Some(PackedRows { dtype, group_bytes, n_groups, data: packed })
     }
 

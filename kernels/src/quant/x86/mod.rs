@@ -200,14 +200,6 @@ mod avx2_ops {
 
     use super::{load_i8x32, load_u8x32};
 
-    /// Whether the packed K-quant kernels take eight activation rows per
-    /// call: their 24 sums would spill from AVX2's 16 registers (four rows
-    /// per call measured 20 % faster than eight on a Q4_K prompt).
-    pub(super) const PACKED_EIGHT: bool = false;
-
-    /// Packed groups per call: one per 256-bit vector.
-    pub(super) const PACKED_GROUPS: usize = 1;
-
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) fn dot_u8i8(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -317,12 +309,6 @@ mod avx512_ops {
     use std::arch::x86_64::*;
 
     use super::load_u8x32;
-
-    /// Eight activation rows' sums fit AVX-512's 32 registers.
-    pub(super) const PACKED_EIGHT: bool = true;
-
-    /// Packed groups per call: two side by side in a 512-bit vector.
-    pub(super) const PACKED_GROUPS: usize = 2;
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
@@ -612,18 +598,16 @@ macro_rules! dot_kernels {
                     four_by_eight: None,
                     packed: None,
                 };
-                let q4_k = PackedDot {
-                    groups: ops::PACKED_GROUPS,
-                    one: packed_q4_k::<1>,
-                    four: packed_q4_k::<4>,
-                    eight: ops::PACKED_EIGHT.then_some(packed_q4_k::<8>),
-                };
-                let q6_k = PackedDot {
-                    groups: ops::PACKED_GROUPS,
-                    one: packed_q6_k::<1>,
-                    four: packed_q6_k::<4>,
-                    eight: ops::PACKED_EIGHT.then_some(packed_q6_k::<8>),
-                };
+                macro_rules! packed {
+                    ($kernel:ident) => {
+                        PackedDot {
+                            groups: pk::GROUPS,
+                            one: $kernel::<1>,
+                            four: $kernel::<4>,
+                            eight: pk::EIGHT_ACTS.then_some($kernel::<8>),
+                        }
+                    };
+                }
                 match dtype {
                     DType::F32 => float(dot_f32),
                     DType::F16 => float(dot_f16),
@@ -634,13 +618,13 @@ macro_rules! dot_kernels {
                     DType::Q5_1 => legacy!(one_q5_1, four_q5_1, dot_q5_1),
                     DType::Q8_0 => legacy!(one_q8_0, four_q8_0, dot_q8_0),
                     DType::Q4_K => {
-                        kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k, Some(q4_k))
+                        kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k, Some(packed!(packed_q4_k)))
                     }
                     DType::Q5_K => {
                         kquant!(one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k, None)
                     }
                     DType::Q6_K => {
-                        kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(q6_k))
+                        kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(packed!(packed_q6_k)))
                     }
                 }
             }
