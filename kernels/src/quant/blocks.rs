@@ -45,11 +45,23 @@ pub(crate) struct BlockQ5_1 {
     pub qs: [u8; 16],
 }
 
-/// Both a weight format and the activation partner of Q4_0/Q5_0/Q8_0.
+/// GGML's Q8_0: a weight format, and how a Q8_0 KV cache holds its rows.
 #[derive(Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 pub(crate) struct BlockQ8_0 {
     pub d: [u8; 2],
+    pub qs: [i8; 32],
+}
+
+/// Activation partner of Q4_0/Q5_0/Q8_0: a Q8_0 block with the exact sum of
+/// its quants (little-endian i16) after `d`. The packed kernels multiply
+/// unsigned weight bytes (the quants plus a bias) and take the bias times
+/// this sum back off.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ8_0S {
+    pub d: [u8; 2],
+    pub sum: [u8; 2],
     pub qs: [i8; 32],
 }
 
@@ -113,6 +125,7 @@ const _: () = {
     assert!(size_of::<BlockQ5_0>() == 22);
     assert!(size_of::<BlockQ5_1>() == 24);
     assert!(size_of::<BlockQ8_0>() == 34);
+    assert!(size_of::<BlockQ8_0S>() == 36);
     assert!(size_of::<BlockQ8_1>() == 36);
     assert!(size_of::<BlockQ4K>() == 144);
     assert!(size_of::<BlockQ5K>() == 176);

@@ -132,7 +132,7 @@ impl DType {
     pub fn act_format(self) -> ActFormat {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => ActFormat::F32,
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0S,
             DType::Q4_1 | DType::Q5_1 => ActFormat::Q8_1,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
         }
@@ -152,9 +152,12 @@ impl fmt::Display for DType {
 /// Formats of quantized activation rows.
 ///
 /// - `F32`: plain little-endian floats (partner of F32/F16/BF16 weights).
-/// - `Q8_0`: blocks of 32 as f16 `d` and 32 i8, `d = max|x| / 127`.
-/// - `Q8_1`: as Q8_0 plus the i16 sum of the quants after `d` (GGML's Q8_1
-///   has an f16 `d · Σq` there, which overflows for large activations).
+/// - `Q8_0`: blocks of 32 as f16 `d` and 32 i8, `d = max|x| / 127` (no
+///   weight type's partner; a Q8_0 KV cache stores its rows so).
+/// - `Q8_0S`: as Q8_0 plus the i16 sum of the quants after `d` (partner of
+///   Q4_0/Q5_0/Q8_0).
+/// - `Q8_1`: as Q8_0 plus GGML's f16 `d · Σq` after `d` (partner of
+///   Q4_1/Q5_1).
 /// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants.
 ///
 /// Quants round to nearest with ties to even and stay within ±127. Inputs
@@ -165,6 +168,7 @@ impl fmt::Display for DType {
 pub enum ActFormat {
     F32,
     Q8_0,
+    Q8_0S,
     Q8_1,
     Q8_K,
 }
@@ -174,6 +178,7 @@ impl ActFormat {
         match self {
             ActFormat::F32 => "F32",
             ActFormat::Q8_0 => "Q8_0",
+            ActFormat::Q8_0S => "Q8_0S",
             ActFormat::Q8_1 => "Q8_1",
             ActFormat::Q8_K => "Q8_K",
         }
@@ -182,7 +187,7 @@ impl ActFormat {
     pub fn block_elems(self) -> usize {
         match self {
             ActFormat::F32 => 1,
-            ActFormat::Q8_0 | ActFormat::Q8_1 => QK,
+            ActFormat::Q8_0 | ActFormat::Q8_0S | ActFormat::Q8_1 => QK,
             ActFormat::Q8_K => QK_K,
         }
     }
@@ -191,6 +196,7 @@ impl ActFormat {
         match self {
             ActFormat::F32 => 4,
             ActFormat::Q8_0 => size_of::<blocks::BlockQ8_0>(),
+            ActFormat::Q8_0S => size_of::<blocks::BlockQ8_0S>(),
             ActFormat::Q8_1 => size_of::<blocks::BlockQ8_1>(),
             ActFormat::Q8_K => size_of::<blocks::BlockQ8K>(),
         }
@@ -566,6 +572,7 @@ fn scalar_quantize(format: ActFormat) -> QuantizeFn {
     match format {
         ActFormat::F32 => scalar::quantize_f32,
         ActFormat::Q8_0 => scalar::quantize_q8_0,
+        ActFormat::Q8_0S => scalar::quantize_q8_0s,
         ActFormat::Q8_1 => scalar::quantize_q8_1,
         ActFormat::Q8_K => scalar::quantize_q8_k,
     }

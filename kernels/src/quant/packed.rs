@@ -1,9 +1,10 @@
-//! K-quant weights repacked at load: eight weight rows interleaved, so that
+//! Weights repacked at load (the K-quants, and the legacy formats without
+//! an offset: Q4_0, Q5_0, Q8_0): eight weight rows interleaved, so that
 //! the kernels keep one weight row per 32-bit lane.
 //!
 //! In the file's layout a kernel multiplies 32 quants of one weight row at
-//! a time and must, per 256-value block, unpack the 6-bit scales and
-//! reduce each row's lanes to one sum. Interleaved, four consecutive quants
+//! a time and must, per block, reduce each row's lanes to one sum (and for
+//! the K-quants unpack the 6-bit scales). Interleaved, four consecutive quants
 //! of eight rows fill one 32-byte vector: a byte dot against the activation
 //! row's four matching bytes (broadcast) gives each row's partial sum in its
 //! own lane, the scales are unpacked bytes ready to widen, and the per-block
@@ -27,15 +28,21 @@
 //!   and 128+4t+k in the high; then for `u` in 0..16, four bytes per row
 //!   holding the two high bits of elements 4u+k, 64+4u+k, 128+4u+k and
 //!   192+4u+k at bits 0, 2, 4 and 6.
+//! - Q8_0, 272 bytes: the eight `d` (f16); then for step `s` in 0..8, each
+//!   row's quants `4s..4s+4`.
+//! - Q4_0, 144 bytes: the eight `d`; then for `h` in 0..4, each row's bytes
+//!   `qs[4h..4h+4]` (low nibbles: elements 4h+k; high: 16+4h+k).
+//! - Q5_0, 176 bytes: as Q4_0, then each row's four bytes of fifth bits
+//!   rearranged so that bit `i` of byte `k` is element 4i+k's.
 
-use super::blocks::{BlockQ4K, BlockQ6K, QK_K, blocks, k_scales};
+use super::blocks::{BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks, k_scales};
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
 
 /// Weight rows per packed group: one per 32-bit lane of a 256-bit vector.
 pub(crate) const GROUP_ROWS: usize = 8;
 
-/// The whole groups of eight rows of a K-quant matrix, interleaved.
+/// The whole groups of eight rows of a matrix, interleaved.
 pub struct PackedRows {
     dtype: DType,
     /// Bytes of one group: its rows' blocks, block by block.
@@ -54,6 +61,17 @@ impl PackedRows {
         let pack_block: fn(&[&[u8]; GROUP_ROWS], usize, &mut [u8]) = match dtype {
             DType::Q4_K => |rows, b, out| pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
             DType::Q6_K => |rows, b, out| pack_q6_k(rows.map(|row| &blocks::<BlockQ6K>(row)[b]), out),
+            DType::Q8_0 => |rows, b, out| pack_q8_0(rows.map(|row| &blocks::<BlockQ8_0>(row)[b]), out),
+            DType::Q4_0 => |rows, b, out| {
+                pack_nibbles(
+                    rows.map(|row| {
+                        let x = &blocks::<BlockQ4_0>(row)[b];
+                        (x.d, &x.qs)
+                    }),
+                    out,
+                )
+            },
+            DType::Q5_0 => |rows, b, out| pack_q5_0(rows.map(|row| &blocks::<BlockQ5_0>(row)[b]), out),
             _ => return None,
         };
         let n_groups = n_out / GROUP_ROWS;
@@ -61,7 +79,7 @@ impl PackedRows {
         if n_groups == 0 || data.len() != n_out.checked_mul(row_bytes)? {
             return None;
         }
-        let group_bytes = (n_in / QK_K) * block_bytes;
+        let group_bytes = (n_in / dtype.block_elems()) * block_bytes;
         if group_bytes == 0 {
             return None;
         }
@@ -82,7 +100,7 @@ impl PackedRows {
     /// Bytes of the packed form of `n_out` rows of `n_in` elements;
     /// `None` for a type without one.
     pub(crate) fn len_for(dtype: DType, n_out: usize, n_in: usize) -> Option<usize> {
-        (n_out / GROUP_ROWS).checked_mul(n_in / QK_K)?.checked_mul(packed_block_bytes(dtype)?)
+        (n_out / GROUP_ROWS).checked_mul(n_in / dtype.block_elems())?.checked_mul(packed_block_bytes(dtype)?)
     }
 
     pub(crate) fn dtype(&self) -> DType {
@@ -116,6 +134,9 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q4_K => Some(Q4_K_BLOCK),
         DType::Q6_K => Some(Q6_K_BLOCK),
+        DType::Q8_0 => Some(Q8_0_BLOCK),
+        DType::Q4_0 => Some(Q4_0_BLOCK),
+        DType::Q5_0 => Some(Q5_0_BLOCK),
         _ => None,
     }
 }
@@ -133,7 +154,22 @@ pub(crate) const Q6_K_QL: usize = 144;
 pub(crate) const Q6_K_QH: usize = Q6_K_QL + 8 * 128;
 pub(crate) const Q6_K_BLOCK: usize = Q6_K_QH + 8 * 64;
 
-const _: () = assert!(Q4_K_BLOCK == 1184 && Q6_K_BLOCK == 8 * size_of::<BlockQ6K>());
+/// The eight `d` of the legacy formats' packed blocks.
+pub(crate) const LEGACY_D: usize = 0;
+/// Their quants (Q8_0) or nibbles (Q4_0, Q5_0).
+pub(crate) const LEGACY_QS: usize = 16;
+pub(crate) const Q8_0_BLOCK: usize = LEGACY_QS + 8 * 32;
+pub(crate) const Q4_0_BLOCK: usize = LEGACY_QS + 4 * 32;
+pub(crate) const Q5_0_QH: usize = Q4_0_BLOCK;
+pub(crate) const Q5_0_BLOCK: usize = Q5_0_QH + 32;
+
+const _: () = assert!(
+    Q4_K_BLOCK == 1184
+        && Q6_K_BLOCK == 8 * size_of::<BlockQ6K>()
+        && Q8_0_BLOCK == 8 * size_of::<BlockQ8_0>()
+        && Q4_0_BLOCK == 8 * size_of::<BlockQ4_0>()
+        && Q5_0_BLOCK == 8 * size_of::<BlockQ5_0>()
+);
 
 fn pack_q4_k(rows: [&BlockQ4K; GROUP_ROWS], out: &mut [u8]) {
     for (r, x) in rows.iter().enumerate() {
@@ -178,6 +214,37 @@ fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
                     | high(192 + 4 * u + k) << 6;
                 out[Q6_K_QH + 32 * u + 4 * r + k] = bits;
             }
+        }
+    }
+}
+
+fn pack_q8_0(rows: [&BlockQ8_0; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        out[LEGACY_D + 2 * r..LEGACY_D + 2 * r + 2].copy_from_slice(&x.d);
+        for s in 0..8 {
+            let at = LEGACY_QS + 32 * s + 4 * r;
+            out[at..at + 4].copy_from_slice(bytemuck::cast_slice(&x.qs[4 * s..4 * s + 4]));
+        }
+    }
+}
+
+/// The scales and nibbles of Q4_0 and Q5_0 rows (`(d, qs)` per row).
+fn pack_nibbles(rows: [([u8; 2], &[u8; 16]); GROUP_ROWS], out: &mut [u8]) {
+    for (r, (d, qs)) in rows.iter().enumerate() {
+        out[LEGACY_D + 2 * r..LEGACY_D + 2 * r + 2].copy_from_slice(d);
+        for h in 0..4 {
+            let at = LEGACY_QS + 32 * h + 4 * r;
+            out[at..at + 4].copy_from_slice(&qs[4 * h..4 * h + 4]);
+        }
+    }
+}
+
+fn pack_q5_0(rows: [&BlockQ5_0; GROUP_ROWS], out: &mut [u8]) {
+    pack_nibbles(rows.map(|x| (x.d, &x.qs)), out);
+    for (r, x) in rows.iter().enumerate() {
+        let qh = u32::from_le_bytes(x.qh);
+        for k in 0..4 {
+            out[Q5_0_QH + 4 * r + k] = (0..8).fold(0u8, |byte, i| byte | (((qh >> (4 * i + k)) & 1) as u8) << i);
         }
     }
 }

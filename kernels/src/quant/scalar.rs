@@ -3,10 +3,15 @@
 //! SIMD paths must compute the same integer sums (integer arithmetic here
 //! wraps, so any summation order gives the same result) and then apply the
 //! same float steps in the same order:
-//! - the legacy formats (Q4_0 … Q8_0) keep eight lanes, lane `k` taking the
-//!   integer dot of elements `4k..4k+4` of every block, scaled by
-//!   `d_w · d_a` with a fused multiply-add ([`dot_legacy`]) — the steps of
-//!   GGML's 256-bit loops, which need no horizontal sum per block;
+//! - the legacy formats without an offset (Q4_0, Q5_0, Q8_0) add one float
+//!   per block in block order, `(d_w · d_a) · isum` fused
+//!   ([`dot_symmetric`]): the arithmetic of GGML's repacked and GEMM prompt
+//!   kernels, which lets a packed kernel keep one weight row per lane;
+//! - the legacy formats with an offset (Q4_1, Q5_1) keep eight lanes, lane
+//!   `k` taking the integer dot of elements `4k..4k+4` of every block,
+//!   scaled by `d_w · d_a` with a fused multiply-add ([`dot_legacy`]) — the
+//!   steps of GGML's 256-bit decoding loops, so that the default model
+//!   (Q4_1) computes llama.cpp's hidden states bit for bit;
 //! - the K-quants add one float per block, the `finish_*` functions below,
 //!   in block order;
 //! - float weight rows accumulate into [`LANES`] interleaved lanes with fused
@@ -17,8 +22,8 @@ use half::{bf16, f16};
 
 use super::DType;
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K,
-    blocks, blocks_mut, k_scales,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1, BlockQ8K,
+    QK, QK_K, blocks, blocks_mut, k_scales,
 };
 
 /// Interleaved accumulators of the float-weight dot products.
@@ -285,6 +290,15 @@ pub(crate) fn quantize_q8_0(x: &[f32], dst: &mut [u8]) {
     }
 }
 
+pub(crate) fn quantize_q8_0s(x: &[f32], dst: &mut [u8]) {
+    for (x, y) in x.as_chunks::<QK>().0.iter().zip(blocks_mut::<BlockQ8_0S>(dst)) {
+        let (d, id) = act_scale(amax(x));
+        let sum = quantize_into(x, id, &mut y.qs) as i16;
+        y.d = f16::from_f32(d).to_le_bytes();
+        y.sum = sum.to_le_bytes();
+    }
+}
+
 pub(crate) fn quantize_q8_1(x: &[f32], dst: &mut [u8]) {
     for (x, y) in x.as_chunks::<QK>().0.iter().zip(blocks_mut::<BlockQ8_1>(dst)) {
         let (d, id) = act_scale(amax(x));
@@ -321,15 +335,14 @@ pub(crate) fn dot_float<const B: usize>(w: &[u8], a: &[u8], convert: fn([u8; B])
     reduce_lanes(acc)
 }
 
-/// What one legacy block contributes: the weight and activation scales of
-/// its lane sums, and for formats with an offset (`d * q + m`) the pair
-/// `(m_w, s_a)`, `s_a` being the activation block's scaled sum `d · Σq` (see
-/// `BlockQ8_1`).
+/// What one block of Q4_1/Q5_1 contributes: the weight and activation
+/// scales of its lane sums, and the offset pair `(m_w, s_a)`, `s_a` being
+/// the activation block's scaled sum `d · Σq` (see `BlockQ8_1`).
 struct LegacyBlock {
     d_w: f32,
     d_a: f32,
     lanes: [i32; LEGACY_LANES],
-    offset: Option<(f32, f32)>,
+    offset: (f32, f32),
 }
 
 /// Lane `k`: the integer dot of elements `4k..4k+4`.
@@ -339,66 +352,62 @@ fn lane_sums<Q: Copy + Into<i32>>(q: &[Q; QK], a: &[i8; QK]) -> [i32; LEGACY_LAN
 
 /// The lanes take `(d_w · d_a) · lane` fused, block by block; the offsets `m_w · s_a`
 /// are summed apart, fused too, and added after the lanes are reduced.
-fn dot_legacy<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], block: impl Fn(&W, &A) -> LegacyBlock) -> f32 {
+fn dot_legacy<W: bytemuck::Pod>(w: &[u8], a: &[u8], block: impl Fn(&W, &BlockQ8_1) -> LegacyBlock) -> f32 {
     let mut acc = [0.0f32; LEGACY_LANES];
-    let mut offsets: Option<f32> = None;
-    for (w, a) in blocks::<W>(w).iter().zip(blocks::<A>(a)) {
+    let mut offsets = 0.0f32;
+    for (w, a) in blocks::<W>(w).iter().zip(blocks::<BlockQ8_1>(a)) {
         let b = block(w, a);
         let scale = b.d_w * b.d_a;
         for (acc, lane) in acc.iter_mut().zip(b.lanes) {
             *acc = scale.mul_add(lane as f32, *acc);
         }
-        if let Some((m_w, s_a)) = b.offset {
-            offsets = Some(m_w.mul_add(s_a, offsets.unwrap_or(0.0)));
-        }
+        offsets = b.offset.0.mul_add(b.offset.1, offsets);
     }
-    let total = reduce_legacy_lanes(acc);
-    offsets.map_or(total, |offsets| total + offsets)
+    reduce_legacy_lanes(acc) + offsets
 }
 
-pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_legacy(w, a, |w: &BlockQ4_0, a: &BlockQ8_0| LegacyBlock {
-        d_w: half_to_f32(w.d),
-        d_a: half_to_f32(a.d),
-        lanes: lane_sums(&q4_0_quants(w), &a.qs),
-        offset: None,
+/// One block of Q4_0, Q5_0 or Q8_0 into `acc`: the exact integer dot of its
+/// quants, times `d_w · d_a`, fused.
+#[inline(always)]
+pub(crate) fn finish_symmetric(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
+    (d_w * d_a).mul_add(isum as f32, acc)
+}
+
+fn dot_symmetric<W: bytemuck::Pod>(w: &[u8], a: &[u8], quants: impl Fn(&W) -> ([u8; 2], [i8; QK])) -> f32 {
+    dot_blocks(w, a, |acc, w: &W, a: &BlockQ8_0S| {
+        let (d, q) = quants(w);
+        finish_symmetric(acc, half_to_f32(d), half_to_f32(a.d), idot(&q, &a.qs))
     })
 }
 
+pub(crate) fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_symmetric(w, a, |w: &BlockQ4_0| (w.d, q4_0_quants(w)))
+}
+
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_legacy(w, a, |w: &BlockQ4_1, a: &BlockQ8_1| LegacyBlock {
+    dot_legacy(w, a, |w: &BlockQ4_1, a| LegacyBlock {
         d_w: half_to_f32(w.d),
         d_a: half_to_f32(a.d),
         lanes: lane_sums(&q4_1_quants(w), &a.qs),
-        offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
+        offset: (half_to_f32(w.m), half_to_f32(a.s)),
     })
 }
 
 pub(crate) fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_legacy(w, a, |w: &BlockQ5_0, a: &BlockQ8_0| LegacyBlock {
-        d_w: half_to_f32(w.d),
-        d_a: half_to_f32(a.d),
-        lanes: lane_sums(&q5_0_quants(w), &a.qs),
-        offset: None,
-    })
+    dot_symmetric(w, a, |w: &BlockQ5_0| (w.d, q5_0_quants(w)))
 }
 
 pub(crate) fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_legacy(w, a, |w: &BlockQ5_1, a: &BlockQ8_1| LegacyBlock {
+    dot_legacy(w, a, |w: &BlockQ5_1, a| LegacyBlock {
         d_w: half_to_f32(w.d),
         d_a: half_to_f32(a.d),
         lanes: lane_sums(&q5_1_quants(w), &a.qs),
-        offset: Some((half_to_f32(w.m), half_to_f32(a.s))),
+        offset: (half_to_f32(w.m), half_to_f32(a.s)),
     })
 }
 
 pub(crate) fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_legacy(w, a, |w: &BlockQ8_0, a: &BlockQ8_0| LegacyBlock {
-        d_w: half_to_f32(w.d),
-        d_a: half_to_f32(a.d),
-        lanes: lane_sums(&w.qs, &a.qs),
-        offset: None,
-    })
+    dot_symmetric(w, a, |w: &BlockQ8_0| (w.d, w.qs))
 }
 
 /// Q4_K and Q5_K: Σ_j sc_j·(q·a)_j and Σ_j m_j·(Σa)_j over the eight sub-blocks.

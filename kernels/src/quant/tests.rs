@@ -172,9 +172,9 @@ fn checked_entry_points_refuse_bad_lengths() {
     assert!(matches!(err, KernelError::Length { got: 60, expected: 68, .. }), "{err}");
 
     let w = vec![0u8; 36];
-    let a = vec![0u8; 68];
+    let a = vec![0u8; 72];
     assert_eq!(try_vec_dot(DType::Q4_0, &w, &a, 64), Ok(0.0));
-    assert!(try_vec_dot(DType::Q4_0, &w, &a[..67], 64).is_err());
+    assert!(try_vec_dot(DType::Q4_0, &w, &a[..71], 64).is_err());
     assert!(try_vec_dot(DType::Q4_0, &w[..18], &a, 64).is_err());
     assert!(try_vec_dot(DType::Q4_0, &w, &a, 65).is_err());
 }
@@ -356,6 +356,11 @@ fn activation_quantization_rounds_ties_to_even_and_fills_sums() {
     // d times the sum of the quants above, as f16.
     assert_eq!(f16::from_le_bytes([q[2], q[3]]).to_f32(), 3.0);
 
+    let q = quantized(SimdLevel::Scalar, ActFormat::Q8_0S, &x);
+    // The sum itself, then the Q8_0 block's quants.
+    assert_eq!(i16::from_le_bytes([q[2], q[3]]), 3);
+    assert_eq!(q[4..12].iter().map(|&b| b as i8).collect::<Vec<_>>(), [127, 2, -4, 0, 0, 2, -127, 3]);
+
     let q = quantized(SimdLevel::Scalar, ActFormat::Q8_K, &x);
     assert_eq!(f32::from_le_bytes([q[0], q[1], q[2], q[3]]), 1.0);
     assert_eq!(i16::from_le_bytes([q[260], q[261]]), 3);
@@ -385,7 +390,7 @@ fn simd_activation_quantization_equals_scalar() {
         let mut rows = adversarial_acts(512);
         rows.extend((0..20).map(|_| random_acts(&mut rng, 512)));
         for x in &rows {
-            for format in [ActFormat::F32, ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K] {
+            for format in [ActFormat::F32, ActFormat::Q8_0, ActFormat::Q8_0S, ActFormat::Q8_1, ActFormat::Q8_K] {
                 assert_eq!(
                     quantized(level, format, x),
                     quantized(SimdLevel::Scalar, format, x),
@@ -535,7 +540,7 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
     let pool = crate::pool::ThreadPool::new(3);
     for level in simd_levels() {
         let kernels = Kernels::new(level).expect("level is supported");
-        for dtype in [DType::Q4_K, DType::Q6_K] {
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0] {
             let dot = kernels.dot(dtype);
             assert!(dot.packs(), "{level:?} {dtype}");
             // Adversarial rows (extreme quants and scales) and random ones,

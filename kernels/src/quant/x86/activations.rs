@@ -6,6 +6,7 @@ pub(in super::super) fn quantize(format: ActFormat) -> QuantizeFn {
     match format {
         ActFormat::F32 => scalar::quantize_f32,
         ActFormat::Q8_0 => quantize_q8_0,
+        ActFormat::Q8_0S => quantize_q8_0s,
         ActFormat::Q8_1 => quantize_q8_1,
         ActFormat::Q8_K => quantize_q8_k,
     }
@@ -62,13 +63,30 @@ fn quantize_q8_0(x: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The sum of the 32 quants [`quantize32`] returned.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn quant_sum(i: [__m256i; 4]) -> i32 {
+    hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_0s(x: &[f32], dst: &mut [u8]) {
+    for (x, y) in x.as_chunks::<QK>().0.iter().zip(blocks_mut::<BlockQ8_0S>(dst)) {
+        let v = load_f32x32(x);
+        let (d, id) = scalar::act_scale(hmax(amax32(&v)));
+        let i = quantize32(&v, id, &mut y.qs);
+        y.d = f16::from_f32(d).to_le_bytes();
+        y.sum = (quant_sum(i) as i16).to_le_bytes();
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn quantize_q8_1(x: &[f32], dst: &mut [u8]) {
     for (x, y) in x.as_chunks::<QK>().0.iter().zip(blocks_mut::<BlockQ8_1>(dst)) {
         let v = load_f32x32(x);
         let (d, id) = scalar::act_scale(hmax(amax32(&v)));
-        let i = quantize32(&v, id, &mut y.qs);
-        let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+        let sum = quant_sum(quantize32(&v, id, &mut y.qs));
         y.d = f16::from_f32(d).to_le_bytes();
         y.s = f16::from_f32(d * sum as f32).to_le_bytes();
     }

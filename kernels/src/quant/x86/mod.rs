@@ -4,10 +4,10 @@
 //! Both compute each block's integer sums exactly as the scalar reference
 //! does and then apply the reference's float steps (`scalar::finish_*`,
 //! lane by lane) in the same order, so a level changes speed, never a
-//! result. The legacy formats' dots stay
-//! 256 bits wide at the AVX-512 level: a block is 32 quants, so a wider
-//! vector would need a reduction per half anyway; that level gains from
-//! VNNI's fused byte and word dots instead, and from 16-wide float dots.
+//! result. The file-layout dots of the legacy formats stay 256 bits wide
+//! at the AVX-512 level: a block is 32 quants, so a wider vector would need
+//! a reduction per half anyway; that level gains from VNNI's fused byte
+//! and word dots instead, and from 16-wide float dots.
 //! The K-quants' 256-quant blocks take two 32-quant sub-blocks per 512-bit
 //! vector there, whose halves are added once per block.
 //!
@@ -25,8 +25,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K,
-    blocks, blocks_mut, k_scales,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1, BlockQ8K,
+    QK, QK_K, blocks, blocks_mut, k_scales,
 };
 use super::packed as layout;
 use super::scalar::{self, LANES};
@@ -147,8 +147,8 @@ fn rows<'a, W: bytemuck::Pod, Act: bytemuck::Pod, const R: usize, const A: usize
     (w.map(|row| &row[..n]), a.map(|row| &row[..n]))
 }
 
-/// The scale fields of a legacy weight block as 4 bytes: `d` then `m` (zero
-/// for formats without an offset).
+/// The scale fields of an offset legacy weight block as 4 bytes: `d` then
+/// `m`.
 trait ScaleBytes {
     fn scale_bytes(&self) -> [u8; 4];
 }
@@ -166,9 +166,6 @@ macro_rules! scale_bytes {
 }
 
 scale_bytes! {
-    BlockQ4_0 => |x| [x.d[0], x.d[1], 0, 0],
-    BlockQ5_0 => |x| [x.d[0], x.d[1], 0, 0],
-    BlockQ8_0 => |x| [x.d[0], x.d[1], 0, 0],
     BlockQ4_1 => |x| [x.d[0], x.d[1], x.m[0], x.m[1]],
     BlockQ5_1 => |x| [x.d[0], x.d[1], x.m[0], x.m[1]],
 }
@@ -428,14 +425,11 @@ macro_rules! float_dot {
     };
 }
 
-/// The one-row and four-row entry points of an R×A kernel (`A` = 1). The
+/// The one-row and four-row entry points of an R×A kernel (`A` = 1); the
 /// four-row entry reads the rows side by side, sharing each activation
-/// block, or (`side_by_side: false`) one after another: decoding streams
-/// the weights from memory, and Q8_0's rows, the largest, decoded the
-/// default model requantized to Q8_0 1.25× faster one at a time on a
-/// 2-core EPYC (Q4_1's and Q5_0's gained nothing either way).
+/// block.
 macro_rules! legacy_entries {
-    ($features:literal, $one:ident, $four:ident, $kernel:ident, side_by_side: $side:literal) => {
+    ($features:literal, $one:ident, $four:ident, $kernel:ident) => {
         #[target_feature(enable = $features)]
         fn $one(w: &[u8], a: &[u8]) -> f32 {
             let [[value]] = $kernel::<1, 1>([w], [a]);
@@ -444,16 +438,8 @@ macro_rules! legacy_entries {
 
         #[target_feature(enable = $features)]
         fn $four(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            if $side {
-                let [values] = $kernel::<4, 1>(w, [a]);
-                return values;
-            }
-            let mut out = [0.0; 4];
-            for (r, w) in w.into_iter().enumerate() {
-                let [[value]] = $kernel::<1, 1>([w], [a]);
-                out[r] = value;
-            }
-            out
+            let [values] = $kernel::<4, 1>(w, [a]);
+            values
         }
     };
 }
@@ -503,20 +489,17 @@ macro_rules! kquant_entries {
     };
 }
 
-/// A kernel for the legacy block formats (one scale, maybe an offset, per
-/// 32 weights) against `A` activation rows at once: each weight block is
-/// decoded once and dotted with every activation row, while each (weight
-/// row, activation row) pair goes through exactly the steps of the
+/// A kernel for the legacy block formats with an offset (a scale and an
+/// offset per 32 weights) against `A` activation rows at once: each weight
+/// block is decoded once and dotted with every activation row, while each
+/// (weight row, activation row) pair goes through exactly the steps of the
 /// reference's `dot_legacy`, so results do not depend on `R` or `A`.
-/// `$weights` decodes block `$x` into 32 quants in element order, `$dot`
-/// multiplies them with an activation block into eight lanes of four
-/// products each, and `$s_a` is activation block `$y`'s scaled sum for the
-/// formats with an offset (`$offset`).
+/// `$weights` decodes block `$x` into 32 unsigned quants in element order.
 macro_rules! legacy_kernel {
-    ($features:literal, $name:ident, $wblock:ty, $ablock:ty, |$x:ident| $weights:expr, $dot:ident, $offset:literal, |$y:ident| $s_a:expr) => {
+    ($features:literal, $name:ident, $wblock:ty, |$x:ident| $weights:expr) => {
         #[target_feature(enable = $features)]
         fn $name<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
-            let (w, a) = rows::<$wblock, $ablock, R, A>(w, a);
+            let (w, a) = rows::<$wblock, BlockQ8_1, R, A>(w, a);
             let mut acc = [[_mm256_setzero_ps(); R]; A];
             // Lane r: the sum of row r's offsets, for the formats with one.
             let mut offsets = [_mm_setzero_ps(); A];
@@ -529,29 +512,43 @@ macro_rules! legacy_kernel {
                 let mut av = [_mm256_setzero_si256(); A];
                 let mut scales = [_mm_setzero_ps(); A];
                 for i in 0..A {
-                    let $y = &a[i][b];
-                    av[i] = load_i8x32(&$y.qs);
-                    scales[i] = _mm_mul_ps(d_w, broadcast_half($y.d));
-                    if $offset {
-                        offsets[i] = _mm_fmadd_ps(m_w, $s_a, offsets[i]);
-                    }
+                    let y = &a[i][b];
+                    av[i] = load_i8x32(&y.qs);
+                    scales[i] = _mm_mul_ps(d_w, broadcast_half(y.d));
+                    offsets[i] = _mm_fmadd_ps(m_w, broadcast_half(y.s), offsets[i]);
                 }
                 for r in 0..R {
                     let $x = &w[r][b];
                     let q = $weights;
                     for i in 0..A {
-                        let products = _mm256_cvtepi32_ps($dot(q, av[i]));
+                        let products = _mm256_cvtepi32_ps(unsigned_dot(q, av[i]));
                         acc[i][r] = _mm256_fmadd_ps(spread_lane(scales[i], r), products, acc[i][r]);
                     }
                 }
             }
             std::array::from_fn(|i| {
                 let offsets: [f32; 4] = lanes(offsets[i]);
-                std::array::from_fn(|r| {
-                    let total = reduce_legacy_lanes(acc[i][r]);
-                    if $offset { total + offsets[r] } else { total }
-                })
+                std::array::from_fn(|r| reduce_legacy_lanes(acc[i][r]) + offsets[r])
             })
+        }
+    };
+}
+
+/// The one-row dot of a legacy format without an offset (Q4_0, Q5_0,
+/// Q8_0), for rows that are not packed: `$weights` decodes block `$x` into
+/// its 32 signed quants in element order; each block's integer sum is
+/// reduced and takes the reference's float step.
+macro_rules! symmetric_dot {
+    ($features:literal, $name:ident, $wblock:ty, |$x:ident| $weights:expr) => {
+        #[target_feature(enable = $features)]
+        fn $name(w: &[u8], a: &[u8]) -> f32 {
+            let ([w], [a]) = rows::<$wblock, BlockQ8_0S, 1, 1>([w], [a]);
+            let mut acc = 0.0;
+            for ($x, y) in w.iter().zip(a) {
+                let isum = hsum_i32(signed_dot($weights, load_i8x32(&y.qs)));
+                acc = scalar::finish_symmetric(acc, scalar::half_to_f32($x.d), scalar::half_to_f32(y.d), isum);
+            }
+            acc
         }
     };
 }
@@ -598,6 +595,14 @@ macro_rules! dot_kernels {
                     four_by_eight: None,
                     packed: None,
                 };
+                let symmetric = |one, packed| Dot {
+                    one,
+                    four: None,
+                    four_by_two: None,
+                    four_by_four: None,
+                    four_by_eight: None,
+                    packed: Some(packed),
+                };
                 macro_rules! packed {
                     ($kernel:ident) => {
                         PackedDot {
@@ -612,11 +617,11 @@ macro_rules! dot_kernels {
                     DType::F32 => float(dot_f32),
                     DType::F16 => float(dot_f16),
                     DType::BF16 => float(dot_bf16),
-                    DType::Q4_0 => legacy!(one_q4_0, four_q4_0, dot_q4_0),
+                    DType::Q4_0 => symmetric(dot_q4_0, packed!(packed_q4_0)),
                     DType::Q4_1 => legacy!(one_q4_1, four_q4_1, dot_q4_1),
-                    DType::Q5_0 => legacy!(one_q5_0, four_q5_0, dot_q5_0),
+                    DType::Q5_0 => symmetric(dot_q5_0, packed!(packed_q5_0)),
                     DType::Q5_1 => legacy!(one_q5_1, four_q5_1, dot_q5_1),
-                    DType::Q8_0 => legacy!(one_q8_0, four_q8_0, dot_q8_0),
+                    DType::Q8_0 => symmetric(dot_q8_0, packed!(packed_q8_0)),
                     DType::Q4_K => {
                         kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k, Some(packed!(packed_q4_k)))
                     }
@@ -632,11 +637,8 @@ macro_rules! dot_kernels {
             float_dot!($features, dot_f32, 4, ops::load16_f32, scalar::f32_value);
             float_dot!($features, dot_f16, 2, ops::load16_f16, scalar::half_to_f32);
             float_dot!($features, dot_bf16, 2, ops::load16_bf16, scalar::bf16_value);
-            legacy_entries!($features, one_q4_0, four_q4_0, dot_q4_0, side_by_side: true);
-            legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1, side_by_side: true);
-            legacy_entries!($features, one_q5_0, four_q5_0, dot_q5_0, side_by_side: true);
-            legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1, side_by_side: true);
-            legacy_entries!($features, one_q8_0, four_q8_0, dot_q8_0, side_by_side: false);
+            legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1);
+            legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
             kquant_entries!(
                 $features,
                 dot_q4_k,
@@ -671,42 +673,13 @@ macro_rules! dot_kernels {
                 ops::dot_u8i8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(a, w))
             }
 
-            legacy_kernel!(
-                $features,
-                dot_q4_0,
-                BlockQ4_0,
-                BlockQ8_0,
-                |x| _mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8)),
-                signed_dot,
-                false,
-                |y| _mm_setzero_ps()
-            );
-            legacy_kernel!($features, dot_q4_1, BlockQ4_1, BlockQ8_1, |x| nibbles(&x.qs), unsigned_dot, true, |y| {
-                broadcast_half(y.s)
+            symmetric_dot!($features, dot_q4_0, BlockQ4_0, |x| _mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8)));
+            legacy_kernel!($features, dot_q4_1, BlockQ4_1, |x| nibbles(&x.qs));
+            symmetric_dot!($features, dot_q5_0, BlockQ5_0, |x| {
+                _mm256_sub_epi8(_mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)), _mm256_set1_epi8(16))
             });
-            legacy_kernel!(
-                $features,
-                dot_q5_0,
-                BlockQ5_0,
-                BlockQ8_0,
-                |x| _mm256_sub_epi8(_mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)), _mm256_set1_epi8(16)),
-                signed_dot,
-                false,
-                |y| _mm_setzero_ps()
-            );
-            legacy_kernel!(
-                $features,
-                dot_q5_1,
-                BlockQ5_1,
-                BlockQ8_1,
-                |x| _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)),
-                unsigned_dot,
-                true,
-                |y| broadcast_half(y.s)
-            );
-            legacy_kernel!($features, dot_q8_0, BlockQ8_0, BlockQ8_0, |x| load_i8x32(&x.qs), signed_dot, false, |y| {
-                _mm_setzero_ps()
-            });
+            legacy_kernel!($features, dot_q5_1, BlockQ5_1, |x| _mm256_or_si256(nibbles(&x.qs), fifth_bits(x.qh)));
+            symmetric_dot!($features, dot_q8_0, BlockQ8_0, |x| load_i8x32(&x.qs));
 
             #[target_feature(enable = $features)]
             #[inline]

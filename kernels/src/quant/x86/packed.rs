@@ -1,5 +1,5 @@
-//! Kernels over packed K-quant groups (`super::super::packed`): eight
-//! weight rows per group, one per 32-bit lane, against `A` activation rows.
+//! Kernels over packed groups (`super::super::packed`): eight weight rows
+//! per group, one per 32-bit lane, against `A` activation rows.
 //! Written once: [`packed_kernels!`] is expanded inside each level's module
 //! with that level's width operations, [`avx2_ops`] (one group per 256-bit
 //! vector) or [`avx512_ops`] (two groups side by side in a 512-bit vector).
@@ -10,6 +10,11 @@
 //! width operations say how those sums are kept and scaled. After a block,
 //! the reference's float step runs lane-wise on the rows. No reduction
 //! across lanes is left.
+//!
+//! The legacy formats without an offset (Q4_0, Q5_0, Q8_0) are signed; the
+//! byte dots take their weights as unsigned bytes, the quant plus a bias
+//! (8, 16, and for Q8_0 at the VNNI level 128), and each block's sum starts
+//! from minus the bias times the activation block's quant sum.
 
 macro_rules! packed_kernels {
     ($features:literal, $width:ident) => {
@@ -127,6 +132,102 @@ macro_rules! packed_kernels {
             }
         }
 
+        /// Nibble pair `H` (elements 4H+k and 16+4H+k of each row) of a
+        /// packed Q4_0 or Q5_0 block (`fifth`: with Q5_0's fifth bits),
+        /// into the low and high halves' partial sums.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn symmetric_nibbles<const A: usize, const H: usize>(
+            w: [&[u8]; 2],
+            a: [&BlockQ8_0S; A],
+            fifth: bool,
+            low: &mut [pk::I; A],
+            high: &mut [pk::I; A],
+        ) {
+            let v = pk::load(w, layout::LEGACY_QS + 32 * H);
+            let (mut lo, mut hi) = (pk::and_bytes(v, 0xF), pk::and_bytes(pk::shr16::<4>(v), 0xF));
+            if fifth {
+                // Bit i of each byte is element 4i+k's: bit H to 0x10 for
+                // the low nibbles, bit 4+H for the high ones.
+                let qh = pk::load(w, layout::Q5_0_QH);
+                let (lo_bit, hi_bit) = match H {
+                    0 => (pk::shl16::<4>(qh), qh),
+                    1 => (pk::shl16::<3>(qh), pk::shr16::<1>(qh)),
+                    2 => (pk::shl16::<2>(qh), pk::shr16::<2>(qh)),
+                    _ => (pk::shl16::<1>(qh), pk::shr16::<3>(qh)),
+                };
+                lo = pk::or(lo, pk::and_bytes(lo_bit, 0x10));
+                hi = pk::or(hi, pk::and_bytes(hi_bit, 0x10));
+            }
+            for i in 0..A {
+                low[i] = pk::byte_dot(low[i], lo, pk::splat4(&a[i].qs, H));
+                high[i] = pk::byte_dot(high[i], hi, pk::splat4(&a[i].qs, 4 + H));
+            }
+        }
+
+        /// The packed groups of a legacy format without an offset
+        /// (`FORMAT`: [`packed::Q8_0`], [`packed::Q4_0`] or
+        /// [`packed::Q5_0`], `BLOCK` bytes per packed block) against `A`
+        /// activation rows.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn packed_symmetric<const A: usize, const FORMAT: u8, const BLOCK: usize>(
+            groups: &[u8],
+            acts: [&[u8]; A],
+        ) -> [[f32; 16]; A] {
+            let acts = acts.map(blocks::<BlockQ8_0S>);
+            let mut acc = [pk::zero_f(); A];
+            let bias = match FORMAT {
+                packed::Q8_0 => pk::SIGNED_BIAS,
+                packed::Q4_0 => 8,
+                _ => 16,
+            };
+            let (n, w) = packed::group_blocks::<BLOCK, _>(groups, &acts);
+            for b in 0..n {
+                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+                let mut isum = a.map(|a| pk::splat_i32(-bias * i32::from(i16::from_le_bytes(a.sum))));
+                if FORMAT == packed::Q8_0 {
+                    for s in 0..8 {
+                        let q = pk::load(w, layout::LEGACY_QS + 32 * s);
+                        for i in 0..A {
+                            isum[i] = pk::signed_dot(isum[i], q, pk::splat4(&a[i].qs, s));
+                        }
+                    }
+                } else {
+                    let fifth = FORMAT == packed::Q5_0;
+                    let (mut low, mut high) = ([pk::zero(); A], [pk::zero(); A]);
+                    symmetric_nibbles::<A, 0>(w, a, fifth, &mut low, &mut high);
+                    symmetric_nibbles::<A, 1>(w, a, fifth, &mut low, &mut high);
+                    symmetric_nibbles::<A, 2>(w, a, fifth, &mut low, &mut high);
+                    symmetric_nibbles::<A, 3>(w, a, fifth, &mut low, &mut high);
+                    for i in 0..A {
+                        isum[i] = pk::widen_add(pk::widen_add(isum[i], low[i]), high[i]);
+                    }
+                }
+                let d = pk::halves(w, layout::LEGACY_D);
+                for i in 0..A {
+                    let d_a = pk::splat_f(scalar::half_to_f32(a[i].d));
+                    acc[i] = pk::fma_f(acc[i], pk::mul_f(d, d_a), pk::to_f(isum[i]));
+                }
+            }
+            acc.map(|v| pk::lanes(v))
+        }
+
+        #[target_feature(enable = $features)]
+        fn packed_q8_0<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            packed_symmetric::<A, { packed::Q8_0 }, { layout::Q8_0_BLOCK }>(groups, acts)
+        }
+
+        #[target_feature(enable = $features)]
+        fn packed_q4_0<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            packed_symmetric::<A, { packed::Q4_0 }, { layout::Q4_0_BLOCK }>(groups, acts)
+        }
+
+        #[target_feature(enable = $features)]
+        fn packed_q5_0<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            packed_symmetric::<A, { packed::Q5_0 }, { layout::Q5_0_BLOCK }>(groups, acts)
+        }
+
         /// The packed Q6_K groups in `groups`, as [`packed_q4_k`] takes them.
         #[target_feature(enable = $features)]
         fn packed_q6_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
@@ -161,6 +262,11 @@ macro_rules! packed_kernels {
 }
 
 pub(super) use packed_kernels;
+
+/// The `FORMAT`s of `packed_symmetric`.
+pub(super) const Q8_0: u8 = 0;
+pub(super) const Q4_0: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
 
 /// The blocks of the (one or two) groups in `groups` that the activation
 /// rows `acts` reach, and how many: the second group is the first where
@@ -277,7 +383,7 @@ pub(super) mod avx2_ops {
     /// Activation bytes `4k..4k+4` of `qs` in every lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn splat4(qs: &[i8; 256], k: usize) -> I {
+    pub(in super::super) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
         splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
     }
 
@@ -285,6 +391,24 @@ pub(super) mod avx2_ops {
     #[inline]
     pub(in super::super) fn byte_dot(part: I, q: I, a: I) -> I {
         _mm256_add_epi16(part, _mm256_maddubs_epi16(q, a))
+    }
+
+    /// `acc` plus the 16-bit partial sums of [`byte_dot`], widened.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn widen_add(acc: I, part: I) -> I {
+        madd(acc, part, _mm256_set1_epi16(1))
+    }
+
+    /// Q8_0's bias: signed quants go through |q| and a with q's sign, whose
+    /// pair sums (at most 2 · 128 · 127) fit 16 bits one step at a time.
+    pub(in super::super) const SIGNED_BIAS: i32 = 0;
+
+    /// `acc` plus the dot of the signed bytes `q` with `a`, per lane.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn signed_dot(acc: I, q: I, a: I) -> I {
+        widen_add(acc, _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)))
     }
 
     /// The group's 16 bytes at `at` as words.
@@ -364,6 +488,13 @@ pub(super) mod avx2_ops {
     #[inline]
     pub(in super::super) fn add_f(a: F, b: F) -> F {
         _mm256_add_ps(a, b)
+    }
+
+    /// `acc + a · b`, fused.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(in super::super) fn fma_f(acc: F, a: F, b: F) -> F {
+        _mm256_fmadd_ps(a, b, acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -460,7 +591,7 @@ pub(super) mod avx512_ops {
     /// Activation bytes `4k..4k+4` of `qs` in every lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn splat4(qs: &[i8; 256], k: usize) -> I {
+    pub(in super::super) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
         splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
     }
 
@@ -468,6 +599,25 @@ pub(super) mod avx512_ops {
     #[inline]
     pub(in super::super) fn byte_dot(part: I, q: I, a: I) -> I {
         _mm512_dpbusd_epi32(part, q, a)
+    }
+
+    /// `acc` plus the 32-bit partial sums of [`byte_dot`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn widen_add(acc: I, part: I) -> I {
+        _mm512_add_epi32(acc, part)
+    }
+
+    /// Q8_0's bias: the quants with their sign bit flipped are the quants
+    /// plus 128, as unsigned bytes.
+    pub(in super::super) const SIGNED_BIAS: i32 = 128;
+
+    /// `acc` plus the dot of the signed bytes `q`, biased by
+    /// [`SIGNED_BIAS`], with `a`, per lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn signed_dot(acc: I, q: I, a: I) -> I {
+        _mm512_dpbusd_epi32(acc, _mm512_xor_si512(q, _mm512_set1_epi8(-128)), a)
     }
 
     /// Each group's 16 bytes at `at`, the first group's in the low half.
@@ -552,6 +702,13 @@ pub(super) mod avx512_ops {
     #[inline]
     pub(in super::super) fn add_f(a: F, b: F) -> F {
         _mm512_add_ps(a, b)
+    }
+
+    /// `acc + a · b`, fused.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(in super::super) fn fma_f(acc: F, a: F, b: F) -> F {
+        _mm512_fmadd_ps(a, b, acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
