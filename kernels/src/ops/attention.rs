@@ -269,7 +269,7 @@ fn attend_in<K: KvElement, V: KvElement>(
 /// Positions visited at a time: their scores, which do not depend on each
 /// other, are computed first; then each query head takes its sequential
 /// online-softmax steps over them, its weighted sum of V held in registers.
-const POSITION_BLOCK: usize = 16;
+const POSITION_BLOCK: usize = LANES;
 
 /// Up to [`POSITION_BLOCK`] visible positions in order, each with where
 /// its K/V head's values start in the arenas.
@@ -316,98 +316,157 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
         let n = seen(visible);
         for h in heads(row) {
             let q = &q_pad[h * chunks..(h + 1) * chunks];
-            for (score, &(_, at)) in state.scores[h * POSITION_BLOCK..].iter_mut().zip(&positions[..n]) {
-                *score = score_of(s, q, head(k, at, head_dim)) * scale;
+            let scores = &mut state.scores.as_chunks_mut::<POSITION_BLOCK>().0[h];
+            for (score, &(_, at)) in scores.iter_mut().zip(&positions[..n]) {
+                *score = s.reduce_sum(score_lanes(s, q, head(k, at, head_dim))) * scale;
             }
         }
     }
     for (row, &visible) in n_visible.iter().enumerate() {
         let n = seen(visible);
-        for h in heads(row) {
-            let scores = &state.scores[h * POSITION_BLOCK..][..n];
-            // The running maximum and sum, position by position, noting
-            // each position's weight and rescaling of what came before.
-            let (mut weights, mut rescales) = ([0.0f32; POSITION_BLOCK], [None; POSITION_BLOCK]);
-            let (m, sum) = (&mut state.maxima[h], &mut state.sums[h]);
-            for ((&score, weight), rescale) in scores.iter().zip(&mut weights).zip(&mut rescales) {
-                if score > *m {
-                    let old_scale = (*m - score).exp();
-                    *m = score;
-                    (*weight, *rescale) = (1.0, Some(old_scale));
-                } else {
-                    *weight = (score - *m).exp();
-                }
-                // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
-                *sum = sum.mul_add(rescale.unwrap_or(1.0), *weight);
+        let heads = heads(row);
+        // The row's heads S::V_HEADS at a time: their weighted V sums are
+        // stepped side by side.
+        const { assert!(S::V_HEADS <= MAX_V_HEADS) };
+        for batch in (heads.start..heads.end).step_by(S::V_HEADS) {
+            let batch = batch..(batch + S::V_HEADS).min(heads.end);
+            let mut steps = [Steps { weights: [0.0; POSITION_BLOCK], rescales: [None; POSITION_BLOCK] }; MAX_V_HEADS];
+            for (h, steps) in batch.clone().zip(&mut steps) {
+                online_softmax(&state.scores[h * POSITION_BLOCK..][..n], &mut state.maxima[h], &mut state.sums[h], steps);
             }
-            let steps = Steps { positions: &positions[..n], weights: &weights[..n], rescales: &rescales[..n] };
-            let acc = &mut state.acc[h * chunks..(h + 1) * chunks];
-            for (group, acc) in acc.chunks_mut(V_CHUNKS).enumerate() {
-                let first = group * V_CHUNKS;
-                match acc.len() {
-                    4 => weigh_v::<S, V, 4>(s, &steps, v, head_dim, first, acc),
-                    3 => weigh_v::<S, V, 3>(s, &steps, v, head_dim, first, acc),
-                    2 => weigh_v::<S, V, 2>(s, &steps, v, head_dim, first, acc),
-                    _ => weigh_v::<S, V, 1>(s, &steps, v, head_dim, first, acc),
-                }
+            let acc = &mut state.acc[batch.start * chunks..batch.end * chunks];
+            match batch.len() {
+                4 => weigh_heads::<S, V, 4>(s, &positions[..n], &steps, v, head_dim, acc),
+                3 => weigh_heads::<S, V, 3>(s, &positions[..n], &steps, v, head_dim, acc),
+                2 => weigh_heads::<S, V, 2>(s, &positions[..n], &steps, v, head_dim, acc),
+                _ => weigh_heads::<S, V, 1>(s, &positions[..n], &steps, v, head_dim, acc),
             }
         }
     }
 }
 
-/// Chunks of a head's weighted V sum stepped side by side. Each chunk's
-/// chain (multiply-add, f16 rounding, widening) is as long as the
-/// positions; one chain at a time left the core waiting on its latency
-/// (attention took a third of a 512-token prefill), four independent ones
-/// keep it busy and still fit the registers of AVX2.
-const V_CHUNKS: usize = 4;
-
-/// One query head's online-softmax steps over a block's positions.
-struct Steps<'a> {
-    positions: &'a [(usize, usize)],
-    weights: &'a [f32],
-    /// The factor of the sum so far where the position raised the maximum.
-    rescales: &'a [Option<f32>],
+/// One query head's running maximum and sum over its scores of a block,
+/// position by position, noting each position's weight and rescaling of
+/// what came before.
+#[inline(always)]
+fn online_softmax(scores: &[f32], m: &mut f32, sum: &mut f32, steps: &mut Steps) {
+    for ((&score, weight), rescale) in scores.iter().zip(&mut steps.weights).zip(&mut steps.rescales) {
+        if score > *m {
+            let old_scale = (*m - score).exp();
+            *m = score;
+            (*weight, *rescale) = (1.0, Some(old_scale));
+        } else {
+            *weight = (score - *m).exp();
+        }
+        // Fused, as llama.cpp's compiled `S = S*ms + vs` is.
+        *sum = sum.mul_add(rescale.unwrap_or(1.0), *weight);
+    }
 }
 
-/// The weighted sum of V for chunks `first..first + W` of one query head
-/// (`acc`), kept in registers over the block: a new maximum rescales the
-/// sum (rounded to f16) before the fused multiply-add of the position's V
-/// (rounded again), as llama.cpp's two f16 vector steps do. Every chunk
-/// takes the same steps in the same order whatever `W` is.
+/// The weighted V sums of `H` query heads (`acc`: one head's chunks after
+/// another) over the positions of a block, [`Simd::V_CHUNKS`] chunks at a
+/// time.
 #[inline(always)]
-fn weigh_v<S: Simd, V: KvElement, const W: usize>(
+fn weigh_heads<S: Simd, V: KvElement, const H: usize>(
     s: S,
-    steps: &Steps<'_>,
+    positions: &[(usize, usize)],
+    steps: &[Steps; MAX_V_HEADS],
     v: &[V],
     head_dim: usize,
-    first: usize,
     acc: &mut [[f32; LANES]],
 ) {
-    let mut sum_v: [S::V; W] = std::array::from_fn(|j| s.load(&acc[j]));
-    for ((&(_, at), &weight), rescale) in steps.positions.iter().zip(steps.weights).zip(steps.rescales) {
-        let row = head(v, at, head_dim);
-        let weight = s.splat(weight);
-        if let Some(old_scale) = rescale {
-            let old_scale = s.splat(*old_scale);
-            for sum in &mut sum_v {
-                *sum = s.round_f16(s.mul(*sum, old_scale));
-            }
-        }
-        for (j, sum) in sum_v.iter_mut().enumerate() {
-            *sum = s.round_f16(s.mul_add(V::load_chunk(s, row, first + j), weight, *sum));
+    let chunks = head_dim.div_ceil(LANES);
+    for first in (0..chunks).step_by(S::V_CHUNKS) {
+        let at = Chunks { per_head: chunks, first };
+        match (chunks - first).min(S::V_CHUNKS) {
+            1 => weigh_v::<S, V, 1, H>(s, positions, steps, v, head_dim, at, acc),
+            2 => weigh_v::<S, V, 2, H>(s, positions, steps, v, head_dim, at, acc),
+            3 => weigh_v::<S, V, 3, H>(s, positions, steps, v, head_dim, at, acc),
+            _ => weigh_v::<S, V, 4, H>(s, positions, steps, v, head_dim, at, acc),
         }
     }
-    for (sum, acc) in sum_v.into_iter().zip(acc) {
-        s.store(sum, acc);
+}
+
+/// The most query heads whose V sums are stepped side by side.
+const MAX_V_HEADS: usize = 4;
+
+/// Which chunks of each head's V sum a [`weigh_v`] call takes.
+#[derive(Clone, Copy)]
+struct Chunks {
+    per_head: usize,
+    first: usize,
+}
+
+/// One query head's online-softmax steps over a block's positions.
+#[derive(Clone, Copy)]
+struct Steps {
+    weights: [f32; POSITION_BLOCK],
+    /// The factor of the sum so far where the position raised the maximum.
+    rescales: [Option<f32>; POSITION_BLOCK],
+}
+
+/// The weighted sums of V for chunks `first..first + W` of `H` query
+/// heads, kept in registers over the block: a new maximum rescales a
+/// head's sum (rounded to f16) before the fused multiply-add of the
+/// position's V (rounded again), as llama.cpp's two f16 vector steps do.
+/// Every chunk of every head takes the same steps in the same order
+/// whatever `W` and `H` are. Each chunk's chain (multiply-add, f16
+/// rounding, widening) is as long as the positions: one at a time left
+/// the core waiting on its latency, so chunks and heads are stepped side
+/// by side, the heads sharing each position's V loads.
+#[inline(always)]
+fn weigh_v<S: Simd, V: KvElement, const W: usize, const H: usize>(
+    s: S,
+    positions: &[(usize, usize)],
+    steps: &[Steps; MAX_V_HEADS],
+    v: &[V],
+    head_dim: usize,
+    Chunks { per_head, first }: Chunks,
+    acc: &mut [[f32; LANES]],
+) {
+    // Flat arrays and index loops of constant length, which the compiler
+    // unrolls into registers (nested arrays of vectors went to the stack).
+    let mut sums = [s.splat(0.0); 16];
+    const { assert!(W * H <= 16) };
+    for k in 0..W * H {
+        sums[k] = s.load(&acc[k / W * per_head + first + k % W]);
+    }
+    for (p, &(_, at)) in positions.iter().enumerate() {
+        let row = head(v, at, head_dim);
+        let mut values = [s.splat(0.0); 4];
+        for (j, value) in values.iter_mut().take(W).enumerate() {
+            *value = V::load_chunk(s, row, first + j);
+        }
+        let steps = &steps[..H];
+        if steps.iter().any(|steps| steps.rescales[p].is_some()) {
+            for (h, steps) in steps.iter().enumerate() {
+                if let Some(old_scale) = steps.rescales[p] {
+                    let old_scale = s.splat(old_scale);
+                    for sum in &mut sums[h * W..(h + 1) * W] {
+                        *sum = s.round_f16(s.mul(*sum, old_scale));
+                    }
+                }
+            }
+        }
+        let mut weights = [s.splat(0.0); MAX_V_HEADS];
+        for (weight, steps) in weights.iter_mut().zip(steps) {
+            *weight = s.splat(steps.weights[p]);
+        }
+        for k in 0..W * H {
+            sums[k] = s.round_f16(s.mul_add(values[k % W], weights[k / W], sums[k]));
+        }
+    }
+    for k in 0..W * H {
+        s.store(sums[k], &mut acc[k / W * per_head + first + k % W]);
     }
 }
 
 /// `q · k` with four accumulators over 64-element groups, fused
-/// multiply-adds, then (a0 + a2) + (a1 + a3): the order of GGML's f16 dot
-/// product with 16-lane vectors.
+/// multiply-adds, then (a0 + a2) + (a1 + a3), whose lanes the tree of
+/// [`Simd::reduce_sum`] adds: the order of GGML's f16 dot product with
+/// 16-lane vectors.
 #[inline(always)]
-fn score_of<S: Simd, K: KvElement>(s: S, q: &[[f32; LANES]], k: &[K]) -> f32 {
+fn score_lanes<S: Simd, K: KvElement>(s: S, q: &[[f32; LANES]], k: &[K]) -> S::V {
     let mut dot = [s.splat(0.0); 4];
     // Whole groups of four chunks with a fixed accumulator each, so that
     // the accumulators stay in registers.
@@ -420,7 +479,7 @@ fn score_of<S: Simd, K: KvElement>(s: S, q: &[[f32; LANES]], k: &[K]) -> f32 {
     for (j, (q, dot)) in rest.iter().zip(&mut dot).enumerate() {
         *dot = s.mul_add(s.load(q), K::load_chunk(s, k, 4 * groups.len() + j), *dot);
     }
-    s.reduce_sum(s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3])))
+    s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]))
 }
 
 /// Stores chunk `c` of a head's row, dropping lanes past its end.

@@ -117,6 +117,11 @@ pub(crate) use dispatch;
 /// implementation does; see the module comment.
 pub(crate) trait Simd: Copy {
     type V: Copy;
+    /// Query heads whose attention V sums are stepped side by side, and
+    /// chunks of each: as many chains as the vector registers hold beside
+    /// each position's V values (see `attention::weigh_v`).
+    const V_HEADS: usize;
+    const V_CHUNKS: usize;
     fn splat(self, x: f32) -> Self::V;
     fn load(self, x: &[f32; LANES]) -> Self::V;
     /// Widening is exact, so every level agrees on it.
@@ -192,6 +197,8 @@ fn lanewise(op: impl Fn(usize) -> f32) -> [f32; LANES] {
 
 impl Simd for Scalar {
     type V = [f32; LANES];
+    const V_HEADS: usize = 1;
+    const V_CHUNKS: usize = 4;
     #[inline(always)]
     fn splat(self, x: f32) -> Self::V {
         [x; LANES]
@@ -385,6 +392,10 @@ pub(crate) mod x86 {
 
     impl Simd for Avx2 {
         type V = [__m256; 2];
+        // Sixteen 256-bit registers: four sums and two values of two
+        // halves each.
+        const V_HEADS: usize = 2;
+        const V_CHUNKS: usize = 2;
         #[inline(always)]
         fn splat(self, x: f32) -> Self::V {
             // SAFETY: see the module comment.
@@ -503,6 +514,9 @@ pub(crate) mod x86 {
 
     impl Simd for Avx512 {
         type V = __m512;
+        // Thirty-two registers: sixteen sums and four values.
+        const V_HEADS: usize = 4;
+        const V_CHUNKS: usize = 4;
         #[inline(always)]
         fn splat(self, x: f32) -> Self::V {
             // SAFETY: see the module comment.
