@@ -332,7 +332,12 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
             let batch = batch..(batch + S::V_HEADS).min(heads.end);
             let mut steps = [Steps { weights: [0.0; POSITION_BLOCK], rescales: [None; POSITION_BLOCK] }; MAX_V_HEADS];
             for (h, steps) in batch.clone().zip(&mut steps) {
-                online_softmax(&state.scores[h * POSITION_BLOCK..][..n], &mut state.maxima[h], &mut state.sums[h], steps);
+                online_softmax(
+                    &state.scores[h * POSITION_BLOCK..][..n],
+                    &mut state.maxima[h],
+                    &mut state.sums[h],
+                    steps,
+                );
             }
             let acc = &mut state.acc[batch.start * chunks..batch.end * chunks];
             match batch.len() {

@@ -22,8 +22,8 @@ use half::{bf16, f16};
 
 use super::DType;
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1, BlockQ8K,
-    QK, QK_K, blocks, blocks_mut, k_scales,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
+    BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
 
 /// Interleaved accumulators of the float-weight dot products.

@@ -25,8 +25,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1, BlockQ8K,
-    QK, QK_K, blocks, blocks_mut, k_scales,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
+    BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
 use super::packed as layout;
 use super::scalar::{self, LANES};
@@ -639,30 +639,9 @@ macro_rules! dot_kernels {
             float_dot!($features, dot_bf16, 2, ops::load16_bf16, scalar::bf16_value);
             legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1);
             legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
-            kquant_entries!(
-                $features,
-                dot_q4_k,
-                one_q4_k,
-                four_q4_k,
-                two_pairs_q4_k,
-                four_by_eight_q4_k
-            );
-            kquant_entries!(
-                $features,
-                dot_q5_k,
-                one_q5_k,
-                four_q5_k,
-                two_pairs_q5_k,
-                four_by_eight_q5_k
-            );
-            kquant_entries!(
-                $features,
-                dot_q6_k,
-                one_q6_k,
-                four_q6_k,
-                two_pairs_q6_k,
-                four_by_eight_q6_k
-            );
+            kquant_entries!($features, dot_q4_k, one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k);
+            kquant_entries!($features, dot_q5_k, one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k);
+            kquant_entries!($features, dot_q6_k, one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k);
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
