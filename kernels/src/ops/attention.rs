@@ -380,27 +380,22 @@ fn weigh_heads<S: Simd, V: KvElement, const H: usize>(
     head_dim: usize,
     acc: &mut [[f32; LANES]],
 ) {
+    const { assert!(S::V_CHUNKS <= MAX_V_CHUNKS) };
     let chunks = head_dim.div_ceil(LANES);
     for first in (0..chunks).step_by(S::V_CHUNKS) {
-        let at = Chunks { per_head: chunks, first };
         match (chunks - first).min(S::V_CHUNKS) {
-            1 => weigh_v::<S, V, 1, H>(s, positions, steps, v, head_dim, at, acc),
-            2 => weigh_v::<S, V, 2, H>(s, positions, steps, v, head_dim, at, acc),
-            3 => weigh_v::<S, V, 3, H>(s, positions, steps, v, head_dim, at, acc),
-            _ => weigh_v::<S, V, 4, H>(s, positions, steps, v, head_dim, at, acc),
+            1 => weigh_v::<S, V, 1, H>(s, positions, steps, v, head_dim, first, acc),
+            2 => weigh_v::<S, V, 2, H>(s, positions, steps, v, head_dim, first, acc),
+            3 => weigh_v::<S, V, 3, H>(s, positions, steps, v, head_dim, first, acc),
+            _ => weigh_v::<S, V, 4, H>(s, positions, steps, v, head_dim, first, acc),
         }
     }
 }
 
-/// The most query heads whose V sums are stepped side by side.
+/// The most query heads whose V sums are stepped side by side, and the
+/// most chunks of each.
 const MAX_V_HEADS: usize = 4;
-
-/// Which chunks of each head's V sum a [`weigh_v`] call takes.
-#[derive(Clone, Copy)]
-struct Chunks {
-    per_head: usize,
-    first: usize,
-}
+const MAX_V_CHUNKS: usize = 4;
 
 /// One query head's online-softmax steps over a block's positions.
 #[derive(Clone, Copy)]
@@ -426,19 +421,20 @@ fn weigh_v<S: Simd, V: KvElement, const W: usize, const H: usize>(
     steps: &[Steps; MAX_V_HEADS],
     v: &[V],
     head_dim: usize,
-    Chunks { per_head, first }: Chunks,
+    first: usize,
     acc: &mut [[f32; LANES]],
 ) {
+    let per_head = head_dim.div_ceil(LANES);
     // Flat arrays and index loops of constant length, which the compiler
     // unrolls into registers (nested arrays of vectors went to the stack).
-    let mut sums = [s.splat(0.0); 16];
-    const { assert!(W * H <= 16) };
+    const { assert!(W <= MAX_V_CHUNKS && H <= MAX_V_HEADS) };
+    let mut sums = [s.splat(0.0); MAX_V_CHUNKS * MAX_V_HEADS];
     for k in 0..W * H {
         sums[k] = s.load(&acc[k / W * per_head + first + k % W]);
     }
     for (p, &(_, at)) in positions.iter().enumerate() {
         let row = head(v, at, head_dim);
-        let mut values = [s.splat(0.0); 4];
+        let mut values = [s.splat(0.0); MAX_V_CHUNKS];
         for (j, value) in values.iter_mut().take(W).enumerate() {
             *value = V::load_chunk(s, row, first + j);
         }

@@ -61,16 +61,12 @@ impl PackedRows {
         let pack_block: fn(&[&[u8]; GROUP_ROWS], usize, &mut [u8]) = match dtype {
             DType::Q4_K => |rows, b, out| pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
             DType::Q6_K => |rows, b, out| pack_q6_k(rows.map(|row| &blocks::<BlockQ6K>(row)[b]), out),
-            DType::Q8_0 => |rows, b, out| pack_q8_0(rows.map(|row| &blocks::<BlockQ8_0>(row)[b]), out),
-            DType::Q4_0 => |rows, b, out| {
-                pack_nibbles(
-                    rows.map(|row| {
-                        let x = &blocks::<BlockQ4_0>(row)[b];
-                        (x.d, &x.qs)
-                    }),
-                    out,
-                )
+            DType::Q8_0 => |rows, b, out| {
+                pack_legacy(rows.map(|row| &blocks::<BlockQ8_0>(row)[b]).map(|x| (x.d, bytemuck::bytes_of(&x.qs))), out)
             },
+            DType::Q4_0 => {
+                |rows, b, out| pack_legacy(rows.map(|row| &blocks::<BlockQ4_0>(row)[b]).map(|x| (x.d, &x.qs[..])), out)
+            }
             DType::Q5_0 => |rows, b, out| pack_q5_0(rows.map(|row| &blocks::<BlockQ5_0>(row)[b]), out),
             _ => return None,
         };
@@ -218,29 +214,20 @@ fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
     }
 }
 
-fn pack_q8_0(rows: [&BlockQ8_0; GROUP_ROWS], out: &mut [u8]) {
-    for (r, x) in rows.iter().enumerate() {
-        out[LEGACY_D + 2 * r..LEGACY_D + 2 * r + 2].copy_from_slice(&x.d);
-        for s in 0..8 {
-            let at = LEGACY_QS + 32 * s + 4 * r;
-            out[at..at + 4].copy_from_slice(bytemuck::cast_slice(&x.qs[4 * s..4 * s + 4]));
-        }
-    }
-}
-
-/// The scales and nibbles of Q4_0 and Q5_0 rows (`(d, qs)` per row).
-fn pack_nibbles(rows: [([u8; 2], &[u8; 16]); GROUP_ROWS], out: &mut [u8]) {
-    for (r, (d, qs)) in rows.iter().enumerate() {
+/// The scale and quant bytes of Q8_0 rows, or the scale and nibbles of
+/// Q4_0 and Q5_0 rows (`(d, bytes)` per row), four bytes of a row at a time.
+fn pack_legacy(rows: [([u8; 2], &[u8]); GROUP_ROWS], out: &mut [u8]) {
+    for (r, (d, bytes)) in rows.iter().enumerate() {
         out[LEGACY_D + 2 * r..LEGACY_D + 2 * r + 2].copy_from_slice(d);
-        for h in 0..4 {
-            let at = LEGACY_QS + 32 * h + 4 * r;
-            out[at..at + 4].copy_from_slice(&qs[4 * h..4 * h + 4]);
+        for (s, four) in bytes.chunks_exact(4).enumerate() {
+            let at = LEGACY_QS + 32 * s + 4 * r;
+            out[at..at + 4].copy_from_slice(four);
         }
     }
 }
 
 fn pack_q5_0(rows: [&BlockQ5_0; GROUP_ROWS], out: &mut [u8]) {
-    pack_nibbles(rows.map(|x| (x.d, &x.qs)), out);
+    pack_legacy(rows.map(|x| (x.d, &x.qs[..])), out);
     for (r, x) in rows.iter().enumerate() {
         let qh = u32::from_le_bytes(x.qh);
         for k in 0..4 {
