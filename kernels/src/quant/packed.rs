@@ -12,6 +12,12 @@
 //! exact and the float steps are the reference's, so every output keeps the
 //! bits of [`super::vec_dot`] on the original row.
 //!
+//! Kernels that take two groups per call (AVX-512: one group per 256-bit
+//! half) get each block of a pair of groups as one pair block, the two
+//! groups' pieces alternating so that each of the kernel's loads is one
+//! contiguous read (see [`pair_offset`]); a lone last group is paired
+//! with itself.
+//!
 //! A matrix keeps its file bytes beside the packed copy: rows past the last
 //! whole group of eight and embedding lookups read those.
 //!
@@ -53,10 +59,19 @@ pub struct PackedRows {
 
 impl PackedRows {
     /// The packed form of the `n_out` rows of `n_in` elements in `data`
-    /// (the file's layout, as [`crate::matmul::QuantMatrix`] checked it),
-    /// or `None` for a type without packed kernels or fewer than eight rows.
-    /// The groups are packed on `pool`'s threads, each its own share.
-    pub(crate) fn new(dtype: DType, data: &[u8], n_out: usize, n_in: usize, pool: &ThreadPool) -> Option<PackedRows> {
+    /// (the file's layout, as [`crate::matmul::QuantMatrix`] checked it)
+    /// for kernels that take `per_call` groups at a time (1, or 2 for two
+    /// groups side by side, see [`pair_offset`]), or `None` for a type
+    /// without packed kernels or fewer than eight rows. The groups are
+    /// packed on `pool`'s threads, each its own share.
+    pub(crate) fn new(
+        dtype: DType,
+        data: &[u8],
+        n_out: usize,
+        n_in: usize,
+        per_call: usize,
+        pool: &ThreadPool,
+    ) -> Option<PackedRows> {
         let block_bytes = packed_block_bytes(dtype)?;
         let pack_block: fn(&[&[u8]; GROUP_ROWS], usize, &mut [u8]) = match dtype {
             DType::Q4_K => |rows, b, out| pack_q4_k(rows.map(|row| &blocks::<BlockQ4K>(row)[b]), out),
@@ -70,23 +85,39 @@ impl PackedRows {
             DType::Q5_0 => |rows, b, out| pack_q5_0(rows.map(|row| &blocks::<BlockQ5_0>(row)[b]), out),
             _ => return None,
         };
+        let header = packed_header_bytes(dtype)?;
         let n_groups = n_out / GROUP_ROWS;
         let row_bytes = dtype.row_bytes(n_in)?;
-        if n_groups == 0 || data.len() != n_out.checked_mul(row_bytes)? {
+        if n_groups == 0 || data.len() != n_out.checked_mul(row_bytes)? || !(1..=2).contains(&per_call) {
             return None;
         }
-        let group_bytes = (n_in / dtype.block_elems()) * block_bytes;
+        let n_blocks = n_in / dtype.block_elems();
+        let group_bytes = n_blocks * block_bytes;
         if group_bytes == 0 {
             return None;
         }
-        let mut packed = vec![0u8; n_groups * group_bytes];
-        pool.split_mut(&mut packed, group_bytes, |start, piece| {
-            let first = start / group_bytes;
-            for (g, out) in piece.chunks_exact_mut(group_bytes).enumerate() {
-                let at = |r: usize| (GROUP_ROWS * (first + g) + r) * row_bytes;
-                let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &data[at(r)..at(r) + row_bytes]);
-                for (b, out) in out.chunks_exact_mut(block_bytes).enumerate() {
-                    pack_block(&rows, b, out);
+        let unit_bytes = per_call * group_bytes;
+        let mut packed = vec![0u8; Self::len_for(dtype, n_out, n_in, per_call)?];
+        pool.split_mut(&mut packed, unit_bytes, |start, piece| {
+            let first = start / unit_bytes;
+            let mut single = vec![0u8; block_bytes];
+            for (u, out) in piece.chunks_exact_mut(unit_bytes).enumerate() {
+                for h in 0..per_call {
+                    // A lone last group stands in for its missing partner.
+                    let g = (per_call * (first + u) + h).min(n_groups - 1);
+                    let at = |r: usize| (GROUP_ROWS * g + r) * row_bytes;
+                    let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &data[at(r)..at(r) + row_bytes]);
+                    for b in 0..n_blocks {
+                        let out = &mut out[b * per_call * block_bytes..(b + 1) * per_call * block_bytes];
+                        if per_call == 1 {
+                            pack_block(&rows, b, out);
+                            continue;
+                        }
+                        pack_block(&rows, b, &mut single);
+                        for (x, &byte) in single.iter().enumerate() {
+                            out[pair_offset(header, x, h)] = byte;
+                        }
+                    }
                 }
             }
         });
@@ -95,15 +126,21 @@ impl PackedRows {
 
     /// Bytes of the packed form of `n_out` rows of `n_in` elements;
     /// `None` for a type without one.
-    pub(crate) fn len_for(dtype: DType, n_out: usize, n_in: usize) -> Option<usize> {
-        (n_out / GROUP_ROWS).checked_mul(n_in / dtype.block_elems())?.checked_mul(packed_block_bytes(dtype)?)
+    /// (for kernels taking `per_call` groups: a lone last group is stored
+    /// as a whole call's).
+    pub(crate) fn len_for(dtype: DType, n_out: usize, n_in: usize, per_call: usize) -> Option<usize> {
+        (n_out / GROUP_ROWS)
+            .checked_next_multiple_of(per_call)?
+            .checked_mul(n_in / dtype.block_elems())?
+            .checked_mul(packed_block_bytes(dtype)?)
     }
 
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
     }
 
-    /// Rows `0..8 · n_groups` are packed.
+    /// Rows `0..8 · n_groups` are packed; group `g`'s call starts at byte
+    /// `g · group_bytes` (`g` a multiple of the kernels' groups per call).
     pub(crate) fn n_groups(&self) -> usize {
         self.n_groups
     }
@@ -135,6 +172,29 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
         DType::Q5_0 => Some(Q5_0_BLOCK),
         _ => None,
     }
+}
+
+/// Bytes before a packed block's quants: its scales, as 16-byte fields.
+fn packed_header_bytes(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::Q4_K => Some(Q4_K_QS),
+        DType::Q6_K => Some(Q6_K_QL),
+        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
+        _ => None,
+    }
+}
+
+/// Where byte `x` of group `h`'s (0 or 1) packed block lies in the pair
+/// block of two groups side by side, whose kernels read each 16 bytes of
+/// the header (`header` bytes) or 32 of the quants from both groups with
+/// one load of twice the width: the pair holds those pieces of the two
+/// groups alternately, each field at twice its offset. The pair's loads
+/// then walk memory in one stream; reading the two groups' blocks from two
+/// places took a 2-core Zen 4 to half its memory bandwidth when decoding.
+pub(crate) fn pair_offset(header: usize, x: usize, h: usize) -> usize {
+    let (start, piece) = if x < header { (0, 16) } else { (header, 32) };
+    let within = x - start;
+    2 * start + 2 * piece * (within / piece) + piece * h + within % piece
 }
 
 pub(crate) const Q4_K_D: usize = 0;

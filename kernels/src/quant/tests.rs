@@ -544,28 +544,29 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
             let dot = kernels.dot(dtype);
             assert!(dot.packs(), "{level:?} {dtype}");
             // Adversarial rows (extreme quants and scales) and random ones,
-            // two groups of eight in several arrangements.
+            // three groups of eight in several arrangements: where the level
+            // takes two groups per call, the third is a lone last group.
             let mut rows = adversarial_weights(&mut rng, dtype, n);
-            rows.extend((0..16 - rows.len()).map(|_| random_weights(&mut rng, dtype, n)));
+            rows.extend((0..24 - rows.len()).map(|_| random_weights(&mut rng, dtype, n)));
             let mut xs = adversarial_acts(n);
             xs.extend((0..7).map(|_| random_acts(&mut rng, n)));
             let acts: Vec<Vec<u8>> = xs.iter().map(|x| quantized(level, dtype.act_format(), x)).collect();
+            let per_call = dot.packed_groups();
             for shift in [0, 5] {
                 rows.rotate_left(shift);
                 let data = rows.concat();
-                let packed = PackedRows::new(dtype, &data, rows.len(), n, &pool).expect("two whole groups");
-                assert_eq!(packed.n_groups(), 2);
+                let packed = PackedRows::new(dtype, &data, rows.len(), n, per_call, &pool).expect("whole groups");
+                assert_eq!(packed.n_groups(), 3);
                 // Every count of activation rows, so that each of the
-                // kernels' widths (eight, four, one) and their mixes run;
-                // each group alone and, where the level takes two per
-                // call, both together.
+                // kernels' widths (eight, four, one) and their mixes run,
+                // on each call's groups.
                 let group_bytes = packed.group_bytes();
-                let calls = [(0, 1), (1, 1), (0, 2)];
                 for count in 1..=acts.len() {
                     let acts: Vec<&[u8]> = acts[..count].iter().map(Vec::as_slice).collect();
-                    for (g, n) in calls.into_iter().filter(|&(_, n)| n <= dot.packed_groups()) {
+                    for g in (0..3).step_by(per_call) {
+                        let n = per_call.min(3 - g);
                         let mut seen = 0;
-                        let bytes = &packed.bytes()[g * group_bytes..(g + n) * group_bytes];
+                        let bytes = &packed.bytes()[g * group_bytes..(g + per_call) * group_bytes];
                         dot.call_packed(bytes, n, &acts, |i, values| {
                             seen += 1;
                             assert_eq!(values.len(), 8 * n);

@@ -49,7 +49,7 @@ macro_rules! packed_kernels {
         #[target_feature(enable = $features)]
         #[inline]
         fn q4_k_sub_block<const A: usize, const HALF: usize>(
-            w: [&[u8]; 2],
+            w: &[u8],
             a: [&BlockQ8K; A],
             p: usize,
             isum: &mut [pk::I; A],
@@ -80,9 +80,9 @@ macro_rules! packed_kernels {
         fn packed_q4_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
             let mut acc = [pk::zero_f(); A];
-            let (n, w) = packed::group_blocks::<{ layout::Q4_K_BLOCK }, _>(groups, &acts);
-            for b in 0..n {
-                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+            let (n, blocks) = packed::call_blocks(groups, layout::Q4_K_BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.take(n).enumerate() {
+                let a = acts.map(|row| &row[b]);
                 let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
                 for p in 0..4 {
                     q4_k_sub_block::<A, 0>(w, a, p, &mut isum, &mut imin);
@@ -102,7 +102,7 @@ macro_rules! packed_kernels {
         /// that the quarter's shifts are constants.
         #[target_feature(enable = $features)]
         #[inline]
-        fn q6_k_quarter<const A: usize, const Q: usize>(w: [&[u8]; 2], a: [&BlockQ8K; A], isum: &mut [pk::I; A]) {
+        fn q6_k_quarter<const A: usize, const Q: usize>(w: &[u8], a: [&BlockQ8K; A], isum: &mut [pk::I; A]) {
             use layout::{Q6_K_QH, Q6_K_QL, Q6_K_SCALES};
             const STEPS: usize = pk::Q6_K_STEPS;
             for g in 0..4 {
@@ -138,7 +138,7 @@ macro_rules! packed_kernels {
         #[target_feature(enable = $features)]
         #[inline]
         fn symmetric_nibbles<const A: usize, const H: usize>(
-            w: [&[u8]; 2],
+            w: &[u8],
             a: [&BlockQ8_0S; A],
             fifth: bool,
             low: &mut [pk::I; A],
@@ -182,9 +182,9 @@ macro_rules! packed_kernels {
                 packed::Q4_0 => 8,
                 _ => 16,
             };
-            let (n, w) = packed::group_blocks::<BLOCK, _>(groups, &acts);
-            for b in 0..n {
-                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+            let (n, blocks) = packed::call_blocks(groups, BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.take(n).enumerate() {
+                let a = acts.map(|row| &row[b]);
                 let mut isum = a.map(|a| pk::splat_i32(-bias * i32::from(i16::from_le_bytes(a.sum))));
                 if FORMAT == packed::Q8_0 {
                     for s in 0..8 {
@@ -233,9 +233,9 @@ macro_rules! packed_kernels {
         fn packed_q6_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
             let mut acc = [pk::zero_f(); A];
-            let (n, w) = packed::group_blocks::<{ layout::Q6_K_BLOCK }, _>(groups, &acts);
-            for b in 0..n {
-                let (w, a) = ([&w[0][b][..], &w[1][b][..]], acts.map(|row| &row[b]));
+            let (n, blocks) = packed::call_blocks(groups, layout::Q6_K_BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.take(n).enumerate() {
+                let a = acts.map(|row| &row[b]);
                 let mut isum = [pk::zero(); A];
                 q6_k_quarter::<A, 0>(w, a, &mut isum);
                 q6_k_quarter::<A, 1>(w, a, &mut isum);
@@ -268,19 +268,18 @@ pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
 pub(super) const Q5_0: u8 = 2;
 
-/// The blocks of the (one or two) groups in `groups` that the activation
-/// rows `acts` reach, and how many: the second group is the first where
-/// `groups` holds one.
-#[allow(clippy::type_complexity)]
-pub(super) fn group_blocks<'a, const BLOCK: usize, T>(
+/// The blocks of the call's groups in `groups` (`per_call` of them: a
+/// pair block holds both groups' block, see `pair_offset`) that the
+/// activation rows `acts` reach, and how many.
+pub(super) fn call_blocks<'a, T>(
     groups: &'a [u8],
+    block: usize,
+    per_call: usize,
     acts: &[&[T]],
-) -> (usize, [&'a [[u8; BLOCK]]; 2]) {
-    let (blocks, _) = groups.as_chunks::<BLOCK>();
+) -> (usize, std::slice::ChunksExact<'a, u8>) {
+    let blocks = groups.chunks_exact(block * per_call);
     let n = acts.iter().map(|row| row.len()).fold(blocks.len(), usize::min);
-    let first = &blocks[..n];
-    let second = blocks.get(n..2 * n).unwrap_or(first);
-    (n, [first, second])
+    (n, blocks)
 }
 
 /// In a group's 16 bytes holding each row's pair of bytes, the byte
@@ -307,6 +306,10 @@ fn load32(b: &[u8], at: usize) -> &[u8; 32] {
     b[at..at + 32].try_into().unwrap_or(&[0; 32])
 }
 
+fn load64(b: &[u8], at: usize) -> &[u8; 64] {
+    b[at..at + 64].try_into().unwrap_or(&[0; 64])
+}
+
 /// One group per 256-bit vector. Without VNNI the partial sums stay in 16
 /// bits over the steps that cannot overflow them (a Q4_K sub-block's eight
 /// steps reach at most 8 · 2 · 15 · 128 = 30720; two Q6_K steps at most
@@ -328,8 +331,8 @@ pub(super) mod avx2_ops {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn load(w: [&[u8]; 2], at: usize) -> I {
-        load_u8x32(super::load32(w[0], at))
+    pub(in super::super) fn load(w: &[u8], at: usize) -> I {
+        load_u8x32(super::load32(w, at))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -414,8 +417,8 @@ pub(super) mod avx2_ops {
     /// The group's 16 bytes at `at` as words.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn words(w: [&[u8]; 2], at: usize, signed: bool) -> I {
-        let bytes = load_u8x16(super::load16(w[0], at));
+    pub(in super::super) fn words(w: &[u8], at: usize, signed: bool) -> I {
+        let bytes = load_u8x16(super::load16(w, at));
         if signed { _mm256_cvtepi8_epi16(bytes) } else { _mm256_cvtepu8_epi16(bytes) }
     }
 
@@ -423,7 +426,7 @@ pub(super) mod avx2_ops {
     /// halves of the row's lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn row_words(w: [&[u8]; 2], at: usize, j: usize) -> I {
+    pub(in super::super) fn row_words(w: &[u8], at: usize, j: usize) -> I {
         pick_words(words(w, at, false), j)
     }
 
@@ -437,7 +440,7 @@ pub(super) mod avx2_ops {
     /// Scale `j` of each row's pair at `at`, as [`scaled_add`] takes it.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn row_scales(w: [&[u8]; 2], at: usize, j: usize, signed: bool) -> I {
+    pub(in super::super) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
         pick_words(words(w, at, signed), j)
     }
 
@@ -456,8 +459,8 @@ pub(super) mod avx2_ops {
     /// The eight f16 at `at`, as floats.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in super::super) fn halves(w: [&[u8]; 2], at: usize) -> F {
-        _mm256_cvtph_ps(load_u8x16(super::load16(w[0], at)))
+    pub(in super::super) fn halves(w: &[u8], at: usize) -> F {
+        _mm256_cvtph_ps(load_u8x16(super::load16(w, at)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -523,7 +526,7 @@ pub(super) mod avx2_ops {
 pub(super) mod avx512_ops {
     use std::arch::x86_64::*;
 
-    use super::super::{load_u8x16, load_u8x32};
+    use super::super::load_u8x32;
 
     pub(in super::super) type I = __m512i;
     pub(in super::super) type F = __m512;
@@ -535,9 +538,10 @@ pub(super) mod avx512_ops {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn load(w: [&[u8]; 2], at: usize) -> I {
-        let first = _mm512_castsi256_si512(load_u8x32(super::load32(w[0], at)));
-        _mm512_inserti64x4::<1>(first, load_u8x32(super::load32(w[1], at)))
+    pub(in super::super) fn load(w: &[u8], at: usize) -> I {
+        let both = super::load64(w, 2 * at);
+        // SAFETY: an unaligned load of the 64 bytes of `both`.
+        unsafe { _mm512_loadu_si512(both.as_ptr().cast()) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -623,15 +627,14 @@ pub(super) mod avx512_ops {
     /// Each group's 16 bytes at `at`, the first group's in the low half.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    fn bytes16(w: [&[u8]; 2], at: usize) -> __m256i {
-        let first = _mm256_castsi128_si256(load_u8x16(super::load16(w[0], at)));
-        _mm256_inserti128_si256::<1>(first, load_u8x16(super::load16(w[1], at)))
+    fn bytes16(w: &[u8], at: usize) -> __m256i {
+        load_u8x32(super::load32(w, 2 * at))
     }
 
     /// Each group's 16 bytes at `at` as words.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn words(w: [&[u8]; 2], at: usize, signed: bool) -> I {
+    pub(in super::super) fn words(w: &[u8], at: usize, signed: bool) -> I {
         let bytes = bytes16(w, at);
         if signed { _mm512_cvtepi8_epi16(bytes) } else { _mm512_cvtepu8_epi16(bytes) }
     }
@@ -640,7 +643,7 @@ pub(super) mod avx512_ops {
     /// halves of the row's lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn row_words(w: [&[u8]; 2], at: usize, j: usize) -> I {
+    pub(in super::super) fn row_words(w: &[u8], at: usize, j: usize) -> I {
         let [a, b, c, d] = super::word_picks(j);
         _mm512_shuffle_epi8(words(w, at, false), _mm512_broadcast_i32x4(_mm_setr_epi32(a, b, c, d)))
     }
@@ -648,7 +651,7 @@ pub(super) mod avx512_ops {
     /// Scale `j` of each row's pair at `at`, as a 32-bit lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn row_scales(w: [&[u8]; 2], at: usize, j: usize, signed: bool) -> I {
+    pub(in super::super) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
         let picked = _mm256_shuffle_epi8(bytes16(w, at), _mm256_set1_epi64x(super::byte_picks(j)));
         // Each group's eight bytes lead its 128-bit half: join them.
         let joined = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(picked));
@@ -670,7 +673,7 @@ pub(super) mod avx512_ops {
     /// Each group's eight f16 at `at`, as floats.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in super::super) fn halves(w: [&[u8]; 2], at: usize) -> F {
+    pub(in super::super) fn halves(w: &[u8], at: usize) -> F {
         _mm512_cvtph_ps(bytes16(w, at))
     }
 
