@@ -124,10 +124,9 @@ impl PackedRows {
         Some(PackedRows { dtype, group_bytes, n_groups, data: packed })
     }
 
-    /// Bytes of the packed form of `n_out` rows of `n_in` elements;
-    /// `None` for a type without one.
-    /// (for kernels taking `per_call` groups: a lone last group is stored
-    /// as a whole call's).
+    /// Bytes of the packed form of `n_out` rows of `n_in` elements for
+    /// kernels taking `per_call` groups (a lone last group is stored as a
+    /// whole call's); `None` for a type without one.
     pub(crate) fn len_for(dtype: DType, n_out: usize, n_in: usize, per_call: usize) -> Option<usize> {
         (n_out / GROUP_ROWS)
             .checked_next_multiple_of(per_call)?
@@ -191,7 +190,7 @@ fn packed_header_bytes(dtype: DType) -> Option<usize> {
 /// groups alternately, each field at twice its offset. The pair's loads
 /// then walk memory in one stream; reading the two groups' blocks from two
 /// places took a 2-core Zen 4 to half its memory bandwidth when decoding.
-pub(crate) fn pair_offset(header: usize, x: usize, h: usize) -> usize {
+fn pair_offset(header: usize, x: usize, h: usize) -> usize {
     let (start, piece) = if x < header { (0, 16) } else { (header, 32) };
     let within = x - start;
     2 * start + 2 * piece * (within / piece) + piece * h + within % piece
@@ -218,6 +217,19 @@ pub(crate) const Q8_0_BLOCK: usize = LEGACY_QS + 8 * 32;
 pub(crate) const Q4_0_BLOCK: usize = LEGACY_QS + 4 * 32;
 pub(crate) const Q5_0_QH: usize = Q4_0_BLOCK;
 pub(crate) const Q5_0_BLOCK: usize = Q5_0_QH + 32;
+
+// `pair_offset` cuts the headers into 16-byte pieces and the quants into
+// 32-byte ones.
+const fn pairs_whole(header: usize, block: usize) -> bool {
+    header.is_multiple_of(16) && (block - header).is_multiple_of(32)
+}
+const _: () = assert!(
+    pairs_whole(Q4_K_QS, Q4_K_BLOCK)
+        && pairs_whole(Q6_K_QL, Q6_K_BLOCK)
+        && pairs_whole(LEGACY_QS, Q8_0_BLOCK)
+        && pairs_whole(LEGACY_QS, Q4_0_BLOCK)
+        && pairs_whole(LEGACY_QS, Q5_0_BLOCK)
+);
 
 const _: () = assert!(
     Q4_K_BLOCK == 1184
