@@ -81,17 +81,11 @@ impl<'a> QuantMatrix<'a> {
     /// A copy: as many bytes as those rows (Q4_K's scales unpacked add
     /// 3 %).
     pub fn pack(&self, pool: &ThreadPool) -> Option<PackedRows> {
-        if !Kernels::detected().dot(self.dtype).packs() {
+        let dot = Kernels::detected().dot(self.dtype);
+        if !dot.packs() {
             return None;
         }
-        PackedRows::new(
-            self.dtype,
-            self.data,
-            self.n_out,
-            self.n_in,
-            Kernels::detected().dot(self.dtype).packed_groups(),
-            pool,
-        )
+        PackedRows::new(self.dtype, self.data, self.n_out, self.n_in, dot.packed_groups(), pool)
     }
 
     /// This matrix multiplied through `packed`, which [`QuantMatrix::pack`]

@@ -15,7 +15,7 @@
 //! Kernels that take two groups per call (AVX-512: one group per 256-bit
 //! half) get each block of a pair of groups as one pair block, the two
 //! groups' pieces alternating so that each of the kernel's loads is one
-//! contiguous read (see [`pair_offset`]); a lone last group is paired
+//! contiguous read (see [`place_block`]); a lone last group is paired
 //! with itself.
 //!
 //! A matrix keeps its file bytes beside the packed copy: rows past the last
@@ -61,7 +61,7 @@ impl PackedRows {
     /// The packed form of the `n_out` rows of `n_in` elements in `data`
     /// (the file's layout, as [`crate::matmul::QuantMatrix`] checked it)
     /// for kernels that take `per_call` groups at a time (1, or 2 for two
-    /// groups side by side, see [`pair_offset`]), or `None` for a type
+    /// groups side by side, see [`place_block`]), or `None` for a type
     /// without packed kernels or fewer than eight rows. The groups are
     /// packed on `pool`'s threads, each its own share.
     pub(crate) fn new(
@@ -107,16 +107,9 @@ impl PackedRows {
                     let g = (per_call * (first + u) + h).min(n_groups - 1);
                     let at = |r: usize| (GROUP_ROWS * g + r) * row_bytes;
                     let rows: [&[u8]; GROUP_ROWS] = std::array::from_fn(|r| &data[at(r)..at(r) + row_bytes]);
-                    for b in 0..n_blocks {
-                        let out = &mut out[b * per_call * block_bytes..(b + 1) * per_call * block_bytes];
-                        if per_call == 1 {
-                            pack_block(&rows, b, out);
-                            continue;
-                        }
+                    for (b, out) in out.chunks_exact_mut(per_call * block_bytes).enumerate() {
                         pack_block(&rows, b, &mut single);
-                        for (x, &byte) in single.iter().enumerate() {
-                            out[pair_offset(header, x, h)] = byte;
-                        }
+                        place_block(&single, header, per_call, h, out);
                     }
                 }
             }
@@ -183,17 +176,21 @@ fn packed_header_bytes(dtype: DType) -> Option<usize> {
     }
 }
 
-/// Where byte `x` of group `h`'s (0 or 1) packed block lies in the pair
-/// block of two groups side by side, whose kernels read each 16 bytes of
-/// the header (`header` bytes) or 32 of the quants from both groups with
-/// one load of twice the width: the pair holds those pieces of the two
-/// groups alternately, each field at twice its offset. The pair's loads
-/// then walk memory in one stream; reading the two groups' blocks from two
-/// places took a 2-core Zen 4 to half its memory bandwidth when decoding.
-fn pair_offset(header: usize, x: usize, h: usize) -> usize {
-    let (start, piece) = if x < header { (0, 16) } else { (header, 32) };
-    let within = x - start;
-    2 * start + 2 * piece * (within / piece) + piece * h + within % piece
+/// Group `h`'s packed block `single` into the call block `out` of
+/// `per_call` groups, whose kernels read each 16 bytes of the header
+/// (`header` bytes) or 32 of the quants from all the call's groups with one
+/// load `per_call` times as wide: the call block holds those pieces of its
+/// groups in turn, each field at `per_call` times its offset (one group:
+/// the block as it is). The loads then walk memory in one stream; reading
+/// two groups' blocks from two places took a 2-core Zen 4 to half its
+/// memory bandwidth when decoding.
+fn place_block(single: &[u8], header: usize, per_call: usize, h: usize, out: &mut [u8]) {
+    for (start, end, piece) in [(0, header, 16), (header, single.len(), 32)] {
+        for (k, bytes) in single[start..end].chunks_exact(piece).enumerate() {
+            let at = per_call * (start + piece * k) + piece * h;
+            out[at..at + piece].copy_from_slice(bytes);
+        }
+    }
 }
 
 pub(crate) const Q4_K_D: usize = 0;
@@ -218,7 +215,7 @@ pub(crate) const Q4_0_BLOCK: usize = LEGACY_QS + 4 * 32;
 pub(crate) const Q5_0_QH: usize = Q4_0_BLOCK;
 pub(crate) const Q5_0_BLOCK: usize = Q5_0_QH + 32;
 
-// `pair_offset` cuts the headers into 16-byte pieces and the quants into
+// `place_block` cuts the headers into 16-byte pieces and the quants into
 // 32-byte ones.
 const fn pairs_whole(header: usize, block: usize) -> bool {
     header.is_multiple_of(16) && (block - header).is_multiple_of(32)

@@ -80,8 +80,8 @@ macro_rules! packed_kernels {
         fn packed_q4_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
             let mut acc = [pk::zero_f(); A];
-            let (n, blocks) = packed::call_blocks(groups, layout::Q4_K_BLOCK, pk::GROUPS, &acts);
-            for (b, w) in blocks.take(n).enumerate() {
+            let blocks = packed::call_blocks(groups, layout::Q4_K_BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.enumerate() {
                 let a = acts.map(|row| &row[b]);
                 let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
                 for p in 0..4 {
@@ -182,8 +182,8 @@ macro_rules! packed_kernels {
                 packed::Q4_0 => 8,
                 _ => 16,
             };
-            let (n, blocks) = packed::call_blocks(groups, BLOCK, pk::GROUPS, &acts);
-            for (b, w) in blocks.take(n).enumerate() {
+            let blocks = packed::call_blocks(groups, BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.enumerate() {
                 let a = acts.map(|row| &row[b]);
                 let mut isum = a.map(|a| pk::splat_i32(-bias * i32::from(i16::from_le_bytes(a.sum))));
                 if FORMAT == packed::Q8_0 {
@@ -233,8 +233,8 @@ macro_rules! packed_kernels {
         fn packed_q6_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             let acts = acts.map(blocks::<BlockQ8K>);
             let mut acc = [pk::zero_f(); A];
-            let (n, blocks) = packed::call_blocks(groups, layout::Q6_K_BLOCK, pk::GROUPS, &acts);
-            for (b, w) in blocks.take(n).enumerate() {
+            let blocks = packed::call_blocks(groups, layout::Q6_K_BLOCK, pk::GROUPS, &acts);
+            for (b, w) in blocks.enumerate() {
                 let a = acts.map(|row| &row[b]);
                 let mut isum = [pk::zero(); A];
                 q6_k_quarter::<A, 0>(w, a, &mut isum);
@@ -268,18 +268,18 @@ pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
 pub(super) const Q5_0: u8 = 2;
 
-/// The blocks of the call's groups in `groups` (`per_call` of them: a
-/// pair block holds both groups' block, see `pair_offset`) that the
-/// activation rows `acts` reach, and how many.
+/// The blocks of the call's groups in `groups` (`per_call` of them: one
+/// call block holds their blocks, see `place_block`) that the activation
+/// rows `acts` reach.
 pub(super) fn call_blocks<'a, T>(
     groups: &'a [u8],
     block: usize,
     per_call: usize,
     acts: &[&[T]],
-) -> (usize, std::slice::ChunksExact<'a, u8>) {
+) -> std::iter::Take<std::slice::ChunksExact<'a, u8>> {
     let blocks = groups.chunks_exact(block * per_call);
     let n = acts.iter().map(|row| row.len()).fold(blocks.len(), usize::min);
-    (n, blocks)
+    blocks.take(n)
 }
 
 /// In a group's 16 bytes holding each row's pair of bytes, the byte
