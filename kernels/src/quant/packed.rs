@@ -29,11 +29,13 @@
 //!   row's bytes `qs[32p + 4s .. 32p + 4s + 4]` (low nibbles: sub-block 2p,
 //!   elements 4s..4s+4; high nibbles: sub-block 2p+1).
 //! - Q6_K, 1680 bytes: the eight `d` (f16); the sixteen signed scales as
-//!   eight 16-byte groups, row by row the pair (2g, 2g+1); then for `t` in
-//!   0..32, each row's four bytes holding elements 4t+k in the low nibble
-//!   and 128+4t+k in the high; then for `u` in 0..16, four bytes per row
-//!   holding the two high bits of elements 4u+k, 64+4u+k, 128+4u+k and
-//!   192+4u+k at bits 0, 2, 4 and 6.
+//!   eight 16-byte groups, row by row the pair (2g, 2g+1); then 32-byte
+//!   chunks of low bits `L(t)`, `t` in 0..32: each row's four bytes holding
+//!   elements 4t+k in the low nibble and 128+4t+k in the high; and of high
+//!   bits `H(u)`, `u` in 0..16: four bytes per row holding the two high bits
+//!   of elements 4u+k, 64+4u+k, 128+4u+k and 192+4u+k at bits 0, 2, 4 and
+//!   6. The chunks are in the order the kernels first read them: `L(0)`,
+//!   `H(0)`, `L(1)`, `H(1)`, …, `H(15)`, then `L(16)` … `L(31)`.
 //! - Q8_0, 272 bytes: the eight `d` (f16); then for step `s` in 0..8, each
 //!   row's quants `4s..4s+4`.
 //! - Q4_0, 144 bytes: the eight `d`; then for `h` in 0..4, each row's bytes
@@ -170,7 +172,7 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
 fn packed_header_bytes(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q4_K => Some(Q4_K_QS),
-        DType::Q6_K => Some(Q6_K_QL),
+        DType::Q6_K => Some(Q6_K_QS),
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
         _ => None,
     }
@@ -202,9 +204,22 @@ pub(crate) const Q4_K_BLOCK: usize = Q4_K_QS + 8 * 128;
 
 pub(crate) const Q6_K_D: usize = 0;
 pub(crate) const Q6_K_SCALES: usize = 16;
-pub(crate) const Q6_K_QL: usize = 144;
-pub(crate) const Q6_K_QH: usize = Q6_K_QL + 8 * 128;
-pub(crate) const Q6_K_BLOCK: usize = Q6_K_QH + 8 * 64;
+const Q6_K_QS: usize = 144;
+pub(crate) const Q6_K_BLOCK: usize = Q6_K_QS + 8 * 128 + 8 * 64;
+
+/// Low-bit chunk `t` of a packed Q6_K block. The first quarter of a block
+/// reads `L(t)` with `H(t)`, the second `L(16 + t)`: stored in that order,
+/// a block is read as one stream (from two regions, `L` then `H`, a
+/// 1B-shaped Q6_K model decoded at 0.7× llama.cpp's speed on a 2-core
+/// Zen 4 instead of 0.9×).
+pub(crate) const fn q6_k_ql(t: usize) -> usize {
+    if t < 16 { Q6_K_QS + 64 * t } else { Q6_K_QS + 1024 + 32 * (t - 16) }
+}
+
+/// High-bit chunk `u` of a packed Q6_K block, right after `L(u)`.
+pub(crate) const fn q6_k_qh(u: usize) -> usize {
+    Q6_K_QS + 64 * u + 32
+}
 
 /// The eight `d` of the legacy formats' packed blocks.
 pub(crate) const LEGACY_D: usize = 0;
@@ -222,7 +237,7 @@ const fn pairs_whole(header: usize, block: usize) -> bool {
 }
 const _: () = assert!(
     pairs_whole(Q4_K_QS, Q4_K_BLOCK)
-        && pairs_whole(Q6_K_QL, Q6_K_BLOCK)
+        && pairs_whole(Q6_K_QS, Q6_K_BLOCK)
         && pairs_whole(LEGACY_QS, Q8_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q4_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q5_0_BLOCK)
@@ -267,7 +282,7 @@ fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
         for t in 0..32 {
             for k in 0..4 {
                 let (lo, hi) = (q[4 * t + k], q[128 + 4 * t + k]);
-                out[Q6_K_QL + 32 * t + 4 * r + k] = (lo & 0xF) | (hi & 0xF) << 4;
+                out[q6_k_ql(t) + 4 * r + k] = (lo & 0xF) | (hi & 0xF) << 4;
             }
         }
         for u in 0..16 {
@@ -277,7 +292,7 @@ fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
                     | high(64 + 4 * u + k) << 2
                     | high(128 + 4 * u + k) << 4
                     | high(192 + 4 * u + k) << 6;
-                out[Q6_K_QH + 32 * u + 4 * r + k] = bits;
+                out[q6_k_qh(u) + 4 * r + k] = bits;
             }
         }
     }
