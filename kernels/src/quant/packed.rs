@@ -211,15 +211,18 @@ pub(crate) const Q6_K_BLOCK: usize = Q6_K_QS + 8 * 128 + 8 * 64;
 /// reads `L(t)` with `H(t)`, the second `L(16 + t)`: stored in that order,
 /// a block is read as one stream (from two regions, `L` then `H`, a
 /// 1B-shaped Q6_K model decoded at 0.7× llama.cpp's speed on a 2-core
-/// Zen 4 instead of 0.9×).
+/// Zen 4 instead of 0.9×). The second quarter's chunks follow `H(15)`.
 pub(crate) const fn q6_k_ql(t: usize) -> usize {
-    if t < 16 { Q6_K_QS + 64 * t } else { Q6_K_QS + 1024 + 32 * (t - 16) }
+    if t < 16 { Q6_K_QS + 64 * t } else { q6_k_qh(15) + 32 * (t - 15) }
 }
 
 /// High-bit chunk `u` of a packed Q6_K block, right after `L(u)`.
 pub(crate) const fn q6_k_qh(u: usize) -> usize {
     Q6_K_QS + 64 * u + 32
 }
+
+// The chunks fill a Q6_K block to its end, without overlap.
+const _: () = assert!(q6_k_ql(15) + 32 == q6_k_qh(15) && q6_k_ql(31) + 32 == Q6_K_BLOCK);
 
 /// The eight `d` of the legacy formats' packed blocks.
 pub(crate) const LEGACY_D: usize = 0;

@@ -98,7 +98,8 @@ macro_rules! packed_kernels {
 
         /// Quarter `Q` of a packed Q6_K block (elements 64·Q..64·Q+64, whose
         /// 16-element group g takes scale 4·Q + g) against the activation
-        /// blocks `a`, its scaled sums into `isum`.
+        /// blocks `a`, its scaled sums into `isum`, a pair of groups at a
+        /// time.
         #[target_feature(enable = $features)]
         #[inline]
         fn q6_k_quarter<const A: usize, const Q: usize>(w: &[u8], a: [&BlockQ8K; A], isum: &mut [pk::I; A]) {
