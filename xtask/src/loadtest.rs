@@ -7,6 +7,6 @@ use crate::{cargo, models, run};
 pub fn loadtest(args: &[String]) -> anyhow::Result<()> {
     models::fetch_model()?;
     // The features the tests build with, so that neither build undoes the other.
-    run(cargo().args(["build", "--release", "--package", "sluice"]).args(crate::TEST_FEATURES))?;
+    run(cargo().args(["build", "--release", "--package", "sluice"]).args(crate::FEATURES))?;
     run(cargo().args(["run", "--release", "--package", "sluice-tests", "--bin", "loadtest", "--"]).args(args))
 }

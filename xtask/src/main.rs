@@ -3,12 +3,14 @@
 mod bench_constrained;
 mod bench_model;
 mod bench_serve;
+mod cuda;
 mod fuzz;
 mod loadtest;
 mod models;
 mod peer_suite;
 mod plugins;
 mod toolchain;
+mod wheels;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -39,6 +41,10 @@ enum Task {
     },
     /// Download the default model (cached under target/models/, sha256-checked).
     FetchModel,
+    /// Compile every CUDA kernel with NVRTC for sm_90 and sm_80 (no GPU
+    /// needed; `test` does it too) and print each kernel's registers,
+    /// shared memory, stack and spills.
+    CudaKernels,
     /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
     /// prefill tokens/s of the default model or `--model FILE`s, at
     /// `--depth N`; `--compare-llama BIN` runs llama-bench interleaved and
@@ -78,6 +84,7 @@ fn main() {
         Task::Test => test(),
         Task::Serve { args } => serve(&args),
         Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
+        Task::CudaKernels => cuda_kernels(),
         Task::Bench { suite, args } => bench(&suite, &args),
         Task::PeerSuite(args) => peer_suite::peer_suite(args),
         Task::Fuzz(args) => fuzz::fuzz(args),
@@ -110,37 +117,40 @@ fn cargo() -> Command {
     cargo
 }
 
-/// The features the checks build the host workspace with: the lab too
-/// (`sluice serve` alone links none of it), and the CUDA device probe.
-const CHECK_FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
-/// The features the tests run with (the CUDA probe has nothing to probe on
-/// a CI machine; the checks above compile it).
-const TEST_FEATURES: [&str; 2] = ["--features", "sluice/lab"];
+/// The features everything is checked and tested with: the lab too (`sluice
+/// serve` alone links none of it), and CUDA (whose kernels every machine
+/// compiles; its device code has nothing to run on a CI machine).
+const FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
 
 fn test() -> anyhow::Result<()> {
     let started = Instant::now();
     let plugins_native = ["--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"];
     stage("plugins/dist/ against a fresh pinned build", || plugins::plugins(plugins::PluginsArgs::check()))?;
     stage("the default model", || models::fetch_model().map(drop))?;
+    let nvrtc = stage_value("NVIDIA's NVRTC, for the CUDA kernel check", cuda::fetch_nvrtc)?;
     stage("formatting (cargo fmt --check)", || {
         run(cargo().args(["fmt", "--all", "--check"]))?;
         run(cargo().args(["fmt", "--all", "--check", "--manifest-path", "plugins/Cargo.toml"]))
     })?;
     stage("clippy, warnings denied (all features, `sluice serve`'s default build, the plugins)", || {
         let deny = ["--", "-D", "warnings"];
-        run(cargo().args(["clippy", "--locked", "--workspace", "--all-targets"]).args(CHECK_FEATURES).args(deny))?;
+        run(cargo().args(["clippy", "--locked", "--workspace", "--all-targets"]).args(FEATURES).args(deny))?;
         run(cargo().args(["clippy", "--locked", "--package", "sluice"]).args(deny))?;
         run(cargo().args(["clippy", "--locked", "--all-targets"]).args(plugins_native).args(deny))
     })?;
     stage("docs, warnings denied", || {
         run(cargo()
             .args(["doc", "--locked", "--workspace", "--no-deps"])
-            .args(CHECK_FEATURES)
+            .args(FEATURES)
             .env("RUSTDOCFLAGS", "-D warnings"))
     })?;
     stage("plugin unit tests (native)", || run(cargo().args(["test", "--locked"]).args(plugins_native)))?;
     stage("host workspace tests (release)", || {
-        run(cargo().args(["test", "--locked", "--release", "--workspace", "--all-targets"]).args(TEST_FEATURES))
+        run(cargo()
+            .args(["test", "--locked", "--release", "--workspace", "--all-targets"])
+            .args(FEATURES)
+            .env("SLUICE_NVRTC", &nvrtc)
+            .env("SLUICE_REQUIRE_NVRTC", "1"))
     })?;
     eprintln!("xtask: all tests passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
@@ -148,11 +158,24 @@ fn test() -> anyhow::Result<()> {
 
 /// Run one stage of `test`, saying what it is and how long it took.
 fn stage(name: &str, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    stage_value(name, work)
+}
+
+fn stage_value<T>(name: &str, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     eprintln!("xtask: {name}");
     let started = Instant::now();
-    work()?;
+    let value = work()?;
     eprintln!("xtask: {name}: done in {:.0} s", started.elapsed().as_secs_f64());
-    Ok(())
+    Ok(value)
+}
+
+fn cuda_kernels() -> anyhow::Result<()> {
+    let nvrtc = cuda::fetch_nvrtc()?;
+    run(cargo()
+        .args(["test", "--locked", "--release", "--package", "sluice-kernels", "--features", "cuda"])
+        .args(["--test", "cuda_kernels", "--", "--nocapture", "--test-threads", "1"])
+        .env("SLUICE_NVRTC", &nvrtc)
+        .env("SLUICE_REQUIRE_NVRTC", "1"))
 }
 
 fn serve(args: &[String]) -> anyhow::Result<()> {

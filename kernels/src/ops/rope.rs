@@ -63,6 +63,13 @@ pub struct RopeAngles {
     sin: Vec<f32>,
 }
 
+impl RopeAngles {
+    /// Each pair's cosine, then each pair's sine.
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+}
+
 impl Rope {
     /// Checks the model's rope parameters and precomputes the rates.
     pub fn new(head_dim: usize, n_rot: usize, base: f32, freq_scale: f32, kind: RopeKind) -> Result<Self, OpsError> {
@@ -88,6 +95,15 @@ impl Rope {
     /// when there is no image grid.
     pub fn text_pos(p: u32) -> RopePos {
         [p, p, p, 0]
+    }
+
+    /// Pairs are adjacent elements (else a head's first and second halves).
+    pub fn adjacent(&self) -> bool {
+        self.adjacent
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
     }
 
     /// Fills `out` with the cosine and sine of each pair's angle at `pos`.

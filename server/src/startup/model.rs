@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_kernels::backend::{CpuBackend, Device, KvTypes};
+use sluice_kernels::backend::{Backend, CpuBackend, Device, KvTypes};
 
 use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
@@ -36,7 +36,7 @@ pub enum StartError {
 }
 
 /// A model file loaded onto `device`, computing on `threads` threads (0 =
-/// one per core), with these LoRA adapters (ids in this order).
+/// one per core; the CPU's), with these LoRA adapters (ids in this order).
 pub fn load_model(
     path: &Path,
     device: Device,
@@ -44,8 +44,17 @@ pub fn load_model(
     adapters: &[PathBuf],
 ) -> Result<Arc<dyn Model>, StartError> {
     usable(device)?;
-    // The CPU is the only backend so far.
-    let backend = Arc::new(CpuBackend::new(threads_or_cores(threads)));
+    match device {
+        Device::Cpu => on_backend(path, Arc::new(CpuBackend::new(threads_or_cores(threads))), adapters),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(index) => on_backend(path, Arc::new(cuda::backend(index)?), adapters),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(without_cuda(device)),
+    }
+}
+
+fn on_backend<B: Backend>(path: &Path, backend: Arc<B>, adapters: &[PathBuf]) -> Result<Arc<dyn Model>, StartError> {
+    tracing::info!(backend = %backend.describe(), "computing on");
     let model = Transformer::load(path, backend)
         .map_err(|error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() })?;
     let model = model.with_adapters(adapters).map_err(|error| StartError::Adapter { error: error.to_string() })?;
@@ -65,23 +74,65 @@ pub fn check_device(config: &Config) -> Result<(), StartError> {
     usable(device)
 }
 
+#[cfg(not(feature = "cuda"))]
 fn usable(device: Device) -> Result<(), StartError> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(index) => Err(StartError::Device { device, reason: cuda_unavailable(index) }),
+        Device::Cuda(_) => Err(without_cuda(device)),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_unavailable(_index: u32) -> String {
-    "this sluice was built without CUDA support (cargo feature `cuda`); use --device cpu".into()
+fn without_cuda(device: Device) -> StartError {
+    let reason = "this sluice was built without CUDA support (cargo feature `cuda`); use --device cpu".into();
+    StartError::Device { device, reason }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_unavailable(index: u32) -> String {
-    match sluice_kernels::backend::cuda::probe(index) {
-        Ok(name) => format!("{name} found, but this build has no CUDA kernels yet; use --device cpu"),
-        Err(reason) => format!("{reason}; use --device cpu"),
+fn usable(device: Device) -> Result<(), StartError> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(index) => cuda::usable(index).map_err(|reason| StartError::Device { device, reason }),
+    }
+}
+
+/// The CUDA backend at start: the device must answer, NVRTC must load, and
+/// the kernels compile (or come from the cache) before the model loads.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::path::PathBuf;
+
+    use sluice_kernels::backend::Device;
+    use sluice_kernels::backend::cuda::{CudaBackend, KernelCache, Nvrtc, library_from_env, probe};
+
+    use super::StartError;
+
+    pub(super) fn usable(index: u32) -> Result<(), String> {
+        let name = probe(index).map_err(|reason| format!("{reason}; use --device cpu"))?;
+        Nvrtc::load(library_from_env().as_deref()).map_err(|error| {
+            format!("{name} found, but {error}: set SLUICE_NVRTC to that file or its folder, or use --device cpu")
+        })?;
+        Ok(())
+    }
+
+    pub(super) fn backend(index: u32) -> Result<CudaBackend, StartError> {
+        let failed = |reason: String| StartError::Device { device: Device::Cuda(index), reason };
+        let nvrtc = Nvrtc::load(library_from_env().as_deref()).map_err(|error| failed(error.to_string()))?;
+        let cache = KernelCache::new(cache_dir());
+        CudaBackend::new(index, &nvrtc, &cache, |line| tracing::info!("{line}"))
+            .map_err(|error| failed(error.to_string()))
+    }
+
+    /// `SLUICE_CACHE_DIR`, else the user's cache folder, then `cuda-kernels`.
+    fn cache_dir() -> PathBuf {
+        let base = std::env::var_os("SLUICE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+                .unwrap_or_else(std::env::temp_dir)
+                .join("sluice")
+        });
+        base.join("cuda-kernels")
     }
 }
 
@@ -232,6 +283,10 @@ mod tests {
 
     #[test]
     fn a_device_this_build_cannot_use_is_a_start_error() {
+        #[cfg(feature = "cuda")]
+        if let Ok(name) = sluice_kernels::backend::cuda::probe(0) {
+            return eprintln!("skipped: this machine has a usable CUDA device ({name})");
+        }
         let error = load_model(Path::new("unused.gguf"), Device::Cuda(0), 1, &[]).err().expect("no CUDA backend");
         assert!(error.to_string().starts_with("device cuda:0: "), "{error}");
         assert!(error.to_string().ends_with("use --device cpu"), "{error}");

@@ -1,6 +1,6 @@
-//! What a CUDA device the driver offers, probed without compiling anything
-//! (cargo feature `cuda`). The driver is loaded at run time, so a build with
-//! the feature runs on machines without CUDA and says so instead of failing.
+//! Which CUDA device the driver offers, probed without compiling anything.
+//! The driver is loaded at run time, so a build with the feature runs on
+//! machines without CUDA and says so instead of failing.
 
 use cudarc::driver::result;
 

@@ -1,0 +1,82 @@
+//! The CUDA kernels as NVRTC programs: each `kernels/cuda/*.cu` file is one
+//! program, compiled with the shared headers in front of it (NVRTC is given
+//! no include path, so nothing is looked up on the machine that compiles).
+
+use std::ffi::CString;
+
+/// Put in front of every program, in this order.
+const HEADERS: [&str; 2] = [include_str!("../../../cuda/common.cuh"), include_str!("../../../cuda/quant.cuh")];
+
+const FILES: [(&str, &str); 10] = [
+    ("matvec", include_str!("../../../cuda/matvec.cu")),
+    ("gemm", include_str!("../../../cuda/gemm.cu")),
+    ("embed", include_str!("../../../cuda/embed.cu")),
+    ("norm", include_str!("../../../cuda/norm.cu")),
+    ("rope", include_str!("../../../cuda/rope.cu")),
+    ("elementwise", include_str!("../../../cuda/elementwise.cu")),
+    ("kv", include_str!("../../../cuda/kv.cu")),
+    ("attention", include_str!("../../../cuda/attention.cu")),
+    ("sample", include_str!("../../../cuda/sample.cu")),
+    ("lora", include_str!("../../../cuda/lora.cu")),
+];
+
+/// One program's name and whole source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Program {
+    name: String,
+    source: String,
+}
+
+impl Program {
+    /// A program of `source` alone, without the shared headers (a test's
+    /// own kernel).
+    pub fn new(name: &str, source: &str) -> Self {
+        Program { name: name.into(), source: source.into() }
+    }
+
+    /// The file's name without `.cu`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The source and the file name NVRTC's messages give, as C strings.
+    pub(super) fn c_strings(&self) -> (CString, CString) {
+        // Sources are text files, which hold no NUL; one that did would
+        // compile as the part before it and fail there.
+        let c = |text: &str| CString::new(text.split('\0').next().unwrap_or_default()).unwrap_or_default();
+        (c(&self.source), c(&format!("{}.cu", self.name)))
+    }
+}
+
+/// Every kernel program, headers included.
+pub fn programs() -> Vec<Program> {
+    FILES
+        .iter()
+        .map(|(name, file)| {
+            let mut source = HEADERS.join("\n");
+            source.push('\n');
+            source.push_str(file);
+            Program { name: (*name).into(), source }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_program_starts_with_the_headers_and_names_its_file() {
+        let programs = programs();
+        assert_eq!(programs.len(), FILES.len());
+        for (program, (name, file)) in programs.iter().zip(FILES) {
+            assert_eq!(program.name(), name);
+            assert!(program.source().starts_with(HEADERS[0]) && program.source().ends_with(file));
+            assert_eq!(program.c_strings().1.to_str(), Ok(format!("{name}.cu").as_str()));
+        }
+    }
+}
