@@ -150,10 +150,13 @@ fn sluice_once(
     depth: usize,
     rest: &[String],
 ) -> anyhow::Result<(f64, f64)> {
-    let output = sluice_command(sluice, model, threads, depth, rest)
-        .args(["--reps", "1", "--json"])
-        .output()
-        .context("running sluice bench model")?;
+    measure(sluice_command(sluice, model, threads, depth, rest).args(["--reps", "1"]))
+}
+
+/// (prefill, decode) tokens/s from a `sluice bench model` command (`--json`
+/// is added).
+pub fn measure(command: &mut Command) -> anyhow::Result<(f64, f64)> {
+    let output = command.arg("--json").output().context("running sluice bench model")?;
     if !output.status.success() {
         bail!("sluice bench model failed: {}", String::from_utf8_lossy(&output.stderr));
     }

@@ -4,6 +4,7 @@ mod bench_constrained;
 mod bench_model;
 mod bench_serve;
 mod cuda;
+mod device_check;
 mod fuzz;
 mod loadtest;
 mod models;
@@ -45,6 +46,10 @@ enum Task {
     /// needed; `test` does it too) and print each kernel's registers,
     /// shared memory, stack and spills.
     CudaKernels,
+    /// On a machine with an NVIDIA GPU: build, run the CUDA parity suite
+    /// (a skip fails), and measure the default model's prefill and decode on
+    /// the GPU and the CPU (decode also as a share of the HBM roofline).
+    DeviceCheck(device_check::DeviceCheckArgs),
     /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
     /// prefill tokens/s of the default model or `--model FILE`s, at
     /// `--depth N`; `--compare-llama BIN` runs llama-bench interleaved and
@@ -85,6 +90,7 @@ fn main() {
         Task::Serve { args } => serve(&args),
         Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
         Task::CudaKernels => cuda_kernels(),
+        Task::DeviceCheck(args) => device_check::device_check(args),
         Task::Bench { suite, args } => bench(&suite, &args),
         Task::PeerSuite(args) => peer_suite::peer_suite(args),
         Task::Fuzz(args) => fuzz::fuzz(args),

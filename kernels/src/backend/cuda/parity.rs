@@ -20,9 +20,12 @@ use crate::ops::{HeadShape, KvType, Rope, RopeKind, noise};
 use crate::quant::DType;
 use crate::quant::tests::{Rng, random_weights};
 
-/// The GPU backend, or `None` after saying why the test is skipped.
+/// The GPU backend, or `None` after saying why the test is skipped
+/// (`SLUICE_REQUIRE_GPU` makes that a failure: `cargo xtask device-check`
+/// sets it, so that a GPU machine never passes by skipping).
 fn gpu(test: &str) -> Option<CudaBackend> {
     let skip = |why: String| {
+        assert!(std::env::var_os("SLUICE_REQUIRE_GPU").is_none(), "{test} needs the GPU: {why}");
         eprintln!("skipped {test}: {why}");
         None
     };

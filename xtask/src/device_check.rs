@@ -1,0 +1,155 @@
+//! `cargo xtask device-check`: what a machine with an NVIDIA GPU runs to
+//! prove the CUDA backend, in one go: build, the parity suite against the
+//! CPU backend (a skip is a failure there), then the default model's
+//! prefill and decode speed on the GPU beside the CPU's, with batch-1
+//! decode as a share of the HBM roofline.
+//!
+//! The machine needs NVRTC (CUDA 12.8 or later): `--nvrtc PATH`,
+//! `SLUICE_NVRTC`, the copy `cargo xtask test` keeps under `target/cuda/`,
+//! or a CUDA toolkit on the loader's path.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::{FEATURES, bench_model, cargo, models, repo_root, run};
+
+#[derive(Args)]
+pub struct DeviceCheckArgs {
+    /// `libnvrtc.so.12`, or the folder holding it.
+    #[arg(long, value_name = "PATH")]
+    nvrtc: Option<PathBuf>,
+    /// Memory bandwidth for the roofline, in TB/s (an H200's HBM3e).
+    #[arg(long, default_value_t = 4.8)]
+    bandwidth_tb_s: f64,
+}
+
+pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
+    let given = args
+        .nvrtc
+        .or_else(|| std::env::var_os("SLUICE_NVRTC").map(PathBuf::from))
+        .or_else(|| {
+            Some(repo_root().join("target/cuda/nvrtc-12.8.93/nvidia/cuda_nvrtc/lib")).filter(|dir| dir.is_dir())
+        })
+        .or_else(find_nvrtc);
+    let nvrtc = given.as_deref().map(nvrtc_as_12).transpose()?;
+    match (&given, &nvrtc) {
+        (Some(given), Some(dir)) => eprintln!("xtask: NVRTC {} (as {})", given.display(), dir.display()),
+        _ => eprintln!("xtask: NVRTC from the loader's search path"),
+    }
+    let env = |command: &mut Command| {
+        if let Some(dir) = &nvrtc {
+            command.env("SLUICE_NVRTC", dir).env("LD_LIBRARY_PATH", dir);
+        }
+        command.env("SLUICE_REQUIRE_GPU", "1");
+    };
+    let _ = run(Command::new("nvidia-smi").args(["--query-gpu=name,driver_version,memory.total", "--format=csv"]));
+    let model = models::fetch_model()?;
+    eprintln!("xtask: building (release, {})", FEATURES[1]);
+    run(cargo().args(["build", "--release", "--package", "sluice"]).args(FEATURES))?;
+    eprintln!("xtask: the parity suite (CUDA against the CPU backend)");
+    let mut parity = cargo();
+    parity.args(["test", "--release", "--package", "sluice-kernels", "--features", "cuda", "--lib", "cuda::parity"]);
+    parity.args(["--", "--nocapture", "--test-threads", "1"]);
+    env(&mut parity);
+    run(&mut parity)?;
+    let bytes = std::fs::metadata(&model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
+    for device in ["cuda:0", "cpu"] {
+        let mut bench = Command::new(repo_root().join("target/release/sluice"));
+        bench.args(["bench", "model", "--model"]).arg(&model);
+        bench.args(["--device", device, "--prefill", "2048", "--decode", "128", "--reps", "2"]);
+        env(&mut bench);
+        let (prefill, decode) = bench_model::measure(&mut bench).with_context(|| format!("on {device}"))?;
+        // Every weight byte is read once per decoded token.
+        let roofline = args.bandwidth_tb_s * 1e12 / bytes;
+        println!(
+            "{device}: prefill 2048 {prefill:.0} tokens/s, decode (batch 1) {decode:.1} tokens/s = {:.1} % of \
+             the {:.0} tokens/s roofline ({:.0} MB of weights at {} TB/s)",
+            100.0 * decode / roofline,
+            roofline,
+            bytes / 1e6,
+            args.bandwidth_tb_s
+        );
+    }
+    Ok(())
+}
+
+/// An NVRTC library on this machine: a CUDA toolkit's, or one of NVIDIA's
+/// Python wheels (a GPU machine's image often has only those).
+fn find_nvrtc() -> Option<PathBuf> {
+    let mut roots =
+        vec![PathBuf::from("/usr/local/cuda/lib64"), PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib")];
+    let site = Command::new("python3")
+        .args(["-c", "import site; print('\\n'.join(site.getsitepackages()))"])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+        .unwrap_or_default();
+    roots.extend(site.lines().map(|dir| PathBuf::from(dir).join("nvidia")));
+    roots.iter().find_map(|root| library_under(root, 4))
+}
+
+fn library_under(dir: &Path, depth: usize) -> Option<PathBuf> {
+    let entries: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.flatten().map(|entry| entry.path()).collect();
+    entries.iter().find(|path| is_nvrtc(path)).cloned().or_else(|| {
+        (depth > 0)
+            .then(|| entries.iter().filter(|path| path.is_dir()).find_map(|sub| library_under(sub, depth - 1)))?
+    })
+}
+
+/// `libnvrtc.so.<major>` itself (not its builtins, not the alternative build).
+fn is_nvrtc(path: &Path) -> bool {
+    let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_prefix("libnvrtc.so.").is_some_and(|major| major.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// A folder where `libnvrtc.so.12` is the given library, whatever its
+/// major version: cudarc (built for CUDA 12.8) opens NVRTC by that name,
+/// and the functions sluice calls are the same in CUDA 13. The library's
+/// neighbours (its builtins, which it opens from its own folder) are
+/// linked beside it.
+fn nvrtc_as_12(given: &Path) -> anyhow::Result<PathBuf> {
+    let library = if given.is_dir() {
+        library_under(given, 0).with_context(|| format!("no libnvrtc.so.N in {}", given.display()))?
+    } else {
+        given.to_path_buf()
+    };
+    if library.file_name().is_some_and(|name| name == "libnvrtc.so.12") {
+        return Ok(library.parent().map(Path::to_path_buf).unwrap_or_default());
+    }
+    let links = repo_root().join("target/cuda/nvrtc-as-12");
+    let _ = std::fs::remove_dir_all(&links);
+    std::fs::create_dir_all(&links).with_context(|| format!("creating {}", links.display()))?;
+    let folder = library.parent().context("NVRTC's folder")?;
+    for entry in std::fs::read_dir(folder)?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("libnvrtc") {
+            std::os::unix::fs::symlink(entry.path(), links.join(entry.file_name()))?;
+        }
+    }
+    std::os::unix::fs::symlink(&library, links.join("libnvrtc.so.12"))?;
+    Ok(links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cuda_13_nvrtc_is_linked_as_12_with_its_builtins() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("sluice-nvrtc-13-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        for name in ["libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libnvrtc.alt.so.13", "other.so"] {
+            std::fs::write(dir.join(name), name)?;
+        }
+        assert!(is_nvrtc(&dir.join("libnvrtc.so.13")) && !is_nvrtc(&dir.join("libnvrtc.alt.so.13")));
+        let links = nvrtc_as_12(&dir)?;
+        assert_eq!(std::fs::read_to_string(links.join("libnvrtc.so.12"))?, "libnvrtc.so.13");
+        assert_eq!(std::fs::read_to_string(links.join("libnvrtc-builtins.so.13.0"))?, "libnvrtc-builtins.so.13.0");
+        assert!(!links.join("other.so").exists());
+        std::fs::write(dir.join("libnvrtc.so.12"), "12")?;
+        assert_eq!(nvrtc_as_12(&dir.join("libnvrtc.so.12"))?, dir, "a CUDA 12 library is used where it is");
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}
