@@ -95,6 +95,20 @@ pub const NAMED: [(&str, Shape); 4] = [
 
 const F32: u32 = 0;
 const F16: u32 = 1;
+const Q4_K: u32 = 12;
+
+/// Bytes of a Q4_K block of 256 values: f16 `d` and `dmin`, 12 bytes of
+/// 6-bit scales and mins, 128 bytes of 4-bit quants.
+const Q4_K_BLOCK: u64 = 144;
+
+/// How a model's weight matrices are stored (norms are F32 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matrices {
+    F16,
+    /// Random Q4_K blocks (not a quantization of anything): the bytes a
+    /// Q4_K file of the shape has, for measuring speed.
+    Q4K,
+}
 
 /// One tensor of the file: its header entry and how its values are drawn.
 struct Planned {
@@ -114,7 +128,12 @@ enum Fill {
 
 impl Planned {
     fn bytes(&self) -> u64 {
-        self.dims.iter().product::<u64>() * if self.type_id == F16 { 2 } else { 4 }
+        let values = self.dims.iter().product::<u64>();
+        match self.type_id {
+            F16 => values * 2,
+            Q4_K => values / 256 * Q4_K_BLOCK,
+            _ => values * 4,
+        }
     }
 }
 
@@ -129,8 +148,11 @@ impl Shape {
     }
 
     /// Checks what the loaders require: heads that divide the width and
-    /// each other, and F16 rows (any length works; K-quants need 256s).
-    pub fn check(&self) -> Result<(), String> {
+    /// each other, and rows Q4_K can hold when asked for (F16 takes any).
+    pub fn check(&self, matrices: Matrices) -> Result<(), String> {
+        if matrices == Matrices::Q4K && (!self.n_embd.is_multiple_of(256) || !self.n_ff.is_multiple_of(256)) {
+            return Err(format!("Q4_K rows are multiples of 256 values, and this shape has {self:?}"));
+        }
         let ok = self.n_head > 0
             && self.n_head_kv > 0
             && self.n_embd.is_multiple_of(self.n_head)
@@ -141,13 +163,13 @@ impl Shape {
         if ok { Ok(()) } else { Err(format!("inconsistent shape {self:?}")) }
     }
 
-    fn plan(&self) -> Vec<Planned> {
+    fn plan(&self, matrices: Matrices) -> Vec<Planned> {
         let (e, v, f) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
         let kv = (self.head_dim() * self.n_head_kv) as u64;
         let matrix = |name: String, n_in: u64, n_out: u64| Planned {
             name,
             dims: vec![n_in, n_out],
-            type_id: F16,
+            type_id: if matrices == Matrices::Q4K { Q4_K } else { F16 },
             fill: Fill::Uniform(1.0 / (n_in as f32).sqrt()),
         };
         let vector = |name: String, len: u64, fill: Fill| Planned { name, dims: vec![len], type_id: F32, fill };
@@ -201,9 +223,9 @@ impl Shape {
     }
 
     /// Writes the model to `path` with weights drawn from `seed`.
-    pub fn write(&self, path: &Path, seed: u64) -> io::Result<()> {
-        self.check().map_err(io::Error::other)?;
-        let plan = self.plan();
+    pub fn write(&self, path: &Path, seed: u64, matrices: Matrices) -> io::Result<()> {
+        self.check(matrices).map_err(io::Error::other)?;
+        let plan = self.plan(matrices);
         let infos: Vec<TensorInfo> = plan
             .iter()
             .map(|t| TensorInfo { name: &t.name, dims: &t.dims, type_id: t.type_id, bytes: t.bytes() })
@@ -227,6 +249,9 @@ impl Shape {
 fn stream(out: &mut impl Write, tensor: &Planned, rng: &mut Rng) -> io::Result<()> {
     let row = tensor.dims[0] as usize;
     let rows: u64 = tensor.dims[1..].iter().product();
+    if tensor.type_id == Q4_K {
+        return stream_q4_k(out, tensor, row, rows, rng);
+    }
     let mut bytes = Vec::with_capacity(row * 4);
     for _ in 0..rows {
         bytes.clear();
@@ -240,6 +265,26 @@ fn stream(out: &mut impl Write, tensor: &Planned, rng: &mut Rng) -> io::Result<(
             } else {
                 bytes.extend_from_slice(&value.to_le_bytes());
             }
+        }
+        out.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
+/// Random Q4_K blocks whose values spread over about ±`scale`: a value is
+/// d·s·q − dmin·m with 6-bit s and m and 4-bit q, so d = dmin = scale / 512.
+fn stream_q4_k(out: &mut impl Write, tensor: &Planned, row: usize, rows: u64, rng: &mut Rng) -> io::Result<()> {
+    let Fill::Uniform(scale) = tensor.fill else { return Err(io::Error::other("Q4_K holds matrices only")) };
+    let d = half::f16::from_f32(scale / 512.0).to_le_bytes();
+    let mut bytes = vec![0u8; row / 256 * Q4_K_BLOCK as usize];
+    for _ in 0..rows {
+        for block in bytes.chunks_exact_mut(Q4_K_BLOCK as usize) {
+            for chunk in block[4..].chunks_mut(8) {
+                let random = rng.next_u64().to_le_bytes();
+                chunk.copy_from_slice(&random[..chunk.len()]);
+            }
+            block[..2].copy_from_slice(&d);
+            block[2..4].copy_from_slice(&d);
         }
         out.write_all(&bytes)?;
     }
@@ -271,14 +316,16 @@ mod tests {
     #[test]
     fn named_shapes_are_consistent_and_k_quantizable() {
         for (name, shape) in &NAMED {
-            assert_eq!(shape.check(), Ok(()), "{name}");
+            assert_eq!(shape.check(Matrices::Q4K), Ok(()), "{name}");
             assert_eq!(Shape::named(name).as_ref(), Some(shape));
         }
         // Llama-3.2-1B: 1.24 billion parameters with tied embeddings.
         let shape = Shape::named("llama-3.2-1b").expect("known");
-        let params: u64 = shape.plan().iter().map(|t| t.dims.iter().product::<u64>()).sum();
+        let params: u64 = shape.plan(Matrices::F16).iter().map(|t| t.dims.iter().product::<u64>()).sum();
         assert_eq!(params / 10_000_000, 123);
         assert!(Shape::named("gpt-5").is_none());
+        let narrow = Shape { n_embd: 576, ..shape };
+        assert!(narrow.check(Matrices::Q4K).is_err() && narrow.check(Matrices::F16).is_ok());
     }
 
     #[test]
@@ -297,10 +344,10 @@ mod tests {
         let shape =
             Shape { n_vocab: 300, n_embd: 64, n_layer: 2, n_head: 4, n_head_kv: 2, n_ff: 96, ..NAMED[2].1.clone() };
         let path = std::env::temp_dir().join(format!("sluice-shape-{}.gguf", std::process::id()));
-        shape.write(&path, 3).expect("written");
+        shape.write(&path, 3, Matrices::F16).expect("written");
         let bytes = std::fs::read(&path).expect("readable");
         std::fs::remove_file(&path).expect("removed");
-        let plan = shape.plan();
+        let plan = shape.plan(Matrices::F16);
         let count = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
         assert_eq!(count, plan.len() as u64);
         // The file ends where the header puts the end of the last tensor.

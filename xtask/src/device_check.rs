@@ -1,8 +1,8 @@
 //! `cargo xtask device-check`: what a machine with an NVIDIA GPU runs to
 //! prove the CUDA backend, in one go: build, the parity suite against the
-//! CPU backend (a skip is a failure there), then the default model's
-//! prefill and decode speed on the GPU beside the CPU's, with batch-1
-//! decode as a share of the HBM roofline.
+//! CPU backend (a skip is a failure there), then prefill and decode speed of
+//! the default model (GPU beside CPU) and of an 8B-shaped random Q4_K model
+//! (GPU), with batch-1 decode as a share of the HBM roofline.
 //!
 //! The machine needs NVRTC (CUDA 12.8 or later): `--nvrtc PATH`,
 //! `SLUICE_NVRTC`, the copy `cargo xtask test` keeps under `target/cuda/`,
@@ -55,24 +55,39 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     parity.args(["--", "--nocapture", "--test-threads", "1"]);
     env(&mut parity);
     run(&mut parity)?;
-    let bytes = std::fs::metadata(&model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
-    for device in ["cuda:0", "cpu"] {
+    let report = |model: &Path, device: &str| -> anyhow::Result<()> {
+        let bytes = std::fs::metadata(model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
         let mut bench = Command::new(repo_root().join("target/release/sluice"));
-        bench.args(["bench", "model", "--model"]).arg(&model);
+        bench.args(["bench", "model", "--model"]).arg(model);
         bench.args(["--device", device, "--prefill", "2048", "--decode", "128", "--reps", "2"]);
         env(&mut bench);
         let (prefill, decode) = bench_model::measure(&mut bench).with_context(|| format!("on {device}"))?;
         // Every weight byte is read once per decoded token.
         let roofline = args.bandwidth_tb_s * 1e12 / bytes;
         println!(
-            "{device}: prefill 2048 {prefill:.0} tokens/s, decode (batch 1) {decode:.1} tokens/s = {:.1} % of \
-             the {:.0} tokens/s roofline ({:.0} MB of weights at {} TB/s)",
+            "{} on {device}: prefill 2048 {prefill:.0} tokens/s, decode (batch 1) {decode:.1} tokens/s = {:.1} % \
+             of the {roofline:.0} tokens/s roofline ({:.0} MB of weights at {} TB/s)",
+            model.file_name().map(|name| name.to_string_lossy()).unwrap_or_default(),
             100.0 * decode / roofline,
-            roofline,
             bytes / 1e6,
             args.bandwidth_tb_s
         );
+        Ok(())
+    };
+    report(&model, "cuda:0")?;
+    report(&model, "cpu")?;
+    // An 8B-shaped model with random Q4_K weights: the size users run on a
+    // GPU (the CPU would take minutes over its prompt, so GPU only).
+    let large = repo_root().join("target/bench/llama-3.1-8b-q4_k.gguf");
+    if !large.exists() {
+        std::fs::create_dir_all(repo_root().join("target/bench"))?;
+        run(cargo()
+            .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-model", "--"])
+            .arg("llama-3.1-8b")
+            .arg(&large)
+            .args(["1", "q4_k"]))?;
     }
+    report(&large, "cuda:0")?;
     Ok(())
 }
 
