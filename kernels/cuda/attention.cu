@@ -379,6 +379,12 @@ __device__ __forceinline__ void attn_tile(
 #pragma unroll
     for (int c = 0; c < N; c++) {
         const float p = exp2f(s[c] - top);
+        // A cell this item does not see (p is 0) is skipped, not added as
+        // 0 × v: a cell past a row's end may hold an infinite value that a
+        // later row of the prompt wrote, and 0 × inf is NaN.
+        if (p == 0.0f) {
+            continue;
+        }
         l += p;
         const float* v = vs + c * D + part * lanes::VW;
 #pragma unroll

@@ -5,13 +5,14 @@
 //! first failure, and the next download reports it: the stream runs
 //! asynchronously, so that is where a device fault surfaces anyway.
 //!
-//! Guarantees: every kernel computes a value in an order fixed by the
-//! shapes alone, so results are deterministic, and a row's result does not
-//! depend on the other rows of its batch except across [`MATVEC_ROWS`]: a
-//! product of more rows takes the tiled prefill kernel (f16 operands)
-//! instead of the decode kernel (f32). Results equal the CPU backend's to
-//! tolerance, not to the bit: the CPU follows llama.cpp's CPU roundings,
-//! which a GPU has no reason to copy.
+//! Guarantees: every kernel computes a value in an order fixed by its
+//! launch's shapes, so results are deterministic. They are not batch
+//! invariant: a product of more than [`MATVEC_ROWS`] rows takes the tiled
+//! prefill kernel (f16 operands) instead of the decode kernel (f32), and
+//! attention takes its prefill kernel when a pass averages more than two
+//! rows per sequence, so a row's bits depend on what shares its pass.
+//! Results equal the CPU backend's to tolerance, not to the bit: the CPU
+//! follows llama.cpp's CPU roundings, which a GPU has no reason to copy.
 
 use std::sync::{Arc, Mutex};
 
@@ -81,6 +82,8 @@ pub(super) struct PassTables {
     pub(super) runs: Vec<(u32, u32)>,
     /// Rows that see the most cells: the decode kernel's split count.
     pub(super) max_visible: usize,
+    /// Per sequence, what attention checks against the store.
+    pub(super) reach: Vec<super::pass::SequenceReach>,
 }
 
 /// Every layer's keys in one allocation and every layer's values in
@@ -191,11 +194,8 @@ impl CudaBackend {
     /// The index of each row's largest logit (`n_vocab` wide; ties to the
     /// lowest index): greedy sampling without downloading the logits.
     pub fn argmax(&self, logits: &CudaRows, n_vocab: usize) -> Result<Vec<u32>, BackendError> {
-        let rows = logits.len / n_vocab.max(1);
-        let (Some(buffer), Some(width)) = (&logits.buffer, int(n_vocab)) else { return Ok(vec![0; rows]) };
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
+        let (rows, width) = logit_rows(logits, n_vocab)?;
+        let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
         let mut out = self.stream.alloc_zeros::<i32>(rows).map_err(self.driver("allocating"))?;
         if let Some(function) = self.function("sl_argmax") {
             let mut args = self.stream.launch_builder(&function);
@@ -212,16 +212,12 @@ impl CudaBackend {
     /// Each row's `k` (1..=64) largest logits, largest first, and their
     /// indices: equal values by ascending index, NaN below everything.
     pub fn top_k(&self, logits: &CudaRows, n_vocab: usize, k: usize) -> Result<Vec<Vec<(u32, f32)>>, BackendError> {
-        let rows = logits.len / n_vocab.max(1);
+        let (rows, width) = logit_rows(logits, n_vocab)?;
         if !(1..=64).contains(&k) {
             return Err(BackendError::Input(format!("top-k of {k}: from 1 to 64 on CUDA")));
         }
-        let (Some(buffer), Some(width), Some(k_int)) = (&logits.buffer, int(n_vocab), int(k)) else {
-            return Ok(vec![Vec::new(); rows]);
-        };
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
+        let k_int = k as i32;
+        let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
         let mut values = self.stream.alloc_zeros::<f32>(rows * k).map_err(self.driver("allocating"))?;
         let mut indices = self.stream.alloc_zeros::<i32>(rows * k).map_err(self.driver("allocating"))?;
         if let Some(function) = self.function("sl_top_k") {
@@ -246,7 +242,7 @@ impl CudaBackend {
     }
 
     fn product(&self, weights: &CudaMatrix, x: &CudaSlice<f32>, m: usize, out: &mut CudaRows) {
-        if m == 0 || !self.size(out, m * weights.n_out) {
+        if !self.size(out, m * weights.n_out) || m == 0 {
             return;
         }
         let (Some(n_in), Some(n_out), Some(rows), Some(y)) =
@@ -315,6 +311,14 @@ impl CudaKv {
 
     pub(super) fn arenas_mut(&mut self) -> (&mut CudaSlice<u8>, &mut CudaSlice<u8>, (usize, usize)) {
         (&mut self.keys, &mut self.values, self.arena_bytes)
+    }
+}
+
+/// Rows of `n_vocab` logits, and `n_vocab` as a kernel's `int`.
+fn logit_rows(logits: &CudaRows, n_vocab: usize) -> Result<(usize, i32), BackendError> {
+    match int(n_vocab).filter(|&width| width > 0 && logits.len.is_multiple_of(n_vocab)) {
+        Some(width) => Ok((logits.len / n_vocab, width)),
+        None => Err(BackendError::Input(format!("{} logits are not rows of {n_vocab}", logits.len))),
     }
 }
 
@@ -409,7 +413,7 @@ impl Backend for CudaBackend {
         let (k_cell, v_cell) = shape.cell_bytes()?;
         let cells = shape.cells().unwrap_or(usize::MAX);
         if u32::try_from(cells).is_err() {
-            return Err(BackendError::Unsupported(format!("{cells} KV cells per layer: at most 2^32 on CUDA")));
+            return Err(BackendError::Unsupported(format!("{cells} KV cells per layer: fewer than 2^32 on CUDA")));
         }
         let arena_bytes = (cells * k_cell, cells * v_cell);
         let alloc = |bytes: usize| {
@@ -423,7 +427,10 @@ impl Backend for CudaBackend {
 
     fn copy_kv_block(&self, kv: &mut CudaKv, from: u32, to: u32) {
         let n_blocks = kv.shape.n_blocks;
-        if from == to || from as usize >= n_blocks || to as usize >= n_blocks || kv.shape.n_layer == 0 {
+        if from as usize >= n_blocks || to as usize >= n_blocks {
+            return self.fail(format!("copying KV block {from} to {to} in a store of {n_blocks}"));
+        }
+        if from == to || kv.shape.n_layer == 0 {
             return;
         }
         for (arena, stride, block) in
@@ -452,6 +459,8 @@ impl Backend for CudaBackend {
     }
 
     fn read_kv_block(&self, kv: &CudaKv, block: u32) -> Result<Vec<u8>, BackendError> {
+        // A failed write before this would leave stale bytes to save.
+        self.check()?;
         let (k, v) = kv_block_ranges(kv, block)?;
         let mut bytes = Vec::with_capacity(self.kv_block_format(kv).bytes);
         for layer in 0..kv.shape.n_layer {
@@ -465,6 +474,7 @@ impl Backend for CudaBackend {
     }
 
     fn write_kv_block(&self, kv: &mut CudaKv, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
+        self.check()?;
         let (k, v) = kv_block_ranges(kv, block)?;
         let expected = self.kv_block_format(kv).bytes;
         if bytes.len() != expected {
@@ -523,11 +533,12 @@ impl Backend for CudaBackend {
     fn rms_norm(&self, x: &CudaRows, weight: &CudaSlice<f32>, eps: f32, out: &mut CudaRows) {
         let width = weight.len();
         let rows = x.len / width.max(1);
-        let (Some(input), Some(width_int)) = (&x.buffer, int(width)) else { return };
-        if rows == 0 || !self.size(out, rows * width) {
+        if !self.size(out, rows * width) || rows == 0 {
             return;
         }
-        let Some(output) = out.buffer.as_mut() else { return };
+        let (Some(input), Some(width_int), Some(output)) = (&x.buffer, int(width), out.buffer.as_mut()) else {
+            return self.fail(format!("rms_norm: rows of {width}"));
+        };
         let Some(function) = self.function("sl_rms_norm") else { return };
         let mut args = self.stream.launch_builder(&function);
         args.arg(output).arg(input).arg(weight).arg(&width_int).arg(&eps);
@@ -584,7 +595,10 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut CudaRows, y: &CudaRows) {
-        let n = x.len.min(y.len) as i64;
+        if x.len != y.len {
+            return self.fail(format!("add: {} values and {}", x.len, y.len));
+        }
+        let n = x.len as i64;
         let (Some(values), Some(other)) = (x.buffer.as_mut(), &y.buffer) else { return };
         if n == 0 {
             return;
@@ -598,12 +612,14 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate: &CudaRows, up: &CudaRows, out: &mut CudaRows) {
-        let n = gate.len.min(up.len);
-        let (Some(g), Some(u)) = (&gate.buffer, &up.buffer) else { return };
-        if n == 0 || !self.size(out, n) {
+        if gate.len != up.len {
+            return self.fail(format!("swiglu: {} gate values and {} up", gate.len, up.len));
+        }
+        let n = gate.len;
+        if !self.size(out, n) || n == 0 {
             return;
         }
-        let Some(output) = out.buffer.as_mut() else { return };
+        let (Some(g), Some(u), Some(output)) = (&gate.buffer, &up.buffer, out.buffer.as_mut()) else { return };
         let count = n as i64;
         let Some(function) = self.function("sl_swiglu") else { return };
         let mut args = self.stream.launch_builder(&function);
@@ -619,7 +635,7 @@ impl Backend for CudaBackend {
         let (Some(indices), Some(input), Some(width_int)) = (indices, &x.buffer, int(width)) else {
             return self.fail(format!("gather: rows {rows:?} of {available} rows of {width}"));
         };
-        if indices.is_empty() || !self.size(out, indices.len() * width) {
+        if !self.size(out, indices.len() * width) || indices.is_empty() {
             return;
         }
         let Some(list) = self.record("gather", self.stream.clone_htod(&indices)) else { return };

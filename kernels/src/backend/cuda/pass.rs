@@ -3,7 +3,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::super::{BackendError, Embed, LowRankTerm, PassLayout};
+use super::super::{BackendError, Embed, KvShape, LowRankTerm, PassLayout};
 use super::backend::{CudaBackend, CudaKv, CudaLowRank, CudaMatrix, CudaPass, CudaRows, PassTables, int};
 use super::functions::{decode_heads_per_block, grid, head_variant};
 use crate::ops::{HeadShape, KvType, Rope, RopeAngles};
@@ -72,8 +72,26 @@ pub(super) fn prepare(
             .clone_htod(if values.is_empty() { &[0.0][..] } else { values })
             .map_err(backend.driver("uploading a pass"))
     };
-    out.rows = layout.rows.len();
-    out.tables = Some(PassTables {
+    // Nothing of the previous pass stays if an upload below fails: its
+    // tables would not match the new row count.
+    out.rows = 0;
+    out.tables = None;
+    let mut reach: Vec<SequenceReach> = layout
+        .sequences
+        .iter()
+        .map(|sequence| SequenceReach {
+            blocks: sequence.blocks.to_vec(),
+            hidden: sequence.hidden.to_vec(),
+            fewest: usize::MAX,
+            most: 0,
+        })
+        .collect();
+    for row in layout.rows {
+        let sequence = &mut reach[row.seq];
+        sequence.fewest = sequence.fewest.min(row.visible);
+        sequence.most = sequence.most.max(row.visible);
+    }
+    let tables = PassTables {
         pairs,
         cos: floats(&cos)?,
         sin: floats(&sin)?,
@@ -88,8 +106,49 @@ pub(super) fn prepare(
         hidden: backend.upload_u32(&hidden)?,
         max_visible: layout.rows.iter().map(|row| row.visible).max().unwrap_or(0),
         runs,
-    });
+        reach,
+    };
+    out.rows = layout.rows.len();
+    out.tables = Some(tables);
     Ok(())
+}
+
+/// What one sequence of a pass reaches, kept on the host so that attention
+/// refuses what the CPU backend refuses before any kernel reads the store.
+pub(super) struct SequenceReach {
+    blocks: Vec<u32>,
+    hidden: Vec<std::ops::Range<usize>>,
+    /// The fewest and the most cells a row of the sequence sees.
+    fewest: usize,
+    most: usize,
+}
+
+impl SequenceReach {
+    fn check(&self, shape: &KvShape) -> Result<(), String> {
+        if self.most == 0 {
+            // No row of this sequence is in the pass.
+            return Ok(());
+        }
+        if self.fewest == 0 {
+            return Err("a row sees no cells".into());
+        }
+        let sorted = self.hidden.windows(2).all(|pair| pair[0].end <= pair[1].start);
+        if !sorted || self.hidden.iter().any(|range| range.start >= range.end) {
+            return Err(format!("hidden cells {:?} are not sorted, disjoint, non-empty ranges", self.hidden));
+        }
+        let hidden: usize = self.hidden.iter().map(|range| range.end.min(self.fewest).saturating_sub(range.start)).sum();
+        if hidden >= self.fewest {
+            return Err(format!("all {} cells a row sees are hidden", self.fewest));
+        }
+        let needed = self.most.div_ceil(shape.block_tokens.max(1));
+        if shape.block_tokens == 0 || self.blocks.len() < needed {
+            return Err(format!("{} blocks do not cover {} cells", self.blocks.len(), self.most));
+        }
+        match self.blocks[..needed].iter().find(|&&block| block as usize >= shape.n_blocks) {
+            Some(block) => Err(format!("block {block} of a store of {}", shape.n_blocks)),
+            None => Ok(()),
+        }
+    }
 }
 
 pub(super) fn embed(
@@ -115,7 +174,7 @@ pub(super) fn embed(
             (Embed::Values(_), _) => tokens.push(0),
         }
     }
-    if inputs.is_empty() || !backend.size(out, inputs.len() * width) {
+    if !backend.size(out, inputs.len() * width) || inputs.is_empty() {
         return backend.check();
     }
     let width_int = int(width).ok_or_else(|| BackendError::Unsupported(format!("rows of {width} values")))?;
@@ -150,11 +209,14 @@ pub(super) fn store_kv(
     pass: &CudaPass,
 ) {
     let shape = kv.shape();
-    let Some(tables) = &pass.tables else { return };
+    let Some(tables) = &pass.tables else { return backend.fail("store_kv: no prepared pass".into()) };
     let (Some(kv_dim), Ok(n_cells)) = (int(shape.kv_dim), u32::try_from(shape.cells().unwrap_or(usize::MAX))) else {
-        return;
+        return backend.fail(format!("store_kv: a store of {shape:?}"));
     };
-    if pass.rows == 0 || layer >= shape.n_layer {
+    if layer >= shape.n_layer {
+        return backend.fail(format!("store_kv: layer {layer} of {}", shape.n_layer));
+    }
+    if pass.rows == 0 {
         return;
     }
     let (keys, values, arena_bytes) = kv.arenas_mut();
@@ -197,18 +259,24 @@ pub(super) fn attend(
     let Some(d) = head_variant(head_dim) else {
         return Err(BackendError::Unsupported(format!("heads of {head_dim} values: CUDA attention takes up to 256")));
     };
-    if n_kv_head * head_dim != shape.kv_dim || layer >= shape.n_layer {
+    if head_dim != shape.head_dim || n_kv_head * head_dim != shape.kv_dim || layer >= shape.n_layer {
         return Err(BackendError::Input(format!(
             "attention of {n_kv_head} KV heads of {head_dim} over a store of {} in layer {layer} of {}",
             shape.kv_dim, shape.n_layer
         )));
     }
-    let Some(tables) = &pass.tables else { return Ok(()) };
     let q_dim = heads.q_len();
+    let Some(tables) = &pass.tables else {
+        backend.size(out, 0);
+        return backend.check();
+    };
+    for sequence in &tables.reach {
+        sequence.check(&shape).map_err(|why| BackendError::Input(format!("attention: {why}")))?;
+    }
     let Some(q_buffer) = q.buffer().filter(|_| q.len() >= pass.rows * q_dim) else {
         return Err(BackendError::Input(format!("{} query values for {} rows of {q_dim}", q.len(), pass.rows)));
     };
-    if pass.rows == 0 || !backend.size(out, pass.rows * q_dim) {
+    if !backend.size(out, pass.rows * q_dim) || pass.rows == 0 {
         return backend.check();
     }
     let unsupported = || BackendError::Unsupported("a KV store too large for CUDA attention".into());
@@ -237,15 +305,15 @@ pub(super) fn attend(
         let splits = tables.max_visible.div_ceil(SPLIT_CELLS).max(1);
         let split_cells = if splits == 1 { tables.max_visible.max(1) } else { SPLIT_CELLS };
         let parts = if splits == 1 { 1 } else { pass.rows * n_head * splits };
-        let part_o =
+        let mut part_o =
             backend.stream().alloc_zeros::<f32>(parts * head_dim.max(1)).map_err(backend.driver("allocating"))?;
-        let part_ml = backend.stream().alloc_zeros::<f32>(parts * 2).map_err(backend.driver("allocating"))?;
+        let mut part_ml = backend.stream().alloc_zeros::<f32>(parts * 2).map_err(backend.driver("allocating"))?;
         let (splits_int, split_cells_u32) = (int(splits).ok_or_else(unsupported)?, split_cells as u32);
         let Some(function) = backend.function(&format!("sl_attend_decode_d{d}_l{lanes}")) else {
             return backend.check();
         };
         let mut args = backend.stream().launch_builder(&function);
-        args.arg(q_buffer).arg(&mut *output).arg(&part_o).arg(&part_ml).arg(&k_arena).arg(&v_arena);
+        args.arg(q_buffer).arg(&mut *output).arg(&mut part_o).arg(&mut part_ml).arg(&k_arena).arg(&v_arena);
         args.arg(&k_type).arg(&v_type).arg(&tables.row_seq).arg(&tables.row_visible);
         args.arg(&tables.block_start).arg(&tables.block_count).arg(&tables.blocks);
         args.arg(&tables.hidden_start).arg(&tables.hidden_count).arg(&tables.hidden);
@@ -309,10 +377,16 @@ pub(super) fn add_low_rank(
             backend.fail(format!("add_low_rank: a row past the {rows_in} rows of the pass"));
             return;
         }
+        let mut seen = std::collections::HashSet::new();
+        if !term.rows.iter().all(|&(row, _)| seen.insert(row)) {
+            // Two threads would add into one row at once.
+            return backend.fail("add_low_rank: a row listed twice in one term".into());
+        }
         if term.rows.is_empty() {
             continue;
         }
-        let listed: Vec<i32> = term.rows.iter().filter_map(|&(row, _)| int(row)).collect();
+        // Rows are below the rows of `x` (checked above), which fit an int.
+        let listed: Vec<i32> = term.rows.iter().map(|&(row, _)| int(row).unwrap_or(i32::MAX)).collect();
         let scales: Vec<f32> = term.rows.iter().map(|&(_, scale)| scale).collect();
         let sizes = [listed.len(), factors.n_in, factors.rank, factors.n_out].map(int);
         let [Some(n_listed), Some(n_in), Some(rank), Some(n_out)] = sizes else { return };
