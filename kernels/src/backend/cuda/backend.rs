@@ -14,7 +14,7 @@
 //! Results equal the CPU backend's to tolerance, not to the bit: the CPU
 //! follows llama.cpp's CPU roundings, which a GPU has no reason to copy.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, PushKernelArg};
 
@@ -36,6 +36,10 @@ pub struct CudaBackend {
     functions: Functions,
     name: String,
     arch: Arch,
+    multiprocessors: usize,
+    /// Decode attention's partial results (sums, then maxima and totals),
+    /// kept between layers and passes and grown when a pass needs more.
+    scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
     /// The first failure of an operation that could not return it.
     fault: Mutex<Option<String>>,
 }
@@ -139,11 +143,40 @@ impl CudaBackend {
             LoadError::Backend(error) => error,
             LoadError::Driver(what, error) => fail(&what, error),
         })?;
-        Ok(CudaBackend { stream: context.default_stream(), functions, name, arch, fault: Mutex::default() })
+        let multiprocessors = context
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|error| fail("no multiprocessor count", error))?;
+        Ok(CudaBackend {
+            stream: context.default_stream(),
+            functions,
+            name,
+            arch,
+            multiprocessors: multiprocessors.unsigned_abs() as usize,
+            scratch: Mutex::default(),
+            fault: Mutex::default(),
+        })
     }
 
     pub(super) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    pub(super) fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    /// The two scratch buffers, each at least as long as asked.
+    pub(super) fn scratch(
+        &self,
+        lens: [usize; 2],
+    ) -> Result<MutexGuard<'_, [Option<CudaSlice<f32>>; 2]>, BackendError> {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (buffer, len) in scratch.iter_mut().zip(lens) {
+            if buffer.as_ref().is_none_or(|buffer| buffer.len() < len.max(1)) {
+                *buffer = Some(self.stream.alloc_zeros::<f32>(len.max(1)).map_err(self.driver("allocating scratch"))?);
+            }
+        }
+        Ok(scratch)
     }
 
     /// Keep the first failure for the next download.

@@ -8,8 +8,8 @@ use super::backend::{CudaBackend, CudaKv, CudaLowRank, CudaMatrix, CudaPass, Cud
 use super::functions::{decode_heads_per_block, grid, head_variant};
 use crate::ops::{HeadShape, KvType, Rope, RopeAngles};
 
-/// Cells per split of decode attention: enough splits of a long context
-/// to fill the GPU when few rows decode.
+/// Cells per split of decode attention at most: a long context split for
+/// the few rows that decode over it.
 const SPLIT_CELLS: usize = 512;
 
 /// Rows a prefill attention tile holds for `per_chunk` query heads.
@@ -136,7 +136,8 @@ impl SequenceReach {
         if !sorted || self.hidden.iter().any(|range| range.start >= range.end) {
             return Err(format!("hidden cells {:?} are not sorted, disjoint, non-empty ranges", self.hidden));
         }
-        let hidden: usize = self.hidden.iter().map(|range| range.end.min(self.fewest).saturating_sub(range.start)).sum();
+        let hidden: usize =
+            self.hidden.iter().map(|range| range.end.min(self.fewest).saturating_sub(range.start)).sum();
         if hidden >= self.fewest {
             return Err(format!("all {} cells a row sees are hidden", self.fewest));
         }
@@ -302,18 +303,26 @@ pub(super) fn attend(
     if pass.rows <= 2 * tables.runs.len() {
         let per_block = decode_heads_per_block(group);
         let lanes = 32 / per_block;
-        let splits = tables.max_visible.div_ceil(SPLIT_CELLS).max(1);
-        let split_cells = if splits == 1 { tables.max_visible.max(1) } else { SPLIT_CELLS };
+        // Splits fill the GPU when few rows decode over long contexts; with
+        // enough rows × heads to fill it already, fewer (down to one).
+        let blocks_per_split = pass.rows * n_kv_head * group.div_ceil(per_block);
+        let wanted = (2 * backend.multiprocessors()).div_ceil(blocks_per_split.max(1));
+        let splits = tables.max_visible.div_ceil(SPLIT_CELLS).min(wanted).max(1);
+        // A multiple of 64 cells keeps the kernel's four warps even.
+        let split_cells = if splits == 1 {
+            tables.max_visible.max(1)
+        } else {
+            tables.max_visible.div_ceil(splits).next_multiple_of(64)
+        };
         let parts = if splits == 1 { 1 } else { pass.rows * n_head * splits };
-        let mut part_o =
-            backend.stream().alloc_zeros::<f32>(parts * head_dim.max(1)).map_err(backend.driver("allocating"))?;
-        let mut part_ml = backend.stream().alloc_zeros::<f32>(parts * 2).map_err(backend.driver("allocating"))?;
+        let mut scratch = backend.scratch([parts * head_dim.max(1), parts * 2])?;
+        let [Some(part_o), Some(part_ml)] = &mut *scratch else { return backend.check() };
         let (splits_int, split_cells_u32) = (int(splits).ok_or_else(unsupported)?, split_cells as u32);
         let Some(function) = backend.function(&format!("sl_attend_decode_d{d}_l{lanes}")) else {
             return backend.check();
         };
         let mut args = backend.stream().launch_builder(&function);
-        args.arg(q_buffer).arg(&mut *output).arg(&mut part_o).arg(&mut part_ml).arg(&k_arena).arg(&v_arena);
+        args.arg(q_buffer).arg(&mut *output).arg(&mut *part_o).arg(&mut *part_ml).arg(&k_arena).arg(&v_arena);
         args.arg(&k_type).arg(&v_type).arg(&tables.row_seq).arg(&tables.row_visible);
         args.arg(&tables.block_start).arg(&tables.block_count).arg(&tables.blocks);
         args.arg(&tables.hidden_start).arg(&tables.hidden_count).arg(&tables.hidden);
@@ -329,7 +338,7 @@ pub(super) fn attend(
         if splits > 1 {
             let Some(merge) = backend.function("sl_attend_merge") else { return backend.check() };
             let mut args = backend.stream().launch_builder(&merge);
-            args.arg(&part_o).arg(&part_ml).arg(&tables.row_visible).arg(output);
+            args.arg(&*part_o).arg(&*part_ml).arg(&tables.row_visible).arg(output);
             args.arg(&n_head_int).arg(&head_dim_int).arg(&splits_int).arg(&split_cells_u32);
             // SAFETY: sl_attend_merge(const float* part_o, const float*
             // part_ml, const u32* row_visible, float* out, int n_head, int
