@@ -314,9 +314,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn named_shapes_are_consistent_and_k_quantizable() {
+    fn named_shapes_are_consistent_and_k_quantizable_where_wide_enough() {
         for (name, shape) in &NAMED {
-            assert_eq!(shape.check(Matrices::Q4K), Ok(()), "{name}");
+            assert_eq!(shape.check(Matrices::F16), Ok(()), "{name}");
+            // A 576-wide model cannot use K-quants (llama-quantize falls
+            // back too); every other shape can.
+            assert_eq!(shape.check(Matrices::Q4K).is_ok(), *name != "smollm2-135m", "{name}");
             assert_eq!(Shape::named(name).as_ref(), Some(shape));
         }
         // Llama-3.2-1B: 1.24 billion parameters with tied embeddings.
@@ -324,8 +327,6 @@ mod tests {
         let params: u64 = shape.plan(Matrices::F16).iter().map(|t| t.dims.iter().product::<u64>()).sum();
         assert_eq!(params / 10_000_000, 123);
         assert!(Shape::named("gpt-5").is_none());
-        let narrow = Shape { n_embd: 576, ..shape };
-        assert!(narrow.check(Matrices::Q4K).is_err() && narrow.check(Matrices::F16).is_ok());
     }
 
     #[test]
