@@ -49,6 +49,10 @@ pub struct CudaMatrix {
     bytes: CudaSlice<u8>,
     n_out: usize,
     n_in: usize,
+    /// The format's decode and prefill product kernels, found once here
+    /// rather than by name at every product of every layer.
+    matvec: CudaFunction,
+    gemm: CudaFunction,
 }
 
 /// Activations: `len` values at the start of a buffer that keeps its
@@ -283,14 +287,12 @@ impl CudaBackend {
         else {
             return self.fail(format!("a product of {m} rows"));
         };
-        let format = weights.dtype.name().to_lowercase();
-        let (name, config) = if m <= MATVEC_ROWS {
-            (format!("sl_matvec_{format}"), grid((weights.n_out.div_ceil(4), 1, 1), 128))
+        let (function, config) = if m <= MATVEC_ROWS {
+            (&weights.matvec, grid((weights.n_out.div_ceil(4), 1, 1), 128))
         } else {
-            (format!("sl_gemm_{format}"), gemm_grid(weights.n_out, m))
+            (&weights.gemm, gemm_grid(weights.n_out, m))
         };
-        let Some(function) = self.function(&name) else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let mut args = self.stream.launch_builder(function);
         args.arg(&weights.bytes).arg(x).arg(y).arg(&n_in).arg(&n_out).arg(&rows);
         // SAFETY: sl_matvec_<fmt> and sl_gemm_<fmt>(const u8* w, const float*
         // x, float* y, int n_in, int n_out, int m): `w` holds n_out rows of
@@ -425,7 +427,9 @@ impl Backend for CudaBackend {
             )));
         }
         let bytes = self.stream.clone_htod(bytes.as_slice()).map_err(self.driver("uploading weights"))?;
-        Ok(CudaMatrix { dtype, bytes, n_out, n_in })
+        let format = dtype.name().to_lowercase();
+        let kernel = |op: &str| self.functions.get(&format!("sl_{op}_{format}")).map_err(BackendError::Unavailable);
+        Ok(CudaMatrix { dtype, bytes, n_out, n_in, matvec: kernel("matvec")?, gemm: kernel("gemm")? })
     }
 
     fn vector(&self, values: &[f32]) -> Result<CudaSlice<f32>, BackendError> {
