@@ -55,3 +55,10 @@ fn a_shape_written_with_random_q4_k_blocks_loads_and_runs() {
     assert!(ok, "{text}");
     assert!(text.contains("tg4:"), "{text}");
 }
+
+#[test]
+fn decode_of_several_sequences_together_is_measured_as_their_total() {
+    let (ok, text) = bench("batch", &tiny(1), Matrices::F16, &["--prefill", "0", "--decode", "4", "--batch", "3"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("tg4 × 3 sequences:"), "{text}");
+}

@@ -126,3 +126,27 @@ fn hidden_state_taps_expose_layer_inputs() {
     let out_of_range = Batch { taps: vec![hp.n_layer + 1], ..batch };
     assert!(context.forward(&out_of_range).is_err());
 }
+
+/// Sequences of one session decoding together (`sluice bench model
+/// --batch`) each get the logits they get alone, bit for bit.
+#[test]
+fn sequences_decoding_together_get_their_solo_logits() {
+    let model = tiny("llama", None);
+    let prompts: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6, 7, 8, 9]];
+    let solo: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|prompt| {
+            let mut session = Session::new(Arc::clone(&model), 16).expect("a session");
+            session.prefill(prompt, 8).expect("prefill");
+            bits(&session.decode(10).expect("decode"))
+        })
+        .collect();
+    let mut together = Session::with_sequences(Arc::clone(&model), 16, 3, KvTypes::default()).expect("a session");
+    for (seq, prompt) in prompts.iter().enumerate() {
+        together.prefill_sequence(seq, prompt, 8).expect("prefill");
+    }
+    assert!(together.prefill_sequence(3, &[1], 8).is_err(), "there is no fourth sequence");
+    let logits = bits(&together.decode_each(&[10, 10, 10]).expect("decode"));
+    let n_vocab = model.hparams().n_vocab;
+    assert_eq!(logits.chunks(n_vocab).map(<[u32]>::to_vec).collect::<Vec<_>>(), solo);
+}

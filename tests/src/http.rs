@@ -1,6 +1,7 @@
 //! A real `sluice serve` for end-to-end HTTP tests: started on a free port
 //! of 127.0.0.1 (port 0; the port is read from the log), polled until
 //! `/health` says ok, killed when dropped. Every wait is bounded.
+//! `SLUICE_TEST_DEVICE` (cpu, cuda:N) adds `--device` to every server.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -76,10 +77,13 @@ impl Server {
     }
 
     fn launch_model(binary: &Path, model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        // `cargo xtask device-check` runs the end-to-end tests on a GPU.
+        let device = std::env::var("SLUICE_TEST_DEVICE").ok();
         let mut child = Command::new(binary)
             .arg("serve")
             .args(["--host", "127.0.0.1", "--port", "0", "-m"])
             .arg(model)
+            .args(device.iter().flat_map(|device| ["--device", device.as_str()]))
             .args(args)
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())

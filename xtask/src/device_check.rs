@@ -2,7 +2,8 @@
 //! prove the CUDA backend, in one go: build, the parity suite against the
 //! CPU backend (a skip is a failure there), then prefill and decode speed of
 //! the default model (GPU beside CPU) and of an 8B-shaped random Q4_K model
-//! (GPU), with batch-1 decode as a share of the HBM roofline.
+//! (GPU): prefill of 2048 tokens, decode at batch 1 (with and without CUDA
+//! graphs, and as a share of the HBM roofline), 8 and 64.
 //!
 //! The machine needs NVRTC (CUDA 12.8 or later): `--nvrtc PATH`,
 //! `SLUICE_NVRTC`, the copy `cargo xtask test` keeps under `target/cuda/`,
@@ -48,32 +49,59 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     let _ = run(Command::new("nvidia-smi").args(["--query-gpu=name,driver_version,memory.total", "--format=csv"]));
     let model = models::fetch_model()?;
     eprintln!("xtask: building (release, {})", FEATURES[1]);
-    run(cargo().args(["build", "--release", "--package", "sluice"]).args(FEATURES))?;
+    let mut build = cargo();
+    build.args(["build", "--release", "--package", "sluice", "--bins"]).args(FEATURES);
+    for (binary, _) in INVARIANCE_TESTS {
+        build.args(["--test", binary]);
+    }
+    run(&mut build)?;
     eprintln!("xtask: the parity suite (CUDA against the CPU backend)");
     let mut parity = cargo();
     parity.args(["test", "--release", "--package", "sluice-kernels", "--features", "cuda", "--lib", "cuda::parity"]);
     parity.args(["--", "--nocapture", "--test-threads", "1"]);
     env(&mut parity);
     run(&mut parity)?;
+    // One `sluice bench model` run: (prefill 2048, decode) tokens/s, the
+    // decode total over `batch` sequences.
+    let bench = |model: &Path, device: &str, batch: usize, graphs: bool| -> anyhow::Result<(f64, f64)> {
+        let mut bench = Command::new(repo_root().join("target/release/sluice"));
+        bench.args(["bench", "model", "--model"]).arg(model).args(["--device", device]);
+        let prefill = if batch == 1 && graphs { "2048" } else { "0" };
+        bench.args(["--prefill", prefill, "--decode", "128", "--reps", "2", "--batch", &batch.to_string()]);
+        env(&mut bench);
+        if !graphs {
+            bench.env("SLUICE_CUDA_GRAPHS", "0");
+        }
+        bench_model::measure(&mut bench).with_context(|| format!("on {device} at batch {batch}"))
+    };
     let report = |model: &Path, device: &str| -> anyhow::Result<()> {
         let bytes = std::fs::metadata(model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
-        let mut bench = Command::new(repo_root().join("target/release/sluice"));
-        bench.args(["bench", "model", "--model"]).arg(model);
-        bench.args(["--device", device, "--prefill", "2048", "--decode", "128", "--reps", "2"]);
-        env(&mut bench);
-        let (prefill, decode) = bench_model::measure(&mut bench).with_context(|| format!("on {device}"))?;
+        let name = model.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let (prefill, decode) = bench(model, device, 1, true)?;
         // Every weight byte is read once per decoded token.
         let roofline = args.bandwidth_tb_s * 1e12 / bytes;
         println!(
-            "{} on {device}: prefill 2048 {prefill:.0} tokens/s, decode (batch 1) {decode:.1} tokens/s = {:.1} % \
+            "{name} on {device}: prefill 2048 {prefill:.0} tokens/s, decode (batch 1) {decode:.1} tokens/s = {:.1} % \
              of the {roofline:.0} tokens/s roofline ({:.0} MB of weights at {} TB/s)",
-            model.file_name().map(|name| name.to_string_lossy()).unwrap_or_default(),
             100.0 * decode / roofline,
             bytes / 1e6,
             args.bandwidth_tb_s
         );
+        if device == "cpu" {
+            return Ok(());
+        }
+        let (_, launched) = bench(model, device, 1, false)?;
+        println!("{name} on {device}: decode (batch 1) without CUDA graphs {launched:.1} tokens/s");
+        for batch in [8, 64] {
+            let (_, total) = bench(model, device, batch, true)?;
+            println!(
+                "{name} on {device}: decode at batch {batch} {total:.0} tokens/s in all = {:.1}× batch 1",
+                total / decode
+            );
+        }
         Ok(())
     };
+    invariance_on_the_gpu(&env)?;
     report(&model, "cuda:0")?;
     report(&model, "cpu")?;
     // An 8B-shaped model with random Q4_K weights: the size users run on a
@@ -88,6 +116,35 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
             .args(["1", "q4_k"]))?;
     }
     report(&large, "cuda:0")?;
+    Ok(())
+}
+
+/// (test binary, test) of the engine's invariance tests over HTTP.
+const INVARIANCE_TESTS: [(&str, &str); 6] = [
+    ("http_completion", "native_stream_and_non_stream_agree"),
+    ("http_completion", "openai_stream_and_non_stream_agree"),
+    ("http_completion", "cache_and_no_cache_agree_with_cached_counts"),
+    ("http_slots", "one_slot_and_four_slots_give_solo_outputs"),
+    ("http_slot_save", "a_restored_slot_generates_what_the_original_cache_did"),
+    ("http_speculative", "drafts_never_change_the_output"),
+];
+
+/// The engine's end-to-end invariance tests (streamed or not, prompt cache
+/// or not, 1 slot or 4, with a draft or without) with every server on
+/// cuda:0: each passes only if its outputs agree bit for bit. Reported
+/// one by one rather than stopping the check: the CUDA backend promises
+/// determinism, not batch invariance (docs/cuda.md), so a difference
+/// between 1 and 4 slots is a finding, not a broken build.
+fn invariance_on_the_gpu(env: &dyn Fn(&mut Command)) -> anyhow::Result<()> {
+    eprintln!("xtask: the engine's invariance tests on cuda:0");
+    for (binary, test) in INVARIANCE_TESTS {
+        let mut command = cargo();
+        command.args(["test", "--release", "--package", "sluice", "--test", binary]).args(FEATURES);
+        command.args(["--", "--exact", test, "--test-threads", "1"]).env("SLUICE_TEST_DEVICE", "cuda:0");
+        env(&mut command);
+        let held = command.status().with_context(|| format!("running {binary}::{test}"))?.success();
+        println!("invariance on cuda:0: {binary}::{test}: {}", if held { "holds" } else { "DIFFERS (see above)" });
+    }
     Ok(())
 }
 

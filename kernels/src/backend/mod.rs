@@ -282,6 +282,16 @@ pub trait Backend: Send + Sync + 'static {
     /// Prepare a pass: the rotary angles of every row and its layout.
     fn prepare(&self, rope: &Rope, layout: &PassLayout<'_>, out: &mut Self::Pass) -> Result<(), BackendError>;
 
+    /// The operations from here to [`Backend::end_layers`] are a prepared
+    /// pass's layers: the same launches with the same shapes, pass after
+    /// pass of its size, which a device backend may record and replay as
+    /// one submission. Nothing changes in what they compute.
+    fn begin_layers(&self, _pass: &Self::Pass) {}
+    /// End what [`Backend::begin_layers`] began (submit the record).
+    fn end_layers(&self, _pass: &Self::Pass) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// One row per input: a row of `table` or the given values (`width`
     /// each). Token ids must be rows of `table`.
     fn embed(

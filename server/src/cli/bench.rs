@@ -31,6 +31,10 @@ pub struct BenchModelArgs {
     /// untimed), for speed at long contexts.
     #[arg(long, default_value_t = 0)]
     depth: usize,
+    /// Sequences decoding together (one token each per pass); decode
+    /// speed is then their total.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -40,7 +44,8 @@ pub struct BenchModelArgs {
     /// How the KV cache holds values: f16 or q8_0 (llama-bench's `-ctv`).
     #[arg(long, value_name = "TYPE", default_value_t = KvType::F16)]
     cache_type_v: KvType,
-    /// End with a JSON line {"decode_tps": …, "prefill_tps": …}.
+    /// End with a JSON line {"decode_tps": …, "prefill_tps": …} (decode
+    /// the total over `--batch` sequences).
     #[arg(long)]
     json: bool,
 }
@@ -54,11 +59,16 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     let context: Vec<u32> = (0..args.depth.max(1)).map(token).collect();
     let prompt: Vec<u32> = (args.depth..args.depth + args.prefill).map(token).collect();
     let reps = args.reps.max(1);
-    // A session holding `depth` cached positions (at least one, so that
-    // decoding has logits to start from) with room for `more`.
-    let warm = |more: usize| -> anyhow::Result<(Session, Vec<f32>)> {
-        let mut session = Session::with_kv_types(Arc::clone(&model), context.len() + more, kv_types)?;
-        let logits = session.prefill(&context, CHUNK)?;
+    let batch = args.batch.max(1);
+    // A session of `n_seq` sequences each holding `depth` cached positions
+    // (at least one, so that decoding has logits to start from) with room
+    // for `more`; the logits of each.
+    let warm = |more: usize, n_seq: usize| -> anyhow::Result<(Session, Vec<f32>)> {
+        let mut session = Session::with_sequences(Arc::clone(&model), context.len() + more, n_seq, kv_types)?;
+        let mut logits = Vec::new();
+        for seq in 0..n_seq {
+            logits.extend(session.prefill_sequence(seq, &context, CHUNK)?);
+        }
         Ok((session, logits))
     };
 
@@ -67,7 +77,7 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
         let (mut session, _) = if args.depth == 0 {
             (Session::with_kv_types(Arc::clone(&model), prompt.len(), kv_types)?, Vec::new())
         } else {
-            warm(prompt.len())?
+            warm(prompt.len(), 1)?
         };
         let started = Instant::now();
         session.prefill(&prompt, prompt.len())?;
@@ -75,13 +85,14 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     }
     let mut decode_tps = Vec::new();
     for _ in 0..if args.decode == 0 { 0 } else { reps } {
-        let (mut session, mut logits) = warm(args.decode)?;
+        let (mut session, mut logits) = warm(args.decode, batch)?;
+        let n_vocab = n_vocab as usize;
         let started = Instant::now();
         for _ in 0..args.decode {
-            let next = argmax(&logits);
-            logits = session.decode(next)?;
+            let next: Vec<u32> = logits.chunks(n_vocab.max(1)).map(argmax).collect();
+            logits = session.decode_each(&next)?;
         }
-        decode_tps.push(args.decode as f64 / started.elapsed().as_secs_f64());
+        decode_tps.push((batch * args.decode) as f64 / started.elapsed().as_secs_f64());
     }
     let (prefill, decode) = (median(&mut prefill_tps), median(&mut decode_tps));
     let at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
@@ -89,7 +100,8 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     println!("backend: {}", model.describe());
     println!("KV cache: K {}, V {}", kv_types.k, kv_types.v);
     println!("pp{}{at}: {prefill:.1} tokens/s", args.prefill);
-    println!("tg{}{at}: {decode:.1} tokens/s", args.decode);
+    let batched = if batch > 1 { format!(" × {batch} sequences") } else { String::new() };
+    println!("tg{}{at}{batched}: {decode:.1} tokens/s", args.decode);
     if args.json {
         println!("{{\"decode_tps\": {decode:.2}, \"prefill_tps\": {prefill:.2}, \"depth\": {}}}", args.depth);
     }

@@ -197,6 +197,7 @@ impl<B: Backend> Context for TransformerContext<B> {
         let scale = 1.0 / (hp.head_dim as f32).sqrt();
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
         let adapted = |site, x: &B::Rows, out: &mut B::Rows| lora.apply(b, &model.adapters, site, x, out);
+        b.begin_layers(&s.pass);
         for (index, layer) in model.layers.iter().enumerate() {
             let at = |site| Some((index, site));
             tap(b, batch, index, &s.x, &mut output.taps)?;
@@ -238,6 +239,7 @@ impl<B: Backend> Context for TransformerContext<B> {
             adapted(at(Site::Down), &s.ffn, &mut s.h);
             b.add(&mut s.x, &s.h);
         }
+        b.end_layers(&s.pass)?;
         tap(b, batch, hp.n_layer, &s.x, &mut output.taps)?;
 
         output.logit_rows =

@@ -1,4 +1,4 @@
-//! One sequence run straight on a model, without the scheduler: used by
+//! Sequences run straight on a model, without the scheduler: used by
 //! `sluice generate`, benchmarks and tests.
 
 use std::sync::Arc;
@@ -11,9 +11,14 @@ use super::{Context, ForwardError, ForwardOutput, Model};
 /// KV cells are grouped in blocks of this many tokens.
 pub const BLOCK_TOKENS: usize = 16;
 
-/// A single sequence with its own KV store.
+/// Sequences with their own KV store: one for generation and tests,
+/// several for measuring batched decode.
 pub struct Session {
     context: Box<dyn Context>,
+    sequences: Vec<Sequence>,
+}
+
+struct Sequence {
     table: Vec<u32>,
     /// Cells written so far.
     cells: u32,
@@ -30,64 +35,116 @@ impl Session {
     /// A session with room for `capacity` tokens, its keys and values
     /// stored as `types` says.
     pub fn with_kv_types(model: Arc<dyn Model>, capacity: usize, types: KvTypes) -> Result<Self, BackendError> {
-        let n_blocks = capacity.div_ceil(BLOCK_TOKENS).max(1);
-        Ok(Session {
-            context: model.context(n_blocks, BLOCK_TOKENS, types)?,
-            table: (0..n_blocks as u32).collect(),
-            cells: 0,
-            next_pos: 0,
-        })
+        Self::with_sequences(model, capacity, 1, types)
     }
 
-    /// Tokens (or embedding rows) processed so far.
+    /// `n_seq` sequences (at least one) of room for `capacity` tokens each
+    /// in one KV store. The single-sequence methods work on the first.
+    pub fn with_sequences(
+        model: Arc<dyn Model>,
+        capacity: usize,
+        n_seq: usize,
+        types: KvTypes,
+    ) -> Result<Self, BackendError> {
+        let (per_seq, n_seq) = (capacity.div_ceil(BLOCK_TOKENS).max(1), n_seq.max(1));
+        let n_blocks = per_seq
+            .checked_mul(n_seq)
+            .ok_or_else(|| BackendError::Unsupported(format!("{n_seq} sequences of {capacity} tokens")))?;
+        let sequences = (0..n_seq)
+            .map(|seq| Sequence {
+                table: (seq * per_seq..(seq + 1) * per_seq).map(|block| block as u32).collect(),
+                cells: 0,
+                next_pos: 0,
+            })
+            .collect();
+        Ok(Session { context: model.context(n_blocks, BLOCK_TOKENS, types)?, sequences })
+    }
+
+    /// Tokens (or embedding rows) the first sequence has processed.
     pub fn len(&self) -> usize {
-        self.cells as usize
+        self.sequences[0].cells as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.cells == 0
+        self.len() == 0
     }
 
     /// Process `tokens` in chunks of at most `chunk`; return the logits of
     /// the last one.
     pub fn prefill(&mut self, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, ForwardError> {
+        self.prefill_sequence(0, tokens, chunk)
+    }
+
+    /// [`Session::prefill`] of sequence `seq`.
+    pub fn prefill_sequence(&mut self, seq: usize, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, ForwardError> {
         let mut logits = Vec::new();
         for (index, piece) in tokens.chunks(chunk.max(1)).enumerate() {
             let last = (index + 1) * chunk.max(1) >= tokens.len();
             let rows = piece.iter().map(|&token| (RowInput::Token(token), None)).collect::<Vec<_>>();
-            logits = self.run(&rows, &[], last)?.logits;
+            logits = self.run(seq, &rows, &[], last)?.logits;
         }
         Ok(logits)
     }
 
     /// Process one token; return its logits.
     pub fn decode(&mut self, token: u32) -> Result<Vec<f32>, ForwardError> {
-        Ok(self.run(&[(RowInput::Token(token), None)], &[], true)?.logits)
+        Ok(self.run(0, &[(RowInput::Token(token), None)], &[], true)?.logits)
+    }
+
+    /// One token for every sequence, in one pass; their logits in sequence
+    /// order. `tokens` holds one per sequence.
+    pub fn decode_each(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        let rows = self
+            .sequences
+            .iter()
+            .zip(tokens)
+            .enumerate()
+            .map(|(seq, (sequence, &token))| BatchRow {
+                input: RowInput::Token(token),
+                seq,
+                cell: sequence.cells,
+                pos: text_position(sequence.next_pos),
+                logits: true,
+            })
+            .collect();
+        let batch = Batch {
+            rows,
+            block_tables: self.sequences.iter().map(|sequence| sequence.table.clone()).collect(),
+            ..Batch::default()
+        };
+        let output = self.context.forward(&batch)?;
+        for sequence in self.sequences.iter_mut().take(tokens.len()) {
+            sequence.cells += 1;
+            sequence.next_pos += 1;
+        }
+        Ok(output.logits)
     }
 
     /// Process an embedding segment of `nx × ny` rows (row-major, n_embd
     /// each) positioned as an image; return the logits of its last row.
     pub fn embed_image(&mut self, embeddings: &[f32], nx: u32, ny: u32) -> Result<Vec<f32>, ForwardError> {
-        let (positions, next) = super::batch::image_positions(self.next_pos, nx, ny);
+        let (positions, next) = super::batch::image_positions(self.sequences[0].next_pos, nx, ny);
         let rows = positions
             .iter()
             .enumerate()
             .map(|(index, pos)| (RowInput::Embedding(index), Some(*pos)))
             .collect::<Vec<_>>();
-        let logits = self.run(&rows, embeddings, true)?.logits;
-        self.next_pos = next;
+        let logits = self.run(0, &rows, embeddings, true)?.logits;
+        self.sequences[0].next_pos = next;
         Ok(logits)
     }
 
-    /// Run rows on consecutive cells; text rows (position `None`) take
-    /// consecutive text positions.
+    /// Run rows of sequence `seq` on its next cells; text rows (position
+    /// `None`) take consecutive text positions.
     fn run(
         &mut self,
+        seq: usize,
         rows: &[(RowInput, Option<Position>)],
         embeddings: &[f32],
         last_logits: bool,
     ) -> Result<ForwardOutput, ForwardError> {
-        let mut next_pos = self.next_pos;
+        let sequence = self.sequences.get(seq).ok_or(ForwardError::Sequence { row: 0, seq })?;
+        let mut next_pos = sequence.next_pos;
         let batch_rows = rows
             .iter()
             .enumerate()
@@ -98,22 +155,25 @@ impl Session {
                 });
                 BatchRow {
                     input,
-                    seq: 0,
-                    cell: self.cells + index as u32,
+                    seq,
+                    cell: sequence.cells + index as u32,
                     pos,
                     logits: last_logits && index + 1 == rows.len(),
                 }
             })
             .collect();
+        // Every sequence's table, so that `seq` indexes them.
         let batch = Batch {
             rows: batch_rows,
-            block_tables: vec![self.table.clone()],
+            block_tables: self.sequences.iter().map(|sequence| sequence.table.clone()).collect(),
             embeddings: embeddings.to_vec(),
             ..Batch::default()
         };
         let output = self.context.forward(&batch)?;
-        self.cells += rows.len() as u32;
-        self.next_pos = next_pos;
+        if let Some(sequence) = self.sequences.get_mut(seq) {
+            sequence.cells += rows.len() as u32;
+            sequence.next_pos = next_pos;
+        }
         Ok(output)
     }
 }

@@ -23,6 +23,7 @@ use super::super::{
 };
 use super::cache::{Cached, KernelCache};
 use super::functions::{Functions, LoadError, gemm_grid, grid};
+use super::graphs::Graphs;
 use super::nvrtc::{Arch, Nvrtc};
 use crate::ops::{HeadShape, Rope};
 use crate::quant::DType;
@@ -42,6 +43,7 @@ pub struct CudaBackend {
     scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
     /// The first failure of an operation that could not return it.
     fault: Mutex<Option<String>>,
+    graphs: Graphs,
 }
 
 pub struct CudaMatrix {
@@ -66,6 +68,8 @@ pub struct CudaRows {
 /// A pass's layout on the device (the arrays attention.cu describes).
 #[derive(Default)]
 pub struct CudaPass {
+    /// Which pass this is (0 until prepared), for its recorded graphs.
+    pub(super) id: u64,
     pub(super) rows: usize,
     pub(super) tables: Option<PassTables>,
 }
@@ -150,18 +154,39 @@ impl CudaBackend {
         let multiprocessors = context
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|error| fail("no multiprocessor count", error))?;
+        // SAFETY: every buffer is used on the one stream made here, in
+        // order, so cudarc's cross-stream events would only cost a record
+        // per argument of every launch (and cannot sit inside a graph).
+        unsafe { context.disable_event_tracking() };
+        // Its own stream: the legacy default stream cannot be captured.
+        let stream = context.new_stream().map_err(|error| fail("no stream", error))?;
         Ok(CudaBackend {
-            stream: context.default_stream(),
+            stream,
             functions,
             name,
             arch,
             multiprocessors: multiprocessors.unsigned_abs() as usize,
             scratch: Mutex::default(),
             fault: Mutex::default(),
+            graphs: Graphs::new(),
         })
     }
 
+    /// The stream, for kernel launches (which a recording may hold).
     pub(super) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    #[cfg(test)]
+    pub(super) fn graphs_enabled(&self) -> bool {
+        self.graphs.enabled()
+    }
+
+    /// The stream, for allocations and copies: a recording cannot hold
+    /// those, so one in progress is submitted first (graphs.rs).
+    pub(super) fn transfers(&self) -> &Arc<CudaStream> {
+        let finished = self.graphs.finish(&self.stream);
+        self.record("submitting a CUDA graph (graphs now off)", finished);
         &self.stream
     }
 
@@ -177,7 +202,8 @@ impl CudaBackend {
         let mut scratch = self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for (buffer, len) in scratch.iter_mut().zip(lens) {
             if buffer.as_ref().is_none_or(|buffer| buffer.len() < len.max(1)) {
-                *buffer = Some(self.stream.alloc_zeros::<f32>(len.max(1)).map_err(self.driver("allocating scratch"))?);
+                *buffer =
+                    Some(self.transfers().alloc_zeros::<f32>(len.max(1)).map_err(self.driver("allocating scratch"))?);
             }
         }
         Ok(scratch)
@@ -217,7 +243,7 @@ impl CudaBackend {
         if rows.buffer.as_ref().is_some_and(|buffer| buffer.len() >= len.max(1)) {
             return true;
         }
-        rows.buffer = self.record("allocating activations", self.stream.alloc_zeros::<f32>(len.max(1)));
+        rows.buffer = self.record("allocating activations", self.transfers().alloc_zeros::<f32>(len.max(1)));
         rows.buffer.is_some()
     }
 
@@ -225,7 +251,7 @@ impl CudaBackend {
         // An empty upload would be a zero-length allocation, which the
         // driver refuses; one unused element is harmless.
         let values = if values.is_empty() { &[0][..] } else { values };
-        self.stream.clone_htod(values).map_err(self.driver("uploading a pass"))
+        self.transfers().clone_htod(values).map_err(self.driver("uploading a pass"))
     }
 
     /// The index of each row's largest logit (`n_vocab` wide; ties to the
@@ -233,7 +259,7 @@ impl CudaBackend {
     pub fn argmax(&self, logits: &CudaRows, n_vocab: usize) -> Result<Vec<u32>, BackendError> {
         let (rows, width) = logit_rows(logits, n_vocab)?;
         let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
-        let mut out = self.stream.alloc_zeros::<i32>(rows).map_err(self.driver("allocating"))?;
+        let mut out = self.transfers().alloc_zeros::<i32>(rows).map_err(self.driver("allocating"))?;
         if let Some(function) = self.function("sl_argmax") {
             let mut args = self.stream.launch_builder(&function);
             args.arg(&mut out).arg(buffer).arg(&width);
@@ -242,7 +268,7 @@ impl CudaBackend {
             self.record("argmax", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
         }
         self.check()?;
-        let indices = self.stream.clone_dtoh(&out).map_err(self.driver("downloading"))?;
+        let indices = self.transfers().clone_dtoh(&out).map_err(self.driver("downloading"))?;
         Ok(indices.into_iter().map(i32::unsigned_abs).collect())
     }
 
@@ -255,8 +281,8 @@ impl CudaBackend {
         }
         let k_int = k as i32;
         let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
-        let mut values = self.stream.alloc_zeros::<f32>(rows * k).map_err(self.driver("allocating"))?;
-        let mut indices = self.stream.alloc_zeros::<i32>(rows * k).map_err(self.driver("allocating"))?;
+        let mut values = self.transfers().alloc_zeros::<f32>(rows * k).map_err(self.driver("allocating"))?;
+        let mut indices = self.transfers().alloc_zeros::<i32>(rows * k).map_err(self.driver("allocating"))?;
         if let Some(function) = self.function("sl_top_k") {
             let mut args = self.stream.launch_builder(&function);
             args.arg(&mut values).arg(&mut indices).arg(buffer).arg(&width).arg(&k_int);
@@ -266,8 +292,8 @@ impl CudaBackend {
             self.record("top_k", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
         }
         self.check()?;
-        let values = self.stream.clone_dtoh(&values).map_err(self.driver("downloading"))?;
-        let indices = self.stream.clone_dtoh(&indices).map_err(self.driver("downloading"))?;
+        let values = self.transfers().clone_dtoh(&values).map_err(self.driver("downloading"))?;
+        let indices = self.transfers().clone_dtoh(&indices).map_err(self.driver("downloading"))?;
         Ok(indices
             .chunks_exact(k)
             .zip(values.chunks_exact(k))
@@ -426,14 +452,14 @@ impl Backend for CudaBackend {
                 bytes.as_slice().len()
             )));
         }
-        let bytes = self.stream.clone_htod(bytes.as_slice()).map_err(self.driver("uploading weights"))?;
+        let bytes = self.transfers().clone_htod(bytes.as_slice()).map_err(self.driver("uploading weights"))?;
         let format = dtype.name().to_lowercase();
         let kernel = |op: &str| self.functions.get(&format!("sl_{op}_{format}")).map_err(BackendError::Unavailable);
         Ok(CudaMatrix { dtype, bytes, n_out, n_in, matvec: kernel("matvec")?, gemm: kernel("gemm")? })
     }
 
     fn vector(&self, values: &[f32]) -> Result<CudaSlice<f32>, BackendError> {
-        self.stream.clone_htod(values).map_err(self.driver("uploading a vector"))
+        self.transfers().clone_htod(values).map_err(self.driver("uploading a vector"))
     }
 
     fn low_rank(&self, source: LowRankSource) -> Result<CudaLowRank, BackendError> {
@@ -441,7 +467,7 @@ impl Backend for CudaBackend {
         // The CPU's factors check the shapes and transpose B.
         let host = crate::ops::LowRank::new(a, &b, rank, n_in, n_out)?;
         let (a, b_t) = host.factors();
-        let upload = |values: &[f32]| self.stream.clone_htod(values).map_err(self.driver("uploading an adapter"));
+        let upload = |values: &[f32]| self.transfers().clone_htod(values).map_err(self.driver("uploading an adapter"));
         Ok(CudaLowRank { a: upload(a)?, b_t: upload(b_t)?, rank, n_in, n_out })
     }
 
@@ -504,7 +530,7 @@ impl Backend for CudaBackend {
             for (arena, stride, range) in [(&kv.keys, kv.arena_bytes.0, &k), (&kv.values, kv.arena_bytes.1, &v)] {
                 let at = layer * stride;
                 let piece = arena.slice(at + range.start..at + range.end);
-                bytes.extend(self.stream.clone_dtoh(&piece).map_err(self.driver("reading a KV block"))?);
+                bytes.extend(self.transfers().clone_dtoh(&piece).map_err(self.driver("reading a KV block"))?);
             }
         }
         Ok(bytes)
@@ -524,7 +550,7 @@ impl Backend for CudaBackend {
                 let at = layer * stride;
                 let (piece, after) = rest.split_at(range.len());
                 let mut target = arena.slice_mut(at + range.start..at + range.end);
-                self.stream.memcpy_htod(piece, &mut target).map_err(self.driver("writing a KV block"))?;
+                self.transfers().memcpy_htod(piece, &mut target).map_err(self.driver("writing a KV block"))?;
                 rest = after;
             }
         }
@@ -544,7 +570,7 @@ impl Backend for CudaBackend {
     fn download(&self, rows: &CudaRows) -> Result<Vec<f32>, BackendError> {
         self.check()?;
         let Some(buffer) = &rows.buffer else { return Ok(Vec::new()) };
-        let values = self.stream.clone_dtoh(&buffer.slice(..rows.len)).map_err(self.driver("downloading"))?;
+        let values = self.transfers().clone_dtoh(&buffer.slice(..rows.len)).map_err(self.driver("downloading"))?;
         self.check()?;
         Ok(values)
     }
@@ -555,6 +581,18 @@ impl Backend for CudaBackend {
 
     fn prepare(&self, rope: &Rope, layout: &PassLayout<'_>, out: &mut CudaPass) -> Result<(), BackendError> {
         super::pass::prepare(self, rope, layout, out)
+    }
+
+    /// Record decode passes (at most [`MATVEC_ROWS`] rows) as CUDA graphs.
+    fn begin_layers(&self, pass: &CudaPass) {
+        if pass.id != 0 && (1..=MATVEC_ROWS).contains(&pass.rows) {
+            self.graphs.begin(&self.stream, (pass.id, pass.rows));
+        }
+    }
+
+    fn end_layers(&self, _pass: &CudaPass) -> Result<(), BackendError> {
+        self.transfers();
+        self.check()
     }
 
     fn embed(
@@ -675,7 +713,7 @@ impl Backend for CudaBackend {
         if !self.size(out, indices.len() * width) || indices.is_empty() {
             return;
         }
-        let Some(list) = self.record("gather", self.stream.clone_htod(&indices)) else { return };
+        let Some(list) = self.record("gather", self.transfers().clone_htod(&indices)) else { return };
         let Some(output) = out.buffer.as_mut() else { return };
         let Some(function) = self.function("sl_gather") else { return };
         let mut args = self.stream.launch_builder(&function);

@@ -10,6 +10,7 @@
 mod backend;
 mod cache;
 mod functions;
+mod graphs;
 mod nvrtc;
 #[cfg(test)]
 mod parity;

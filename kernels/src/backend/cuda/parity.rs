@@ -15,7 +15,7 @@ use super::super::{
     Backend, CpuBackend, Embed, KvShape, KvTypes, LowRankSource, LowRankTerm, MatrixSource, PassLayout, PassRow,
     PassSequence, SharedBytes,
 };
-use super::{CudaBackend, KernelCache, Nvrtc, library_from_env};
+use super::{CudaBackend, CudaPass, CudaRows, KernelCache, Nvrtc, library_from_env};
 use crate::ops::{HeadShape, KvType, Rope, RopeKind, noise};
 use crate::quant::DType;
 use crate::quant::tests::{Rng, random_weights};
@@ -245,4 +245,76 @@ fn low_rank_deltas_match_the_cpu() {
         b.download(&out).expect("download")
     }
     assert_close("lora", &run(&gpu, &source, &x, &base), &run(&cpu, &source, &x, &base), 1e-5);
+}
+
+/// Decode steps whose layers are recorded as CUDA graphs (from the second
+/// step of a pass on: a plain run, a fresh record, then updates) give the
+/// bits of the same steps launched one by one, including a step whose
+/// record ends early because a buffer has to grow inside it.
+#[test]
+fn decode_layers_recorded_as_graphs_compute_what_launches_compute() {
+    let Some(gpu) = gpu("decode_layers_recorded_as_graphs…") else { return };
+    let (n_head, n_kv_head, head_dim) = (4, 2, 64);
+    let heads = HeadShape::new(n_head, n_kv_head, head_dim).expect("heads");
+    let rope = Rope::new(head_dim, head_dim, 10000.0, 1.0, RopeKind::Neox).expect("rope");
+    let shape = KvShape {
+        n_layer: 2,
+        kv_dim: n_kv_head * head_dim,
+        head_dim,
+        n_blocks: 8,
+        block_tokens: 16,
+        types: KvTypes::default(),
+    };
+    let width = heads.q_len();
+    let mut rng = Rng::new(3);
+    let mut weights = |n_out: usize| {
+        let bytes: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, DType::Q8_0, width)).collect();
+        matrix(&gpu, DType::Q8_0, &bytes, n_out, width)
+    };
+    let (wq, wk, wv) = (weights(width), weights(heads.kv_len()), weights(heads.kv_len()));
+    let norm = gpu.vector(&noise(width, 4, 1.0)).expect("vector");
+    let blocks: Vec<u32> = (0..shape.n_blocks as u32).collect();
+    let run = |recorded: bool| -> Vec<Vec<f32>> {
+        let mut kv = gpu.kv(shape).expect("kv");
+        let mut pass = CudaPass::default();
+        let (mut x, mut h, mut q, mut k, mut v, mut attn) = Default::default();
+        let mut steps = Vec::new();
+        for step in 0..6usize {
+            let n = if step == 4 { 3 } else { 2 };
+            let layout_rows: Vec<PassRow> = (0..n)
+                .map(|i| PassRow {
+                    pos: Rope::text_pos((step * 3 + i) as u32),
+                    slot: shape.slot(&blocks, step * 3 + i).expect("in the table"),
+                    seq: 0,
+                    visible: step * 3 + i + 1,
+                })
+                .collect();
+            let sequences = [PassSequence { blocks: &blocks, hidden: &[] }];
+            gpu.prepare(&rope, &PassLayout { rows: &layout_rows, sequences: &sequences }, &mut pass).expect("prepare");
+            gpu.upload(&noise(n * width, 30 + step as u64, 1.0), &mut x).expect("upload");
+            if step == 5 {
+                // A buffer that must grow inside the layers.
+                h = CudaRows::default();
+            }
+            if recorded {
+                gpu.begin_layers(&pass);
+            }
+            for layer in 0..shape.n_layer {
+                gpu.rms_norm(&x, &norm, 1e-5, &mut h);
+                gpu.matmuls(&h, n, &mut [(&wq, &mut q), (&wk, &mut k), (&wv, &mut v)]);
+                gpu.rope(&rope, &pass, &mut q);
+                gpu.rope(&rope, &pass, &mut k);
+                gpu.store_kv(&mut kv, layer, &k, &v, &pass);
+                gpu.attend(&kv, layer, &q, &pass, heads, 0.125, &mut attn).expect("attend");
+                gpu.add(&mut x, &attn);
+            }
+            if recorded {
+                gpu.end_layers(&pass).expect("end");
+            }
+            steps.push(gpu.download(&x).expect("download"));
+        }
+        steps
+    };
+    assert_eq!(run(true), run(false));
+    assert!(gpu.graphs_enabled(), "a graph call failed and turned graphs off");
 }

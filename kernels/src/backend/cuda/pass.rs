@@ -8,6 +8,9 @@ use super::backend::{CudaBackend, CudaKv, CudaLowRank, CudaMatrix, CudaPass, Cud
 use super::functions::{decode_heads_per_block, grid, head_variant};
 use crate::ops::{HeadShape, KvType, Rope, RopeAngles};
 
+/// Ids of prepared passes (0: never prepared), keys of their graphs.
+static NEXT_PASS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Cells per split of decode attention at most: a long context split for
 /// the few rows that decode over it.
 const SPLIT_CELLS: usize = 512;
@@ -68,7 +71,7 @@ pub(super) fn prepare(
     }
     let floats = |values: &[f32]| {
         backend
-            .stream()
+            .transfers()
             .clone_htod(if values.is_empty() { &[0.0][..] } else { values })
             .map_err(backend.driver("uploading a pass"))
     };
@@ -76,6 +79,9 @@ pub(super) fn prepare(
     // tables would not match the new row count.
     out.rows = 0;
     out.tables = None;
+    if out.id == 0 {
+        out.id = NEXT_PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let mut reach: Vec<SequenceReach> = layout
         .sequences
         .iter()
@@ -195,7 +201,7 @@ pub(super) fn embed(
     for (row, input) in inputs.iter().enumerate() {
         if let (Embed::Values(values), Some(output)) = (input, out.buffer_mut()) {
             let mut target = output.slice_mut(row * width..(row + 1) * width);
-            backend.stream().memcpy_htod(*values, &mut target).map_err(backend.driver("uploading embeddings"))?;
+            backend.transfers().memcpy_htod(*values, &mut target).map_err(backend.driver("uploading embeddings"))?;
         }
     }
     backend.check()
@@ -400,9 +406,9 @@ pub(super) fn add_low_rank(
         let sizes = [listed.len(), factors.n_in, factors.rank, factors.n_out].map(int);
         let [Some(n_listed), Some(n_in), Some(rank), Some(n_out)] = sizes else { return };
         let uploaded = (
-            backend.stream().clone_htod(&listed),
-            backend.stream().clone_htod(&scales),
-            backend.stream().alloc_zeros::<f32>(listed.len() * factors.rank),
+            backend.transfers().clone_htod(&listed),
+            backend.transfers().clone_htod(&scales),
+            backend.transfers().alloc_zeros::<f32>(listed.len() * factors.rank),
         );
         let (Some(list), Some(scale_list), Some(mut t)) = (
             backend.record("uploading LoRA rows", uploaded.0),
