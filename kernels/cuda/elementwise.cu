@@ -109,3 +109,25 @@ extern "C" __global__ void sl_gather(
         dst[i] = src[i];
     }
 }
+
+// x rounded to the nearest f16, or bf16 when `bf16` is non-zero (ties to
+// even): the activations of a cuBLAS product of f16 or bf16 weights.
+//
+// Launch: grid (min(ceil(n / 256), 65535)), block (256) — any grid and
+// block work: threads stride over the n elements; no dynamic shared memory.
+//   out  n halves, written
+//   x    n floats
+//   n    element count
+//   bf16 0: f16, else bf16
+extern "C" __global__ void sl_round_half(u16* __restrict__ out, const float* __restrict__ x, long long n, int bf16) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        u16 bits;
+        if (bf16) {
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x[i]));
+        } else {
+            bits = f32_to_f16(x[i]);
+        }
+        out[i] = bits;
+    }
+}

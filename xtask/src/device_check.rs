@@ -63,7 +63,7 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     run(&mut parity)?;
     // One `sluice bench model` run: (prefill 2048, decode) tokens/s, the
     // decode total over `batch` sequences.
-    let bench = |model: &Path, device: &str, batch: usize, graphs: bool| -> anyhow::Result<(f64, f64)> {
+    let bench = |model: &Path, device: &str, batch: usize, graphs: bool, blas: bool| -> anyhow::Result<(f64, f64)> {
         let mut bench = Command::new(repo_root().join("target/release/sluice"));
         bench.args(["bench", "model", "--model"]).arg(model).args(["--device", device]);
         let prefill = if batch == 1 && graphs { "2048" } else { "0" };
@@ -72,12 +72,15 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
         if !graphs {
             bench.env("SLUICE_CUDA_GRAPHS", "0");
         }
+        if !blas {
+            bench.env("SLUICE_CUBLAS", "0");
+        }
         bench_model::measure(&mut bench).with_context(|| format!("on {device} at batch {batch}"))
     };
     let report = |model: &Path, device: &str| -> anyhow::Result<()> {
         let bytes = std::fs::metadata(model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
         let name = model.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
-        let (prefill, decode) = bench(model, device, 1, true)?;
+        let (prefill, decode) = bench(model, device, 1, true, true)?;
         // Every weight byte is read once per decoded token.
         let roofline = args.bandwidth_tb_s * 1e12 / bytes;
         println!(
@@ -90,10 +93,10 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
         if device == "cpu" {
             return Ok(());
         }
-        let (_, launched) = bench(model, device, 1, false)?;
+        let (_, launched) = bench(model, device, 1, false, true)?;
         println!("{name} on {device}: decode (batch 1) without CUDA graphs {launched:.1} tokens/s");
         for batch in [8, 64] {
-            let (_, total) = bench(model, device, batch, true)?;
+            let (_, total) = bench(model, device, batch, true, true)?;
             println!(
                 "{name} on {device}: decode at batch {batch} {total:.0} tokens/s in all = {:.1}× batch 1",
                 total / decode
@@ -106,16 +109,27 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     report(&model, "cpu")?;
     // An 8B-shaped model with random Q4_K weights: the size users run on a
     // GPU (the CPU would take minutes over its prompt, so GPU only).
-    let large = repo_root().join("target/bench/llama-3.1-8b-q4_k.gguf");
-    if !large.exists() {
-        std::fs::create_dir_all(repo_root().join("target/bench"))?;
-        run(cargo()
-            .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-model", "--"])
-            .arg("llama-3.1-8b")
-            .arg(&large)
-            .args(["1", "q4_k"]))?;
-    }
+    let written = |shape: &str, name: &str, kind: &str| -> anyhow::Result<PathBuf> {
+        let path = repo_root().join("target/bench").join(name);
+        if !path.exists() {
+            std::fs::create_dir_all(repo_root().join("target/bench"))?;
+            run(cargo()
+                .args(["run", "--quiet", "--release", "--package", "sluice-tests", "--bin", "write-model", "--"])
+                .arg(shape)
+                .arg(&path)
+                .args(["1", kind]))?;
+        }
+        Ok(path)
+    };
+    let large = written("llama-3.1-8b", "llama-3.1-8b-q4_k.gguf", "q4_k")?;
     report(&large, "cuda:0")?;
+    // f16 weights: cuBLAS against the tiled kernel on prompts.
+    let f16 = written("llama-3.2-1b", "llama-3.2-1b-f16.gguf", "f16")?;
+    let (with, _) = bench(&f16, "cuda:0", 1, true, true)?;
+    let (without, _) = bench(&f16, "cuda:0", 1, true, false)?;
+    println!(
+        "llama-3.2-1b-f16 on cuda:0: prefill 2048 {with:.0} tokens/s with cuBLAS, {without:.0} with the tiled kernel"
+    );
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverErr
 use super::super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
 };
+use super::blas::Blas;
 use super::cache::{Cached, KernelCache};
 use super::functions::{Functions, LoadError, gemm_grid, grid};
 use super::graphs::Graphs;
@@ -44,6 +45,8 @@ pub struct CudaBackend {
     /// The first failure of an operation that could not return it.
     fault: Mutex<Option<String>>,
     graphs: Graphs,
+    /// cuBLAS for large f16/bf16 products, where the library is present.
+    blas: Option<Blas>,
 }
 
 pub struct CudaMatrix {
@@ -160,6 +163,10 @@ impl CudaBackend {
         unsafe { context.disable_event_tracking() };
         // Its own stream: the legacy default stream cannot be captured.
         let stream = context.new_stream().map_err(|error| fail("no stream", error))?;
+        let blas = Blas::load(&stream)
+            .inspect(|_| log("cuBLAS: f16 and bf16 products of more than 8 rows"))
+            .map_err(|why| log(&format!("cuBLAS: {why}; the tiled kernel takes every product")))
+            .ok();
         Ok(CudaBackend {
             stream,
             functions,
@@ -169,6 +176,7 @@ impl CudaBackend {
             scratch: Mutex::default(),
             fault: Mutex::default(),
             graphs: Graphs::new(),
+            blas,
         })
     }
 
@@ -180,6 +188,11 @@ impl CudaBackend {
     #[cfg(test)]
     pub(super) fn graphs_enabled(&self) -> bool {
         self.graphs.enabled()
+    }
+
+    #[cfg(test)]
+    pub(super) fn uses_blas(&self) -> bool {
+        self.blas.is_some()
     }
 
     /// The stream, for allocations and copies: a recording cannot hold
@@ -313,6 +326,9 @@ impl CudaBackend {
         else {
             return self.fail(format!("a product of {m} rows"));
         };
+        if let Some(blas) = self.blas.as_ref().filter(|_| Blas::takes(weights, m)) {
+            return blas.product(self, weights, x, m, y);
+        }
         let (function, config) = if m <= MATVEC_ROWS {
             (&weights.matvec, grid((weights.n_out.div_ceil(4), 1, 1), 128))
         } else {
@@ -401,6 +417,7 @@ pub fn kernel_names() -> Vec<String> {
         "sl_add",
         "sl_swiglu",
         "sl_gather",
+        "sl_round_half",
         "sl_rope",
         "sl_store_kv_f16",
         "sl_store_kv_q8_0",
@@ -432,7 +449,8 @@ impl Backend for CudaBackend {
     type LowRank = CudaLowRank;
 
     fn describe(&self) -> String {
-        format!("CUDA on {} ({})", self.name, self.arch)
+        let blas = if self.blas.is_some() { ", cuBLAS" } else { "" };
+        format!("CUDA on {} ({}{blas})", self.name, self.arch)
     }
 
     fn matrix(&self, source: MatrixSource) -> Result<CudaMatrix, BackendError> {

@@ -8,6 +8,7 @@
 //! CUDA, on machines without a driver or without NVRTC.
 
 mod backend;
+mod blas;
 mod cache;
 mod functions;
 mod graphs;
