@@ -157,7 +157,10 @@ fn invariance_on_the_gpu(env: &dyn Fn(&mut Command)) -> anyhow::Result<()> {
         command.args(["--", "--exact", test, "--test-threads", "1"]).env("SLUICE_TEST_DEVICE", "cuda:0");
         env(&mut command);
         let held = command.status().with_context(|| format!("running {binary}::{test}"))?.success();
-        println!("invariance on cuda:0: {binary}::{test}: {}", if held { "holds" } else { "DIFFERS (see above)" });
+        println!(
+            "invariance on cuda:0: {binary}::{test}: {}",
+            if held { "holds" } else { "FAILS (see above: a difference or an error)" }
+        );
     }
     Ok(())
 }

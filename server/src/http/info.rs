@@ -472,8 +472,46 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         "1 once the engine thread has stopped (a restart is needed).",
         f64::from(u8::from(matches!(health, Health::Stopped { .. }))),
     );
+    gateway_metrics(&mut out, ready);
     lora_info(&mut out, ready);
     out.0
+}
+
+/// What an inference gateway's endpoint picker reads of a model server
+/// (the Gateway API Inference Extension's model-server protocol), named as
+/// vLLM names them with `sluice_` for `vllm:` (docs/deploy.md).
+fn gateway_metrics(out: &mut Exposition, ready: &Ready) {
+    let metrics = &ready.engine.shared().metrics;
+    let get = |gauge| Metrics::get(gauge) as f64;
+    out.one(
+        "sluice_num_requests_waiting",
+        "gauge",
+        "Requests queued for a slot (TotalQueuedRequests).",
+        get(&metrics.requests_deferred),
+    );
+    out.one(
+        "sluice_num_requests_running",
+        "gauge",
+        "Requests holding a slot (TotalRunningRequests).",
+        get(&metrics.requests_processing),
+    );
+    // Blocks only the prefix cache holds are reusable at once, so they
+    // count as free, as vLLM counts them.
+    let used = get(&metrics.kv_blocks_used);
+    let total = used + get(&metrics.kv_blocks_cached) + get(&metrics.kv_blocks_free);
+    out.one(
+        "sluice_kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV-cache blocks held by running requests, 0 to 1 (KVCacheUtilization).",
+        if total > 0.0 { used / total } else { 0.0 },
+    );
+    let config = ready.engine.config();
+    out.family(
+        "sluice_cache_config_info",
+        "gauge",
+        "The KV cache's block size in tokens and its number of blocks (labels).",
+        &[(format!("{{block_size=\"{}\",num_gpu_blocks=\"{}\"}}", config.kv_block_tokens, total), 1.0)],
+    );
 }
 
 /// The adapters running and waiting, the way gateways read them for LoRA

@@ -198,48 +198,56 @@ impl<B: Backend> Context for TransformerContext<B> {
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
         let adapted = |site, x: &B::Rows, out: &mut B::Rows| lora.apply(b, &model.adapters, site, x, out);
         b.begin_layers(&s.pass);
-        for (index, layer) in model.layers.iter().enumerate() {
-            let at = |site| Some((index, site));
-            tap(b, batch, index, &s.x, &mut output.taps)?;
-            b.rms_norm(&s.x, &layer.attn_norm, hp.rms_eps, &mut s.h);
-            b.matmuls(
-                &s.h,
-                n,
-                &mut [(&layer.q.matrix, &mut s.q), (&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)],
-            );
-            for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
-                adapted(at(site), &s.h, values);
-            }
-            for (values, bias) in [(&mut s.q, &layer.q_bias), (&mut s.k, &layer.k_bias), (&mut s.v, &layer.v_bias)] {
-                if let Some(bias) = bias {
-                    b.add_bias(values, bias);
+        // The bracket is closed whatever the layers return: a device
+        // backend must not be left recording.
+        let layers = (|| -> Result<(), ForwardError> {
+            for (index, layer) in model.layers.iter().enumerate() {
+                let at = |site| Some((index, site));
+                tap(b, batch, index, &s.x, &mut output.taps)?;
+                b.rms_norm(&s.x, &layer.attn_norm, hp.rms_eps, &mut s.h);
+                b.matmuls(
+                    &s.h,
+                    n,
+                    &mut [(&layer.q.matrix, &mut s.q), (&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)],
+                );
+                for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
+                    adapted(at(site), &s.h, values);
                 }
-            }
-            for (values, norm) in [(&mut s.q, &layer.q_norm), (&mut s.k, &layer.k_norm)] {
-                if let Some(norm) = norm {
-                    b.rms_norm_in_place(values, norm, hp.rms_eps);
+                for (values, bias) in [(&mut s.q, &layer.q_bias), (&mut s.k, &layer.k_bias), (&mut s.v, &layer.v_bias)]
+                {
+                    if let Some(bias) = bias {
+                        b.add_bias(values, bias);
+                    }
                 }
-            }
-            b.rope(&model.rope, &s.pass, &mut s.q);
-            b.rope(&model.rope, &s.pass, &mut s.k);
-            // Every row's K/V is written before any row attends, so rows of
-            // one sequence in this batch see each other causally.
-            b.store_kv(kv, index, &s.k, &s.v, &s.pass);
-            b.attend(kv, index, &s.q, &s.pass, model.heads, scale, &mut s.attn)?;
-            b.matmul(&layer.output.matrix, &s.attn, n, &mut s.h);
-            adapted(at(Site::Output), &s.attn, &mut s.h);
-            b.add(&mut s.x, &s.h);
+                for (values, norm) in [(&mut s.q, &layer.q_norm), (&mut s.k, &layer.k_norm)] {
+                    if let Some(norm) = norm {
+                        b.rms_norm_in_place(values, norm, hp.rms_eps);
+                    }
+                }
+                b.rope(&model.rope, &s.pass, &mut s.q);
+                b.rope(&model.rope, &s.pass, &mut s.k);
+                // Every row's K/V is written before any row attends, so rows of
+                // one sequence in this batch see each other causally.
+                b.store_kv(kv, index, &s.k, &s.v, &s.pass);
+                b.attend(kv, index, &s.q, &s.pass, model.heads, scale, &mut s.attn)?;
+                b.matmul(&layer.output.matrix, &s.attn, n, &mut s.h);
+                adapted(at(Site::Output), &s.attn, &mut s.h);
+                b.add(&mut s.x, &s.h);
 
-            b.rms_norm(&s.x, &layer.ffn_norm, hp.rms_eps, &mut s.h);
-            b.matmuls(&s.h, n, &mut [(&layer.gate.matrix, &mut s.gate), (&layer.up.matrix, &mut s.up)]);
-            adapted(at(Site::Gate), &s.h, &mut s.gate);
-            adapted(at(Site::Up), &s.h, &mut s.up);
-            b.swiglu(&s.gate, &s.up, &mut s.ffn);
-            b.matmul(&layer.down.matrix, &s.ffn, n, &mut s.h);
-            adapted(at(Site::Down), &s.ffn, &mut s.h);
-            b.add(&mut s.x, &s.h);
-        }
-        b.end_layers(&s.pass)?;
+                b.rms_norm(&s.x, &layer.ffn_norm, hp.rms_eps, &mut s.h);
+                b.matmuls(&s.h, n, &mut [(&layer.gate.matrix, &mut s.gate), (&layer.up.matrix, &mut s.up)]);
+                adapted(at(Site::Gate), &s.h, &mut s.gate);
+                adapted(at(Site::Up), &s.h, &mut s.up);
+                b.swiglu(&s.gate, &s.up, &mut s.ffn);
+                b.matmul(&layer.down.matrix, &s.ffn, n, &mut s.h);
+                adapted(at(Site::Down), &s.ffn, &mut s.h);
+                b.add(&mut s.x, &s.h);
+            }
+            Ok(())
+        })();
+        let ended = b.end_layers(&s.pass);
+        layers?;
+        ended?;
         tap(b, batch, hp.n_layer, &s.x, &mut output.taps)?;
 
         output.logit_rows =

@@ -91,8 +91,9 @@ impl Session {
         Ok(self.run(0, &[(RowInput::Token(token), None)], &[], true)?.logits)
     }
 
-    /// One token for every sequence, in one pass; their logits in sequence
-    /// order. `tokens` holds one per sequence.
+    /// One token for each of the first `tokens.len()` sequences (tokens
+    /// past the last sequence are ignored), in one pass; their logits in
+    /// sequence order.
     pub fn decode_each(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
         let rows = self
             .sequences

@@ -35,6 +35,9 @@ pub const MATVEC_ROWS: usize = 8;
 /// One device, its kernels and its stream.
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
+    /// Declared before the kernels: its graphs are destroyed before the
+    /// modules their launches name are unloaded (fields drop in order).
+    graphs: Graphs,
     functions: Functions,
     name: String,
     arch: Arch,
@@ -44,7 +47,6 @@ pub struct CudaBackend {
     scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
     /// The first failure of an operation that could not return it.
     fault: Mutex<Option<String>>,
-    graphs: Graphs,
     /// cuBLAS for large f16/bf16 products, where the library is present.
     blas: Option<Blas>,
 }
@@ -167,15 +169,20 @@ impl CudaBackend {
             .inspect(|_| log("cuBLAS: f16 and bf16 products of more than 8 rows"))
             .map_err(|why| log(&format!("cuBLAS: {why}; the tiled kernel takes every product")))
             .ok();
+        // Every kernel found now: a module loaded lazily inside a graph's
+        // capture is refused by older drivers, and launches skip the lookup.
+        for name in kernel_names() {
+            functions.get(&name).map_err(BackendError::Unavailable)?;
+        }
         Ok(CudaBackend {
             stream,
+            graphs: Graphs::new(),
             functions,
             name,
             arch,
             multiprocessors: multiprocessors.unsigned_abs() as usize,
             scratch: Mutex::default(),
             fault: Mutex::default(),
-            graphs: Graphs::new(),
             blas,
         })
     }
@@ -188,6 +195,11 @@ impl CudaBackend {
     #[cfg(test)]
     pub(super) fn graphs_enabled(&self) -> bool {
         self.graphs.enabled()
+    }
+
+    #[cfg(test)]
+    pub(super) fn graphs_launched(&self) -> u64 {
+        self.graphs.launched()
     }
 
     #[cfg(test)]
@@ -498,7 +510,7 @@ impl Backend for CudaBackend {
         }
         let arena_bytes = (cells * k_cell, cells * v_cell);
         let alloc = |bytes: usize| {
-            self.stream
+            self.transfers()
                 .alloc_zeros::<u8>((bytes * shape.n_layer).max(1))
                 .map_err(self.driver("allocating the KV store"))
         };
@@ -577,7 +589,7 @@ impl Backend for CudaBackend {
 
     fn upload(&self, values: &[f32], out: &mut CudaRows) -> Result<(), BackendError> {
         out.buffer = Some(
-            self.stream
+            self.transfers()
                 .clone_htod(if values.is_empty() { &[0.0][..] } else { values })
                 .map_err(self.driver("uploading"))?,
         );
@@ -603,8 +615,13 @@ impl Backend for CudaBackend {
 
     /// Record decode passes (at most [`MATVEC_ROWS`] rows) as CUDA graphs.
     fn begin_layers(&self, pass: &CudaPass) {
-        if pass.id != 0 && (1..=MATVEC_ROWS).contains(&pass.rows) {
-            self.graphs.begin(&self.stream, (pass.id, pass.rows));
+        // Passes whose attention takes the prefill kernel (more than two
+        // rows per sequence) upload its tile list in the first layer, which
+        // would end the record at once.
+        let decoding = pass.tables.as_ref().is_some_and(|tables| pass.rows <= 2 * tables.runs.len());
+        if pass.id != 0 && (1..=MATVEC_ROWS).contains(&pass.rows) && decoding {
+            let begun = self.graphs.begin(&self.stream, (pass.id, pass.rows));
+            self.record("beginning a CUDA graph (graphs now off)", begun);
         }
     }
 

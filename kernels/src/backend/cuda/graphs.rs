@@ -13,6 +13,10 @@
 //! of a graph call turns graphs off for the process (and is reported as the
 //! pass's fault); `SLUICE_CUDA_GRAPHS=0` turns them off from the start.
 //!
+//! A capture is the calling thread's (thread-local mode): the backend must
+//! be driven by one thread from `begin_layers` to `end_layers`, as the
+//! engine drives it. Another thread's call could not end the record.
+//!
 //! [`MATVEC_ROWS`]: super::MATVEC_ROWS
 
 use std::collections::{HashMap, HashSet};
@@ -41,6 +45,8 @@ struct State {
     /// Buckets that have run once without a record.
     seen: HashSet<Key>,
     execs: HashMap<Key, Exec>,
+    /// Graphs submitted so far.
+    launched: u64,
 }
 
 /// An instantiated graph, destroyed with its owner.
@@ -74,18 +80,18 @@ impl Graphs {
     }
 
     /// Start recording `key`'s layers when the bucket has run before. When
-    /// that fails nothing is recorded: the pass runs launch by launch and
-    /// graphs are turned off.
-    pub(super) fn begin(&self, stream: &CudaStream, key: Key) {
+    /// that fails nothing is recorded (the pass runs launch by launch),
+    /// graphs are turned off and the failure returned.
+    pub(super) fn begin(&self, stream: &CudaStream, key: Key) -> Result<(), DriverError> {
         if !self.enabled() {
-            return;
+            return Ok(());
         }
         let mut state = self.state();
         if state.seen.len() > 4 * MAX_GRAPHS {
             state.seen.clear();
         }
         if state.recording.is_some() || state.seen.insert(key) {
-            return;
+            return Ok(());
         }
         // Thread-local: only this thread's calls are checked against the
         // capture (the engine runs passes on one thread).
@@ -99,6 +105,7 @@ impl Graphs {
             Ok(()) => state.recording = Some(key),
             Err(_) => self.disable(),
         }
+        begun
     }
 
     /// End a recording, if one is running: update (or make) its bucket's
@@ -114,16 +121,26 @@ impl Graphs {
         submitted
     }
 
+    #[cfg(test)]
+    pub(super) fn launched(&self) -> u64 {
+        self.state().launched
+    }
+
     fn disable(&self) {
         self.enabled.store(false, Ordering::Relaxed);
     }
 }
 
 fn submit(state: &mut State, stream: &CudaStream, key: Key) -> Result<(), DriverError> {
-    stream.context().bind_to_thread()?;
-    // SAFETY: this stream is capturing (`recording` was set by `begin`);
-    // ending it hands back the recorded graph, owned here.
+    // The capture is ended before anything can return: binding reports an
+    // error an earlier drop left behind, and a stream left capturing would
+    // swallow every later launch. The context is this thread's already (it
+    // began the capture).
+    let bound = stream.context().bind_to_thread();
+    // SAFETY: this stream is capturing (`recording` was set by `begin`, on
+    // this thread); ending it hands back the recorded graph, owned here.
     let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
+    bound?;
     if graph.is_null() {
         return Ok(());
     }
@@ -149,8 +166,12 @@ fn submit(state: &mut State, stream: &CudaStream, key: Key) -> Result<(), Driver
         // record just above and is alive in `execs`.
         unsafe { result::graph::launch(exec, stream.cu_stream()) }
     })();
+    if launched.is_ok() {
+        state.launched += 1;
+    }
     // SAFETY: the graph is ours and no longer needed: an executable graph
-    // does not refer to the graph it was made or updated from.
-    let destroyed = unsafe { result::graph::destroy(graph) };
-    launched.and(destroyed)
+    // does not refer to the graph it was made or updated from. Failing to
+    // free it leaks a host-side record and harms nothing launched.
+    let _ = unsafe { result::graph::destroy(graph) };
+    launched
 }

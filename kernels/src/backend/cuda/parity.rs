@@ -298,8 +298,9 @@ fn decode_layers_recorded_as_graphs_compute_what_launches_compute() {
             gpu.prepare(&rope, &PassLayout { rows: &layout_rows, sequences: &sequences }, &mut pass).expect("prepare");
             gpu.upload(&noise(n * width, 30 + step as u64, 1.0), &mut x).expect("upload");
             if step == 5 {
-                // A buffer that must grow inside the layers.
-                h = CudaRows::default();
+                // A buffer that first grows in attention, after a few
+                // recorded launches: the record ends there.
+                attn = CudaRows::default();
             }
             if recorded {
                 gpu.begin_layers(&pass);
@@ -320,6 +321,9 @@ fn decode_layers_recorded_as_graphs_compute_what_launches_compute() {
         }
         steps
     };
+    let launched = gpu.graphs_launched();
     assert_eq!(run(true), run(false));
     assert!(gpu.graphs_enabled(), "a graph call failed and turned graphs off");
+    // Steps 1, 2, 3 and 5 are recorded (0 and 4 are their buckets' first).
+    assert_eq!(gpu.graphs_launched() - launched, 4, "graphs submitted");
 }

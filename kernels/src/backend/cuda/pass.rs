@@ -26,6 +26,8 @@ pub(super) fn prepare(
     layout: &PassLayout<'_>,
     out: &mut CudaPass,
 ) -> Result<(), BackendError> {
+    // The previous pass's tables are freed below: a record cannot hold that.
+    backend.transfers();
     let n_seq = layout.sequences.len();
     if let Some(row) = layout.rows.iter().find(|row| row.seq >= n_seq) {
         return Err(BackendError::Input(format!("a row of sequence {} in a pass of {n_seq} sequences", row.seq)));
