@@ -354,3 +354,42 @@ fn sighup_reloads_the_policy_and_sigterm_stops_the_server() {
     assert_eq!(server.wait_exit(Duration::from_secs(30)), Some(0), "{}", server.log());
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// A stream held in the queue behind a long request gets its headers and a
+/// `: waiting` comment before its first token (`server.hold_notice_ms`),
+/// then its tokens once a slot frees.
+#[test]
+fn a_held_stream_gets_its_headers_and_a_waiting_comment_before_its_first_token() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("sluice-hold-notice-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let config = dir.join("sluice.toml");
+    std::fs::write(&config, "[server]\nhold_notice_ms = 0\n").expect("config");
+    let server = Server::start(&["--config", config.to_str().expect("utf-8 path"), "-np", "1"]);
+    let first_line = |body: &Value| {
+        let response = server.client().post(server.url("/completion")).json(body).send().expect("stream");
+        assert_eq!(response.status(), StatusCode::OK);
+        let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+        let mut lines = BufReader::new(response).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        (first, lines)
+    };
+    let stream = json!({ "prompt": "Hello", "n_predict": 4, "stream": true, "cache_prompt": false });
+    let long = json!({ "prompt": "Once upon a time", "n_predict": 400, "ignore_eos": true });
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| server.post("/completion", &long).0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.get("/slots").1[0]["is_processing"] != true {
+            assert!(Instant::now() < deadline, "the long request never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (first, lines) = first_line(&stream);
+        assert_eq!(first, ": waiting", "the held stream's first line");
+        assert_eq!(server.get("/slots").1[0]["is_processing"], true, "still held behind the long request");
+        let data: Vec<String> = lines.map_while(Result::ok).filter(|line| line.starts_with("data: ")).collect();
+        assert!(data.len() >= 2 && data.last().is_some_and(|last| last.contains("\"stop\":true")), "{data:?}");
+        assert_eq!(running.join().expect("long request"), StatusCode::OK);
+    });
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -53,6 +53,11 @@ pub struct ServerConfig {
     pub slots: bool,
     /// Seconds of silence before an SSE stream gets a `:` comment; 0 = never.
     pub sse_ping_interval: u64,
+    /// Milliseconds a stream waits for its first event before sending its
+    /// headers and a `: waiting` comment anyway (a request held in the
+    /// queue or by the policy); 0 = at once. A failure before then is a
+    /// plain HTTP error, after it an error event.
+    pub hold_notice_ms: u64,
     /// `Access-Control-Allow-Origin`: "*" echoes the request's origin (with
     /// credentials), "localhost" echoes only local origins, anything else is
     /// sent as it is.
@@ -74,6 +79,7 @@ impl Default for ServerConfig {
             metrics: false,
             slots: true,
             sse_ping_interval: 30,
+            hold_notice_ms: 500,
             cors_origins: "*".into(),
             slot_save_path: None,
             limits: ServerLimits::default(),

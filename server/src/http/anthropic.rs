@@ -54,7 +54,7 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
         let render = MessageStream::new(id, model, plan.prompt(0).len(), reasoning.splitter());
-        return sse::respond(jobs, render, state.ping()).await;
+        return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
     let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
     let Parts { reasoning, content: text } = reasoning.split(&outcome.content());

@@ -33,7 +33,7 @@ pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody)
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
         let render = NativeStream::new(ready, plan);
-        return sse::respond(jobs, render, state.ping()).await;
+        return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
     let outcomes = collect(jobs).await?;
     let mut results: Vec<Value> = outcomes.iter().map(|outcome| final_json(&ready, &plan, outcome, false)).collect();

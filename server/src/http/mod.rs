@@ -198,6 +198,10 @@ impl AppState {
     pub fn ping(&self) -> Duration {
         Duration::from_secs(self.0.config.server.sse_ping_interval)
     }
+
+    pub fn hold_notice(&self) -> Duration {
+        Duration::from_millis(self.0.config.server.hold_notice_ms)
+    }
 }
 
 /// The GET routes.

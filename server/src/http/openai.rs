@@ -334,7 +334,7 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
             progress: vec![StreamProgress::default(); outputs],
             plan: Arc::new(plan),
         };
-        return sse::respond(jobs, render, state.ping()).await;
+        return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
     let outcomes = collect(jobs).await?;
     let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n, tool_format)).collect();

@@ -72,7 +72,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
             progress: StreamProgress::default(),
             prompt_len: plan.prompt(0).len(),
         };
-        return sse::respond(jobs, render, state.ping()).await;
+        return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
     let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
     let parts = reasoning.split(&outcome.content());

@@ -1,7 +1,10 @@
 //! Server-sent events as llama-server frames them: `data: <json>\n\n` per
 //! event, `data: [DONE]` at the end of OpenAI streams only, a `:` comment
 //! after a silence. An error before the first token is a plain HTTP error;
-//! after it, an `{"error": …}` event that ends the stream. Dropping the
+//! after it, an `{"error": …}` event that ends the stream. A request held
+//! before its first token (queued, or kept by the policy) gets its headers
+//! and a `: waiting` comment after the hold notice, so that clients with
+//! short header timeouts keep waiting; a failure after that is an event. Dropping the
 //! stream (the client went away) drops every receiver, which cancels the
 //! requests.
 
@@ -60,20 +63,31 @@ struct State<R> {
     over: bool,
 }
 
-/// Stream the completions. Waits for the first token (or the end) so that
-/// a failure before it is answered as a plain HTTP error.
-pub async fn respond<R: Render>(jobs: Vec<Submitted>, mut render: R, ping: Duration) -> Result<Response, ApiError> {
+/// Stream the completions. Waits for the first token (or the end) up to
+/// `hold_notice`, so that a failure before it is answered as a plain HTTP
+/// error; past that the headers go out with a `: waiting` comment.
+pub async fn respond<R: Render>(
+    jobs: Vec<Submitted>,
+    mut render: R,
+    ping: Duration,
+    hold_notice: Duration,
+) -> Result<Response, ApiError> {
     let open = jobs.len();
     let mut events: Events = stream::select_all(jobs.into_iter().map(|job| job.into_stream().boxed()));
+    let notice_at = tokio::time::Instant::now() + hold_notice;
     let first = loop {
-        match events.next().await {
+        // The events are polled before the deadline is checked, so what is
+        // already there is taken even with a notice of 0.
+        let Ok(next) = tokio::time::timeout_at(notice_at, events.next()).await else { break None };
+        match next {
             Some((index, Event::Started { id_slot })) => render.started(index, id_slot),
             Some((_, Event::Failed(error))) => return Err(error.into()),
-            Some(first) => break first,
+            Some(first) => break Some(first),
             None => return Err(engine_gone()),
         }
     };
-    let state = State { events, render, first: Some(first), open, over: false };
+    let waiting = first.is_none().then(|| Ok::<_, Infallible>(SseEvent::default().comment("waiting")));
+    let state = State { events, render, first, open, over: false };
     let payloads = stream::unfold(state, |mut state| async move {
         if state.over {
             return None;
@@ -85,7 +99,8 @@ pub async fn respond<R: Render>(jobs: Vec<Submitted>, mut render: R, ping: Durat
         let payloads = step(&mut state, item);
         Some((payloads, state))
     });
-    let frames = payloads.flat_map(|payloads| stream::iter(payloads.into_iter().map(Ok::<_, Infallible>)));
+    let frames = stream::iter(waiting)
+        .chain(payloads.flat_map(|payloads| stream::iter(payloads.into_iter().map(Ok::<_, Infallible>))));
     let mut response = if ping.is_zero() {
         Sse::new(frames).into_response()
     } else {
