@@ -11,7 +11,7 @@ macro_rules! builtin {
 /// Built-in scheduling policies by name; `continuous` is the default and
 /// the fallback (docs/scheduling.md, "Built-in policies").
 pub const BUILTIN_POLICIES: &[(&str, &[u8])] =
-    &[builtin!("continuous"), builtin!("cohort"), builtin!("prefill-first"), builtin!("priority")];
+    &[builtin!("continuous"), builtin!("chunked"), builtin!("cohort"), builtin!("prefill-first"), builtin!("priority")];
 
 /// Built-in draft fixups by name; `mrope-temporal` runs on every draft
 /// unless `speculative.fixups` says otherwise (docs/draft-fixups.md).

@@ -25,7 +25,7 @@ fn load(host: &PluginHost, name: &'static str) -> WasmPolicy {
 #[test]
 fn the_table_names_each_builtin_once() {
     let names: Vec<&str> = BUILTIN_POLICIES.iter().map(|(name, _)| *name).collect();
-    assert_eq!(names, ["continuous", "cohort", "prefill-first", "priority"]);
+    assert_eq!(names, ["continuous", "chunked", "cohort", "prefill-first", "priority"]);
     for (name, bytes) in BUILTIN_POLICIES {
         assert!(bytes.starts_with(b"\0asm"), "{name} is not wasm");
     }

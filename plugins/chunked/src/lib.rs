@@ -1,0 +1,228 @@
+//! `chunked`: continuous batching with a bounded step time, after
+//! Sarathi-Serve's stall-free batching.
+//!
+//! Every step: decode every ready or decoding slot (slot order, as
+//! `continuous`), admit waiting requests first-come first-served into free
+//! slots, then grant prefill chunks in slot order only while the step-cost
+//! model says the step stays under `target_step_ms`. Under `continuous` a
+//! long prompt takes the whole token budget beside the decodes, so one step
+//! can last seconds on a small machine and every stream in it stalls that
+//! long between two tokens; here the prompt is cut into chunks the target
+//! allows and the streams keep their pace.
+//!
+//! The cost model is the lab's (`sluice bench calibrate`): a step costs
+//! `base_ms + prefill_token_ms × prefill tokens + decode_token_ms × decode
+//! rows + attention_kpair_ms × attended (query, key) pairs / 1000`. Its four
+//! coefficients are settings, defaulting to a calibration of the default
+//! model on a 2-core machine; calibrate for the model and machine at hand.
+//! So that prompts always progress, the first chunk of a step may exceed
+//! the target up to `min_chunk` tokens (a step of many decodes alone can
+//! already be over it).
+//!
+//! Settings: `target_step_ms` (default 100), `min_chunk` (default 8),
+//! `base_ms`, `prefill_token_ms`, `decode_token_ms`, `attention_kpair_ms`.
+//! No state between steps.
+
+use sluice_plugin_api::{Decision, Phase, Policy, Prefill, Settings, StepView, export_policy};
+
+/// The step-cost model's coefficients, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cost {
+    base_ms: f64,
+    prefill_token_ms: f64,
+    decode_token_ms: f64,
+    attention_kpair_ms: f64,
+}
+
+impl Cost {
+    /// A prefill chunk of `tokens` after `done` cells: each token attends
+    /// to the cells before it and to the chunk's earlier tokens and itself.
+    fn chunk_ms(&self, tokens: u32, done: u32) -> f64 {
+        let (p, d) = (f64::from(tokens), f64::from(done));
+        self.prefill_token_ms * p + self.attention_kpair_ms * (p * d + p * (p + 1.0) / 2.0) / 1000.0
+    }
+
+    /// The largest chunk after `done` cells that costs at most `ms`.
+    fn chunk_within(&self, ms: f64, done: u32) -> u32 {
+        if ms <= 0.0 {
+            return 0;
+        }
+        // chunk_ms(p) = a·p² + b·p with a = k/2000, b = t + k·(d + ½)/1000.
+        let a = self.attention_kpair_ms / 2000.0;
+        let b = self.prefill_token_ms + self.attention_kpair_ms * (f64::from(done) + 0.5) / 1000.0;
+        let p = if a > 0.0 { (-b + (b * b + 4.0 * a * ms).sqrt()) / (2.0 * a) } else { ms / b.max(f64::MIN_POSITIVE) };
+        // Rounding may land one token past the bound.
+        let mut tokens = p.floor().clamp(0.0, f64::from(u32::MAX)) as u32;
+        while tokens > 0 && self.chunk_ms(tokens, done) > ms {
+            tokens -= 1;
+        }
+        tokens
+    }
+}
+
+/// Decodes first, prefill within the step-time target; see the crate
+/// documentation.
+pub struct Chunked {
+    target_ms: f64,
+    min_chunk: u32,
+    cost: Cost,
+}
+
+impl Policy for Chunked {
+    fn configure(settings: &Settings) -> Result<Self, String> {
+        settings.expect_only(&[
+            "target_step_ms",
+            "min_chunk",
+            "base_ms",
+            "prefill_token_ms",
+            "decode_token_ms",
+            "attention_kpair_ms",
+        ])?;
+        let coefficient = |key: &str, default: f64| settings.float(key, default, 0.0..=1e6);
+        Ok(Chunked {
+            target_ms: settings.float("target_step_ms", 100.0, 1.0..=1e6)?,
+            min_chunk: settings.integer("min_chunk", 8, 1..=1 << 20)? as u32,
+            cost: Cost {
+                base_ms: coefficient("base_ms", DEFAULT_COST.base_ms)?,
+                prefill_token_ms: coefficient("prefill_token_ms", DEFAULT_COST.prefill_token_ms)?,
+                decode_token_ms: coefficient("decode_token_ms", DEFAULT_COST.decode_token_ms)?,
+                attention_kpair_ms: coefficient("attention_kpair_ms", DEFAULT_COST.attention_kpair_ms)?,
+            },
+        })
+    }
+
+    fn step(&mut self, view: &StepView) -> Decision {
+        let mut budget = view.token_budget;
+        let mut decision = Decision::default();
+        decision.decode_ready(view, &mut budget);
+        let cost = &self.cost;
+        // What the decodes cost: a row each, attending to its whole context.
+        let decoding = view.occupied.iter().filter(|slot| decision.decode.contains(&slot.slot));
+        let decode_pairs: f64 =
+            decoding.map(|slot| f64::from(slot.request.prompt_tokens) + f64::from(slot.request.generated)).sum();
+        let mut spent = cost.base_ms
+            + cost.decode_token_ms * decision.decode.len() as f64
+            + cost.attention_kpair_ms * decode_pairs / 1000.0;
+
+        // (slot, prompt tokens remaining, prompt tokens done), slot order:
+        // prefilling slots and the admissions of this step.
+        let mut chunks: Vec<(u32, u32, u32)> = view
+            .occupied
+            .iter()
+            .filter(|slot| slot.phase == Phase::Prefilling)
+            .map(|slot| (slot.slot, slot.request.prompt_remaining(), slot.request.prompt_done))
+            .collect();
+        let waiting = view.waiting.iter().map(|waiting| &waiting.request);
+        for (request, &slot) in waiting.zip(&view.free_slots) {
+            decision.admit.push(sluice_plugin_api::Admit { request_id: request.id, slot });
+            chunks.push((slot, request.prompt_remaining(), request.prompt_done));
+        }
+        chunks.sort_unstable_by_key(|&(slot, _, _)| slot);
+        for (slot, remaining, done) in chunks {
+            let mut tokens = cost.chunk_within(self.target_ms - spent, done);
+            if decision.prefill.is_empty() {
+                tokens = tokens.max(self.min_chunk);
+            }
+            let tokens = tokens.min(remaining).min(budget);
+            if tokens == 0 {
+                break;
+            }
+            decision.prefill.push(Prefill { slot, tokens });
+            budget -= tokens;
+            spent += cost.chunk_ms(tokens, done);
+        }
+        decision
+    }
+}
+
+/// `sluice bench calibrate` of the default model (SmolLM2-135M Q4_1) on a
+/// 2-core AMD EPYC (Zen 4) VM, rounded.
+const DEFAULT_COST: Cost = Cost { base_ms: 3.6, prefill_token_ms: 1.48, decode_token_ms: 1.87, attention_kpair_ms: 3.5 };
+
+export_policy!(Chunked);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_plugin_api::testing::{ViewBuilder, request, tokens_used};
+    use sluice_plugin_api::{Admit, SettingValue};
+
+    /// 1 ms a prefill token, 1 ms a decode row, nothing else: easy sums.
+    fn policy(target: i64) -> Chunked {
+        let settings = Settings::from_pairs([
+            ("target_step_ms", SettingValue::Integer(target)),
+            ("min_chunk", SettingValue::Integer(4)),
+            ("base_ms", SettingValue::Integer(0)),
+            ("prefill_token_ms", SettingValue::Integer(1)),
+            ("decode_token_ms", SettingValue::Integer(1)),
+            ("attention_kpair_ms", SettingValue::Integer(0)),
+        ]);
+        Chunked::configure(&settings).expect("valid settings")
+    }
+
+    #[test]
+    fn decodes_first_then_prefill_up_to_the_target() {
+        let view = ViewBuilder::new(4, 512)
+            .occupied(0, Phase::Decoding, request(1, 10).done(10).generated(5))
+            .occupied(1, Phase::Prefilling, request(2, 1000).done(40))
+            .occupied(2, Phase::Ready, request(3, 8).done(8))
+            .build();
+        let decision = policy(50).step(&view);
+        assert_eq!(decision.decode, vec![0, 2]);
+        // 2 ms of decodes leave 48 for the prompt.
+        assert_eq!(decision.prefill, vec![Prefill { slot: 1, tokens: 48 }]);
+    }
+
+    #[test]
+    fn admits_fifo_and_spreads_the_allowance_in_slot_order() {
+        let view = ViewBuilder::new(3, 512)
+            .occupied(1, Phase::Decoding, request(1, 4).done(4).generated(1))
+            .waiting(request(7, 30))
+            .waiting(request(8, 80))
+            .build();
+        let decision = policy(61).step(&view);
+        assert_eq!(decision.admit, vec![Admit { request_id: 7, slot: 0 }, Admit { request_id: 8, slot: 2 }]);
+        assert_eq!(decision.prefill, vec![Prefill { slot: 0, tokens: 30 }, Prefill { slot: 2, tokens: 30 }]);
+        assert_eq!(tokens_used(&decision), 61);
+    }
+
+    #[test]
+    fn a_step_over_the_target_still_gets_the_minimum_chunk() {
+        let mut view = ViewBuilder::new(12, 512).occupied(11, Phase::Prefilling, request(50, 100));
+        for slot in 0..11 {
+            view = view.occupied(slot, Phase::Decoding, request(u64::from(slot), 4).done(4).generated(3));
+        }
+        let decision = policy(10).step(&view.build());
+        assert_eq!(decision.decode.len(), 11);
+        assert_eq!(decision.prefill, vec![Prefill { slot: 11, tokens: 4 }], "min_chunk, and only one chunk");
+    }
+
+    #[test]
+    fn the_token_budget_still_bounds_everything() {
+        let view = ViewBuilder::new(2, 20)
+            .occupied(0, Phase::Decoding, request(1, 4).done(4).generated(1))
+            .occupied(1, Phase::Prefilling, request(2, 500))
+            .build();
+        let decision = policy(1000).step(&view);
+        assert_eq!(decision.prefill, vec![Prefill { slot: 1, tokens: 19 }]);
+    }
+
+    #[test]
+    fn attention_shrinks_chunks_deep_in_a_prompt() {
+        let cost = Cost { base_ms: 0.0, prefill_token_ms: 1.0, decode_token_ms: 0.0, attention_kpair_ms: 10.0 };
+        let (shallow, deep) = (cost.chunk_within(100.0, 0), cost.chunk_within(100.0, 4000));
+        assert!(shallow > deep && deep > 0, "{shallow} {deep}");
+        for (tokens, done) in [(shallow, 0), (deep, 4000)] {
+            assert!(cost.chunk_ms(tokens, done) <= 100.0 && cost.chunk_ms(tokens + 1, done) > 100.0);
+        }
+    }
+
+    #[test]
+    fn settings_are_checked_by_name_and_range() {
+        let unknown = Settings::from_pairs([("max_members", SettingValue::Integer(2))]);
+        assert!(Chunked::configure(&unknown).err().is_some_and(|error| error.contains("max_members")));
+        let zero = Settings::from_pairs([("target_step_ms", SettingValue::Integer(0))]);
+        assert!(Chunked::configure(&zero).err().is_some_and(|error| error.contains("target_step_ms")));
+        assert!(Chunked::configure(&Settings::default()).is_ok());
+    }
+}
