@@ -137,7 +137,8 @@ impl Policy for Chunked {
 
 /// `sluice bench calibrate` of the default model (SmolLM2-135M Q4_1) on a
 /// 2-core AMD EPYC (Zen 4) VM, rounded.
-const DEFAULT_COST: Cost = Cost { base_ms: 3.6, prefill_token_ms: 1.48, decode_token_ms: 1.87, attention_kpair_ms: 3.5 };
+const DEFAULT_COST: Cost =
+    Cost { base_ms: 3.6, prefill_token_ms: 1.48, decode_token_ms: 1.87, attention_kpair_ms: 3.5 };
 
 export_policy!(Chunked);
 
