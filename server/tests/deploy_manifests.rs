@@ -133,6 +133,14 @@ fn the_deployment_manifests_fit_together_and_name_metrics_sluice_serves() {
             }
         }
     }
+    // The cache's shape is there from the start, before any request.
+    let blocks: usize = exposition
+        .split("num_gpu_blocks=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|blocks| blocks.parse().ok())
+        .expect("num_gpu_blocks");
+    assert!(blocks > 0, "no KV blocks named before the first request");
 }
 
 /// (waiting, running, KV usage) as the picker reads them.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice_tests::http::Server;
+use sluice_tests::http::{Server, config_file};
 
 #[test]
 fn a_disconnect_mid_stream_frees_the_slot() {
@@ -361,10 +361,7 @@ fn sighup_reloads_the_policy_and_sigterm_stops_the_server() {
 #[test]
 fn a_held_stream_gets_its_headers_and_a_waiting_comment_before_its_first_token() {
     use std::io::{BufRead, BufReader};
-    let dir = std::env::temp_dir().join(format!("sluice-hold-notice-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let config = dir.join("sluice.toml");
-    std::fs::write(&config, "[server]\nhold_notice_ms = 0\n").expect("config");
+    let config = config_file("hold-notice", "[server]\nhold_notice_ms = 0\n");
     let server = Server::start(&["--config", config.to_str().expect("utf-8 path"), "-np", "1"]);
     let first_line = |body: &Value| {
         let response = server.client().post(server.url("/completion")).json(body).send().expect("stream");
@@ -391,5 +388,5 @@ fn a_held_stream_gets_its_headers_and_a_waiting_comment_before_its_first_token()
         assert!(data.len() >= 2 && data.last().is_some_and(|last| last.contains("\"stop\":true")), "{data:?}");
         assert_eq!(running.join().expect("long request"), StatusCode::OK);
     });
-    std::fs::remove_dir_all(&dir).expect("clean up");
+    std::fs::remove_dir_all(config.parent().expect("its folder")).expect("clean up");
 }

@@ -5,23 +5,14 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice_tests::http::Server;
-
-fn config(name: &str, toml: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-reliability-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let path = dir.join("sluice.toml");
-    std::fs::write(&path, toml).expect("config");
-    path
-}
+use sluice_tests::http::{Server, config_file};
 
 fn start(name: &str, toml: &str, args: &[&str]) -> Server {
-    let path = config(name, toml);
+    let path = config_file(&format!("reliability-{name}"), toml);
     Server::start(&[&["--config", path.to_str().expect("utf-8 path")], args].concat())
 }
 

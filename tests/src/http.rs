@@ -21,6 +21,16 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on any one request, streams included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// `toml` written as `sluice.toml` in a scratch folder of its own (named
+/// after `name` and this process), for `--config`.
+pub fn config_file(name: &str, toml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, toml).expect("config");
+    path
+}
+
 /// A running server.
 pub struct Server {
     child: Child,

@@ -61,26 +61,23 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     parity.args(["--", "--nocapture", "--test-threads", "1"]);
     env(&mut parity);
     run(&mut parity)?;
-    // One `sluice bench model` run: (prefill 2048, decode) tokens/s, the
-    // decode total over `batch` sequences.
-    let bench = |model: &Path, device: &str, batch: usize, graphs: bool, blas: bool| -> anyhow::Result<(f64, f64)> {
+    // One `sluice bench model` run: (prefill, decode) tokens/s for a prompt
+    // of `prefill` tokens and 128 tokens decoded by each of `batch`
+    // sequences (their total; 0 for none), with the switches `off` set to 0.
+    let bench = |model: &Path, device: &str, prefill: usize, batch: usize, off: &[&str]| {
         let mut bench = Command::new(repo_root().join("target/release/sluice"));
         bench.args(["bench", "model", "--model"]).arg(model).args(["--device", device]);
-        let prefill = if batch == 1 && graphs { "2048" } else { "0" };
-        bench.args(["--prefill", prefill, "--decode", "128", "--reps", "2", "--batch", &batch.to_string()]);
+        let decode = if batch == 0 { "0" } else { "128" };
+        bench.args(["--prefill", &prefill.to_string(), "--decode", decode, "--reps", "2"]);
+        bench.args(["--batch", &batch.max(1).to_string()]);
         env(&mut bench);
-        if !graphs {
-            bench.env("SLUICE_CUDA_GRAPHS", "0");
-        }
-        if !blas {
-            bench.env("SLUICE_CUBLAS", "0");
-        }
-        bench_model::measure(&mut bench).with_context(|| format!("on {device} at batch {batch}"))
+        bench.envs(off.iter().map(|switch| (switch, "0")));
+        bench_model::measure(&mut bench).with_context(|| format!("on {device} at batch {batch}, {off:?} off"))
     };
     let report = |model: &Path, device: &str| -> anyhow::Result<()> {
         let bytes = std::fs::metadata(model).with_context(|| format!("reading {}", model.display()))?.len() as f64;
         let name = model.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
-        let (prefill, decode) = bench(model, device, 1, true, true)?;
+        let (prefill, decode) = bench(model, device, 2048, 1, &[])?;
         // Every weight byte is read once per decoded token.
         let roofline = args.bandwidth_tb_s * 1e12 / bytes;
         println!(
@@ -93,10 +90,10 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
         if device == "cpu" {
             return Ok(());
         }
-        let (_, launched) = bench(model, device, 1, false, true)?;
+        let (_, launched) = bench(model, device, 0, 1, &["SLUICE_CUDA_GRAPHS"])?;
         println!("{name} on {device}: decode (batch 1) without CUDA graphs {launched:.1} tokens/s");
         for batch in [8, 64] {
-            let (_, total) = bench(model, device, batch, true, true)?;
+            let (_, total) = bench(model, device, 0, batch, &[])?;
             println!(
                 "{name} on {device}: decode at batch {batch} {total:.0} tokens/s in all = {:.1}× batch 1",
                 total / decode
@@ -125,8 +122,8 @@ pub fn device_check(args: DeviceCheckArgs) -> anyhow::Result<()> {
     report(&large, "cuda:0")?;
     // f16 weights: cuBLAS against the tiled kernel on prompts.
     let f16 = written("llama-3.2-1b", "llama-3.2-1b-f16.gguf", "f16")?;
-    let (with, _) = bench(&f16, "cuda:0", 1, true, true)?;
-    let (without, _) = bench(&f16, "cuda:0", 1, true, false)?;
+    let (with, _) = bench(&f16, "cuda:0", 2048, 0, &[])?;
+    let (without, _) = bench(&f16, "cuda:0", 2048, 0, &["SLUICE_CUBLAS"])?;
     println!(
         "llama-3.2-1b-f16 on cuda:0: prefill 2048 {with:.0} tokens/s with cuBLAS, {without:.0} with the tiled kernel"
     );

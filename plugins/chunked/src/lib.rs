@@ -97,7 +97,12 @@ impl Policy for Chunked {
         decision.decode_ready(view, &mut budget);
         let cost = &self.cost;
         // What the decodes cost: a row each, attending to its whole context.
-        let decoding = view.occupied.iter().filter(|slot| decision.decode.contains(&slot.slot));
+        // `decode_ready` took the first ready or decoding slots, in order.
+        let decoding = view
+            .occupied
+            .iter()
+            .filter(|slot| matches!(slot.phase, Phase::Ready | Phase::Decoding))
+            .take(decision.decode.len());
         let decode_pairs: f64 =
             decoding.map(|slot| f64::from(slot.request.prompt_tokens) + f64::from(slot.request.generated)).sum();
         let mut spent = cost.base_ms

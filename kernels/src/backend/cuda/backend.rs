@@ -140,7 +140,7 @@ impl CudaBackend {
         let name = context.name().map_err(|error| fail("no name", error))?;
         let (major, minor) = context.compute_capability().map_err(|error| fail("no compute capability", error))?;
         let arch = Arch { major: major.unsigned_abs(), minor: minor.unsigned_abs() };
-        let functions = Functions::load(&context, |program| {
+        let functions = Functions::load(&context, &kernel_names(), |program| {
             let (cubin, how) = cache
                 .cubin(nvrtc, program, arch)
                 .map_err(|error| BackendError::Unavailable(format!("cuda:{index}: {error}")))?;
@@ -169,11 +169,6 @@ impl CudaBackend {
             .inspect(|_| log("cuBLAS: f16 and bf16 products of more than 8 rows"))
             .map_err(|why| log(&format!("cuBLAS: {why}; the tiled kernel takes every product")))
             .ok();
-        // Every kernel found now: a module loaded lazily inside a graph's
-        // capture is refused by older drivers, and launches skip the lookup.
-        for name in kernel_names() {
-            functions.get(&name).map_err(BackendError::Unavailable)?;
-        }
         Ok(CudaBackend {
             stream,
             graphs: Graphs::new(),

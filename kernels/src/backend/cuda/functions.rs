@@ -2,9 +2,9 @@
 //! name, and the launch shapes their comments in `kernels/cuda/` prescribe.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, DriverError, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use super::super::BackendError;
@@ -15,16 +15,19 @@ pub(super) enum LoadError {
     Driver(String, DriverError),
 }
 
-/// Every program's module, and the functions asked for so far.
+/// Every kernel the backend launches, found once when the programs load:
+/// launches then skip the lookup, and no module is touched while a CUDA
+/// graph is being recorded.
 pub(super) struct Functions {
-    modules: Vec<Arc<CudaModule>>,
-    found: Mutex<HashMap<String, CudaFunction>>,
+    found: HashMap<String, CudaFunction>,
 }
 
 impl Functions {
-    /// Load every program, its cubin from `cubin`.
+    /// Load every program, its cubin from `cubin`, and find the kernels
+    /// `names` in them.
     pub(super) fn load(
         context: &Arc<CudaContext>,
+        names: &[String],
         mut cubin: impl FnMut(&Program) -> Result<Vec<u8>, BackendError>,
     ) -> Result<Self, LoadError> {
         let mut modules = Vec::new();
@@ -35,22 +38,19 @@ impl Functions {
                 .map_err(|error| LoadError::Driver(format!("loading the {} kernels", program.name()), error))?;
             modules.push(module);
         }
-        Ok(Functions { modules, found: Mutex::default() })
+        let mut found = HashMap::with_capacity(names.len());
+        for name in names {
+            let function = modules.iter().find_map(|module| module.load_function(name).ok()).ok_or_else(|| {
+                LoadError::Backend(BackendError::Unavailable(format!("no kernel {name} in the compiled programs")))
+            })?;
+            found.insert(name.clone(), function);
+        }
+        Ok(Functions { found })
     }
 
-    /// The kernel `name`, from whichever module has it.
+    /// The kernel `name` (one of those loaded).
     pub(super) fn get(&self, name: &str) -> Result<CudaFunction, String> {
-        let mut found = self.found.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(function) = found.get(name) {
-            return Ok(function.clone());
-        }
-        let function = self
-            .modules
-            .iter()
-            .find_map(|module| module.load_function(name).ok())
-            .ok_or_else(|| format!("no kernel {name} in the compiled programs"))?;
-        found.insert(name.to_string(), function.clone());
-        Ok(function)
+        self.found.get(name).cloned().ok_or_else(|| format!("no kernel {name} among those loaded"))
     }
 }
 
