@@ -6,6 +6,7 @@ use crate::scheduler::exports::sluice::plugin::policy as wire;
 
 /// Where a slot stands in the life of its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "kebab-case"))]
 pub enum Phase {
     /// Admitted; the prompt is not fully processed yet.
     Prefilling,
@@ -17,6 +18,7 @@ pub enum Phase {
 
 /// What the host knows about one request (see the WIT `request-table`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RequestInfo {
     pub id: u64,
     pub prompt_tokens: u32,
@@ -38,6 +40,7 @@ impl RequestInfo {
 
 /// A slot that holds a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct OccupiedSlot {
     pub slot: u32,
     pub phase: Phase,
@@ -46,6 +49,7 @@ pub struct OccupiedSlot {
 
 /// A request queued for a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WaitingRequest {
     pub request: RequestInfo,
     /// A free slot whose cached prefix best matches the request (advisory).
@@ -54,6 +58,7 @@ pub struct WaitingRequest {
 
 /// Why a request left the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "kebab-case"))]
 pub enum EndReason {
     Completed,
     Cancelled,
@@ -62,6 +67,7 @@ pub enum EndReason {
 
 /// A request that ended since the previous step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct EndedRequest {
     pub request_id: u64,
     pub slot: Option<u32>,
@@ -70,6 +76,7 @@ pub struct EndedRequest {
 
 /// Everything a policy sees in one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StepView {
     pub step: u64,
     pub now_ms: u64,
@@ -85,6 +92,7 @@ pub struct StepView {
 
 /// Put a waiting request into a free slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Admit {
     pub request_id: u64,
     pub slot: u32,
@@ -92,6 +100,7 @@ pub struct Admit {
 
 /// Process `tokens` prompt tokens of a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Prefill {
     pub slot: u32,
     pub tokens: u32,
@@ -99,6 +108,7 @@ pub struct Prefill {
 
 /// The work granted for one step; everything not named waits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Decision {
     pub admit: Vec<Admit>,
     pub prefill: Vec<Prefill>,

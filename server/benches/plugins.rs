@@ -1,8 +1,14 @@
 //! Cost of one policy step through the sandbox: build the view of 64
 //! occupied slots and 64 waiting requests, call `continuous`, decode the
-//! decision. `cargo xtask bench plugins`.
+//! decision; and what 1 or 4 shadow policies add to a step (each called,
+//! validated and compared). `cargo xtask bench plugins`.
 
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sluice::engine::FaultRules;
 use sluice::engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
+use sluice::engine::shadow::Shadows;
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 const SLOTS: u32 = 64;
@@ -49,12 +55,15 @@ fn busy_view(step: u64) -> StepView {
     }
 }
 
+fn builtin(host: &PluginHost, name: &str) -> WasmPolicy {
+    let (name, bytes) = builtin_policy(name).expect("built-in");
+    WasmPolicy::load(host, PluginSource::Builtin(name), bytes, Vec::new(), PluginLimits::default()).expect("loads")
+}
+
 #[divan::bench]
 fn continuous_step_64_occupied_64_waiting(bencher: divan::Bencher) {
     let host = PluginHost::new().expect("host starts");
-    let (name, bytes) = builtin_policy("continuous").expect("built-in");
-    let mut policy = WasmPolicy::load(&host, PluginSource::Builtin(name), bytes, Vec::new(), PluginLimits::default())
-        .expect("continuous loads");
+    let mut policy = builtin(&host, "continuous");
     let mut step = 0;
     bencher.bench_local(|| {
         step += 1;
@@ -63,4 +72,29 @@ fn continuous_step_64_occupied_64_waiting(bencher: divan::Bencher) {
         assert_eq!(decision.decode.len(), 48);
         decision
     });
+}
+
+/// The shadows' share of a step at 64 + 64: `n` candidates (of
+/// `continuous`, `cohort`, `prefill-first`, `priority`) shown the view the
+/// active `continuous` decided, with a budget that never skips one.
+#[divan::bench(args = [1, 4])]
+fn shadows_per_step_64_occupied_64_waiting(bencher: divan::Bencher, n: usize) {
+    let host = PluginHost::new().expect("host starts");
+    let mut active = builtin(&host, "continuous");
+    let mut shadows = Shadows::new(Duration::from_secs(1), FaultRules::default());
+    let records = Mutex::new(Vec::new());
+    for name in ["continuous", "cohort", "prefill-first", "priority"].into_iter().take(n) {
+        shadows.attach(Box::new(builtin(&host, name)), &records).expect("attached");
+    }
+    let mut step = 0;
+    bencher
+        .with_inputs(|| {
+            step += 1;
+            let view = busy_view(step);
+            let decision = active.step(&view).expect("continuous never faults");
+            (view, decision)
+        })
+        .bench_local_refs(|(view, decision)| shadows.observe(view, decision, &records));
+    let records = records.into_inner().expect("records");
+    assert!(records.iter().all(|record| record.quarantined.is_none() && record.skipped == 0), "{records:?}");
 }

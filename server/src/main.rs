@@ -11,7 +11,7 @@ use sluice::config::{Config, LogConfig, LogFormat, Overrides, help_epilogue, lla
 use sluice::engine::policy::SchedulingPolicy;
 use sluice::http::server::Launch;
 use sluice::plugins::{PluginHost, PluginSource, builtin_fixup};
-use sluice::startup::{check_device, load_fixup, load_policy};
+use sluice::startup::{check_device, load_fixup, load_policy, load_shadows};
 
 #[derive(Parser)]
 #[command(
@@ -181,13 +181,17 @@ fn serve(args: ServeArgs, ignored: &[String]) -> anyhow::Result<ExitCode> {
     let host = PluginHost::new()?;
     let policy = load_policy(&host, &config.policy)?;
     eprintln!("policy `{}` loaded", policy.name());
+    let shadows = load_shadows(&host, &config.policy)?;
+    for shadow in &shadows {
+        eprintln!("shadow policy `{}` loaded", shadow.name());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads_or_cores(config.server.threads_http))
         .thread_name("http")
         .enable_all()
         .build()
         .context("cannot start the HTTP runtime")?;
-    let launch = Launch { config, config_file: args.config, flags: args.flags, host, policy };
+    let launch = Launch { config, config_file: args.config, flags: args.flags, host, policy, shadows };
     let served = runtime.block_on(sluice::http::serve(launch));
     // A model load still running on a blocking thread must not hold up the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

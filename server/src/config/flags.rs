@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::builder::TypedValueParser;
 use sluice_kernels::backend::KvType;
 
-use super::schema::{Config, LogFormat, LoraConfig, ReasoningFormat, SpecType, Thinking};
+use super::schema::{Config, LogFormat, LoraConfig, PolicySpec, ReasoningFormat, SpecType, Thinking};
 
 impl Config {
     /// Apply command-line flags (they win over the file), then validate.
@@ -193,6 +193,16 @@ impl Config {
         if flags.lora_init_without_apply {
             self.lora.iter_mut().for_each(|lora| lora.scale = 0.0);
         }
+        if !flags.policy_shadow.is_empty() {
+            self.policy.shadow = flags
+                .policy_shadow
+                .iter()
+                .map(|spec| policy_spec(spec, "--policy-shadow"))
+                .collect::<Result<_, _>>()?;
+        }
+        if flags.record_trace.is_some() {
+            self.server.record_trace.clone_from(&flags.record_trace);
+        }
         self.validate().map_err(|invalid| invalid.to_string())
     }
 }
@@ -205,6 +215,14 @@ pub struct Overrides {
     /// (`policy.plugin`).
     #[arg(long, value_name = "NAME|PATH")]
     pub policy: Option<String>,
+    /// A shadow policy (repeatable, at most 4): a built-in name or a .wasm
+    /// path, then its settings, e.g. `cohort,max_members=4`
+    /// (`[[policy.shadow]]`; given, it replaces the file's).
+    #[arg(long, value_name = "NAME|PATH[,K=V...]")]
+    pub policy_shadow: Vec<String>,
+    /// Record every step's view and decision to FILE (`server.record_trace`).
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
     /// Model file, GGUF (`model.path`).
     #[arg(short = 'm', long, value_name = "FILE")]
     pub model: Option<PathBuf>,
@@ -459,4 +477,25 @@ fn read_api_key(path: &Path) -> Result<String, String> {
             Err(format!("--api-key-file {}: sluice takes one API key, the file holds several", path.display()))
         }
     }
+}
+
+/// A policy named on the command line, `NAME|PATH[,KEY=VALUE...]`
+/// (`--policy-shadow`, the lab's `--policy`): values are TOML (`500`,
+/// `true`, `"text"`) or else bare text.
+pub fn policy_spec(spec: &str, flag: &str) -> Result<PolicySpec, String> {
+    let mut parts = spec.split(',');
+    let plugin = parts.next().unwrap_or_default().trim();
+    if plugin.is_empty() {
+        return Err(format!("{flag} {spec}: expected NAME|PATH[,KEY=VALUE...]"));
+    }
+    let mut settings = toml::Table::new();
+    for pair in parts {
+        let (key, value) = pair.split_once('=').ok_or_else(|| format!("{flag} {spec}: `{pair}` is not KEY=VALUE"))?;
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut table| table.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+        settings.insert(key.trim().to_owned(), value);
+    }
+    Ok(PolicySpec { plugin: plugin.to_owned(), settings })
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_kernels::backend::Device;
 
-use super::schema::{Config, DEFAULT_FIXUP, PolicyConfig, SpecType, SpeculativeConfig, adapter_names};
+use super::schema::{Config, DEFAULT_FIXUP, PolicyConfig, PolicySpec, SpecType, SpeculativeConfig, adapter_names};
 use crate::plugins::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
 
 /// A configuration error, naming the file and what is wrong.
@@ -76,6 +76,14 @@ impl Config {
         if let Some(folder) = config.server.slot_save_path.as_mut() {
             resolve(folder);
         }
+        if let Some(trace) = config.server.record_trace.as_mut() {
+            resolve(trace);
+        }
+        for shadow in &mut config.policy.shadow {
+            if looks_like_path(&shadow.plugin) && Path::new(&shadow.plugin).is_relative() {
+                shadow.plugin = base.join(&shadow.plugin).display().to_string();
+            }
+        }
         for fixup in config.speculative.fixups.iter_mut().flatten() {
             if looks_like_path(fixup) && Path::new(fixup.as_str()).is_relative() {
                 *fixup = base.join(&*fixup).display().to_string();
@@ -104,12 +112,18 @@ impl Config {
     pub fn validate(&self) -> Result<(), Invalid> {
         let policy = &self.policy;
         policy.source().map_err(|message| Invalid::new("policy.plugin", message))?;
+        for (index, shadow) in policy.shadow.iter().enumerate() {
+            plugin_source(&shadow.plugin, &format!("policy.shadow[{index}].plugin"))
+                .map_err(|message| Invalid::new("policy.shadow.plugin", message))?;
+        }
         let engine = &self.engine;
         let at_least_one = [
             ("policy.fuel", policy.fuel),
             ("policy.deadline_ms", policy.deadline_ms),
             ("policy.memory_mb", policy.memory_mb),
             ("policy.stall_steps", u64::from(policy.stall_steps)),
+            ("policy.shadow_budget_us", policy.shadow_budget_us),
+            ("server.record_trace_mb", self.server.record_trace_mb),
             ("engine.slots", engine.slots as u64),
             ("engine.batch_tokens", engine.batch_tokens as u64),
             ("engine.ubatch_tokens", engine.ubatch_tokens as u64),
@@ -259,19 +273,34 @@ impl PolicyConfig {
 
     /// Where the policy comes from: a built-in name or a file path.
     pub fn source(&self) -> Result<PluginSource, String> {
-        if looks_like_path(&self.plugin) {
-            return Ok(PluginSource::Path(PathBuf::from(&self.plugin)));
+        plugin_source(&self.plugin, "policy.plugin")
+    }
+
+    /// The configuration of the shadow `shadow`: its plugin and settings
+    /// under this policy's limits and fault rules.
+    pub fn for_shadow(&self, shadow: &PolicySpec) -> PolicyConfig {
+        PolicyConfig {
+            plugin: shadow.plugin.clone(),
+            settings: shadow.settings.clone(),
+            shadow: Vec::new(),
+            ..self.clone()
         }
-        match builtin_policy(&self.plugin) {
-            Some((name, _)) => Ok(PluginSource::Builtin(name)),
-            None => {
-                let names: Vec<&str> = BUILTIN_POLICIES.iter().map(|(name, _)| *name).collect();
-                Err(format!(
-                    "`policy.plugin` = \"{}\" is neither a built-in policy ({}) nor a path to a .wasm file",
-                    self.plugin,
-                    names.join(", ")
-                ))
-            }
+    }
+}
+
+/// A policy plugin named by `key`: a built-in name or a file path.
+fn plugin_source(plugin: &str, key: &str) -> Result<PluginSource, String> {
+    if looks_like_path(plugin) {
+        return Ok(PluginSource::Path(PathBuf::from(plugin)));
+    }
+    match builtin_policy(plugin) {
+        Some((name, _)) => Ok(PluginSource::Builtin(name)),
+        None => {
+            let names: Vec<&str> = BUILTIN_POLICIES.iter().map(|(name, _)| *name).collect();
+            Err(format!(
+                "`{key}` = \"{plugin}\" is neither a built-in policy ({}) nor a path to a .wasm file",
+                names.join(", ")
+            ))
         }
     }
 }

@@ -11,7 +11,7 @@ mod llama_table;
 mod load;
 mod schema;
 
-pub use flags::Overrides;
+pub use flags::{Overrides, policy_spec};
 pub use llama_args::{LlamaArgs, flag_table, help_epilogue, llama_style_args};
 pub use load::{ConfigError, Invalid, threads_or_cores};
 pub use schema::*;

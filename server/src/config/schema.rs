@@ -65,6 +65,11 @@ pub struct ServerConfig {
     /// The folder `POST /slots/{id}?action=save|restore` writes and reads
     /// slot files in; without it the action answers 501.
     pub slot_save_path: Option<PathBuf>,
+    /// Write every step's view and applied decision here (JSON lines, for
+    /// `sluice lab replay`); an existing file is kept as `FILE.1`.
+    pub record_trace: Option<PathBuf>,
+    /// Size at which the trace moves to `FILE.1` and a new one starts.
+    pub record_trace_mb: u64,
     pub limits: ServerLimits,
     pub timeouts: ServerTimeouts,
 }
@@ -82,6 +87,8 @@ impl Default for ServerConfig {
             hold_notice_ms: 500,
             cors_origins: "*".into(),
             slot_save_path: None,
+            record_trace: None,
+            record_trace_mb: 256,
             limits: ServerLimits::default(),
             timeouts: ServerTimeouts::default(),
         }
@@ -394,6 +401,22 @@ pub struct PolicyConfig {
     pub memory_mb: u64,
     /// `[policy.settings]`, passed to the policy's `configure`.
     pub settings: toml::Table,
+    /// `[[policy.shadow]]`: candidates that see every step and whose
+    /// decisions are compared, never applied (at most 4; same limits).
+    pub shadow: Vec<PolicySpec>,
+    /// Most microseconds all shadows together may take per step; the rest
+    /// skip that step.
+    pub shadow_budget_us: u64,
+}
+
+/// One `[[policy.shadow]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// A built-in policy name or a path to a `.wasm` component.
+    pub plugin: String,
+    #[serde(default)]
+    pub settings: toml::Table,
 }
 
 impl Default for PolicyConfig {
@@ -406,6 +429,8 @@ impl Default for PolicyConfig {
             deadline_ms: PluginLimits::default().deadline_ms,
             memory_mb: PluginLimits::default().memory_mb,
             settings: toml::Table::new(),
+            shadow: Vec::new(),
+            shadow_budget_us: 200,
         }
     }
 }

@@ -56,6 +56,36 @@ fn relative_plugin_paths_resolve_against_the_config_file() {
 }
 
 #[test]
+fn shadows_come_from_the_file_or_the_flags_which_replace_them() {
+    let text = "[policy]\nshadow_budget_us = 500\n[[policy.shadow]]\nplugin = \"cohort\"\n\
+                [policy.shadow.settings]\nmax_members = 2\n[[policy.shadow]]\nplugin = \"prefill-first\"\n";
+    let mut config = Config::parse(text).expect("valid");
+    assert_eq!(config.policy.shadow_budget_us, 500);
+    assert_eq!(config.policy.shadow.len(), 2);
+    assert_eq!(config.policy.shadow[0].settings.get("max_members"), Some(&toml::Value::Integer(2)));
+    let shadow = config.policy.for_shadow(&config.policy.shadow[0]);
+    assert_eq!((shadow.plugin.as_str(), shadow.limits(), shadow.shadow.len()), ("cohort", config.policy.limits(), 0));
+    let flags = Overrides {
+        policy_shadow: vec!["chunked,target_step_ms=50,label=x".into()],
+        record_trace: Some("steps.jsonl".into()),
+        ..Overrides::default()
+    };
+    config.apply(&flags).expect("valid flags");
+    assert_eq!(config.policy.shadow.len(), 1);
+    let settings = &config.policy.shadow[0].settings;
+    assert_eq!(settings.get("target_step_ms"), Some(&toml::Value::Integer(50)));
+    assert_eq!(settings.get("label"), Some(&toml::Value::String("x".into())));
+    assert_eq!(config.server.record_trace, Some(PathBuf::from("steps.jsonl")));
+    let unknown = Config::parse("[[policy.shadow]]\nplugin = \"fastest\"\n").unwrap_err();
+    assert!(unknown.contains("`policy.shadow[0].plugin` = \"fastest\" is neither"), "{unknown}");
+    let bad = Overrides { policy_shadow: vec!["cohort,max_members".into()], ..Overrides::default() };
+    assert_eq!(
+        Config::default().apply(&bad).unwrap_err(),
+        "--policy-shadow cohort,max_members: `max_members` is not KEY=VALUE"
+    );
+}
+
+#[test]
 fn every_section_parses_with_its_defaults() {
     let config = Config::parse("").expect("valid");
     assert_eq!(config.server, ServerConfig::default());

@@ -3,6 +3,7 @@
 //! decode tokens, run the model, sample, stream events, stop and free what
 //! finished.
 
+mod observe;
 mod slot_actions;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -24,6 +25,7 @@ use super::pinning;
 use super::policy::{Decision, EndReason, EndedRequest, OccupiedSlot, Phase, StepView, WaitingRequest};
 use super::request::{EngineError, Event, IMAGE_ROW, Progress, RequestId};
 use super::sampling::Sampler;
+use super::shadow::Shadows;
 use super::shift;
 use super::slot::{Active, Waiting, trace_phase};
 use super::slot_store::SlotAction;
@@ -31,6 +33,7 @@ use super::speculative::{DraftState, Speculation};
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
 use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 use super::text::TextStream;
+use super::trace::TraceRecorder;
 use crate::model::batch::forward_in_parts;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{Context, Model};
@@ -66,6 +69,8 @@ pub(super) struct Engine {
     slot_tokens: Vec<(u64, Vec<u32>)>,
     /// Actions waiting for their (busy) slots.
     deferred_slot_actions: Vec<(usize, SlotAction)>,
+    shadows: Shadows,
+    recorder: Option<TraceRecorder>,
 }
 
 /// The [`Emitter`] over an engine's fields, borrowed one by one so that a
@@ -144,6 +149,8 @@ impl Engine {
             step: 0,
             slot_tokens: vec![(0, Vec::new()); config.slots],
             deferred_slot_actions: Vec::new(),
+            shadows: Shadows::new(config.shadow_budget, config.faults),
+            recorder: None,
             model,
             tokenizer,
             supervisor,
@@ -212,9 +219,11 @@ impl Engine {
             Command::ReplacePolicy(policy, applied) => {
                 tracing::info!(policy = policy.name(), "scheduling policy replaced");
                 self.supervisor.replace(policy);
-                self.shared.set_policy(self.supervisor.policy_name(), self.supervisor.health());
+                self.policy_changed();
                 let _ = applied.send(());
             }
+            Command::Shadow(command) => self.shadow_command(command),
+            Command::Record(recorder) => self.record(recorder),
         }
     }
 
@@ -301,12 +310,19 @@ impl Engine {
         }
         self.ended.clear();
         self.step += 1;
+        let observed = self.observed().then(|| match &verdict {
+            Verdict::Run(decision) => decision.clone(),
+            Verdict::Wait | Verdict::Stalled | Verdict::Closed => Decision::default(),
+        });
         match verdict {
             Verdict::Run(decision) => self.apply(decision),
             // Let time pass: a policy waiting on the clock should not spin.
             Verdict::Wait => std::thread::sleep(Duration::from_millis(1)),
             // A stall handled as a fault runs nothing; `Closed` was handled above.
             Verdict::Stalled | Verdict::Closed => {}
+        }
+        if let Some(applied) = observed {
+            self.observe(view, applied);
         }
     }
 

@@ -15,10 +15,12 @@ use super::core::{Engine, Models};
 use super::delivery::{self, EventReceiver};
 use super::policy::SchedulingPolicy;
 use super::request::{EngineError, GenerationRequest, RequestId};
+use super::shadow::ShadowRecord;
 use super::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile, SlotReply};
 use super::speculative::Speculation;
-use super::state::{Command, EngineConfig, Shared, SlotInfo};
+use super::state::{Command, EngineConfig, Promoted, ShadowCommand, Shared, SlotInfo};
 use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
+use super::trace::TraceRecorder;
 use crate::model::Model;
 use crate::model::tokenizer::Tokenizer;
 
@@ -206,6 +208,52 @@ impl EngineHandle {
             return Err(SubmitError::Unavailable("the engine has stopped".into()));
         }
         Ok(())
+    }
+
+    /// Ask the engine something it answers between steps, waiting up to
+    /// `wait`.
+    fn ask<T>(&self, command: ShadowCommand, answer: mpsc::Receiver<T>, wait: Duration) -> Result<T, String> {
+        self.commands.send(Command::Shadow(command)).map_err(|_| "the engine has stopped".to_owned())?;
+        answer.recv_timeout(wait).map_err(|error| match error {
+            mpsc::RecvTimeoutError::Timeout => format!("the engine did not answer within {} s", wait.as_secs()),
+            mpsc::RecvTimeoutError::Disconnected => "the engine has stopped".to_owned(),
+        })
+    }
+
+    /// Attach a shadow policy (see [`crate::engine::shadow`]).
+    pub fn attach_shadow(&self, policy: Box<dyn SchedulingPolicy>, wait: Duration) -> Result<(), String> {
+        let (reply, answer) = mpsc::channel();
+        self.ask(ShadowCommand::Attach(policy, reply), answer, wait)?
+    }
+
+    pub fn detach_shadow(&self, name: &str, wait: Duration) -> Result<(), String> {
+        let (reply, answer) = mpsc::channel();
+        self.ask(ShadowCommand::Detach(name.to_owned(), reply), answer, wait)?
+    }
+
+    /// Detach every shadow policy, then attach `policies`.
+    pub fn replace_shadows(&self, policies: Vec<Box<dyn SchedulingPolicy>>, wait: Duration) -> Result<(), String> {
+        let (reply, answer) = mpsc::channel();
+        self.ask(ShadowCommand::Replace(policies, reply), answer, wait)?
+    }
+
+    /// Make the shadow `name` the active policy between two steps; the one
+    /// it replaces becomes a shadow.
+    pub fn promote(&self, name: &str, wait: Duration) -> Result<Promoted, String> {
+        let (reply, answer) = mpsc::channel();
+        self.ask(ShadowCommand::Promote(name.to_owned(), reply), answer, wait)?
+    }
+
+    /// What each shadow policy has shown so far.
+    pub fn shadow_records(&self) -> Vec<ShadowRecord> {
+        self.shared.shadows.lock().map(|records| records.clone()).unwrap_or_default()
+    }
+
+    /// Record every step to `recorder`'s trace from now on.
+    pub fn record(&self, recorder: TraceRecorder) -> Result<(), SubmitError> {
+        self.commands
+            .send(Command::Record(recorder))
+            .map_err(|_| SubmitError::Unavailable("the engine has stopped".into()))
     }
 
     /// What a slot file must match to be restored here.

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub kv_blocks_free: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub policy_fallbacks_total: AtomicU64,
+    /// Steps the trace writer was too far behind to take.
+    pub trace_steps_dropped_total: AtomicU64,
     /// Verification passes that carried drafts.
     pub drafts_total: AtomicU64,
     pub draft_tokens_total: AtomicU64,

@@ -9,7 +9,8 @@
 //! full context, `drafting` talks to the drafter; `slot_store` saves and
 //! restores slots' caches; `delivery` carries each request's events and
 //! keeps the queue's count; `adapters` numbers LoRA configurations and
-//! keys their KV.
+//! keys their KV; `shadow` runs candidate policies beside the active one
+//! and `trace` records the steps.
 
 pub mod adapters;
 mod batch;
@@ -25,6 +26,7 @@ mod pinning;
 pub mod policy;
 pub mod request;
 pub mod sampling;
+pub mod shadow;
 mod shift;
 mod slot;
 pub mod slot_store;
@@ -32,7 +34,8 @@ pub mod speculative;
 mod state;
 pub mod supervisor;
 pub mod text;
+pub mod trace;
 
 pub use handle::{EngineHandle, EngineStartError, SubmitError};
-pub use state::{EngineConfig, Shared, SlotInfo};
+pub use state::{DEFAULT_SHADOW_BUDGET, EngineConfig, Promoted, Shared, SlotInfo};
 pub use supervisor::{FallbackPolicy, FaultAction, FaultEvent, FaultRules, Health, OnFault};

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::Duration;
 
 use sluice_kernels::backend::KvTypes;
 
@@ -12,8 +13,10 @@ use super::delivery::{EventSender, Queue, QueueTicket};
 use super::metrics::Metrics;
 use super::policy::{Phase, SchedulingPolicy};
 use super::request::{EngineError, GenerationRequest, RequestId};
+use super::shadow::ShadowRecord;
 use super::slot_store::SlotAction;
 use super::supervisor::{FaultEvent, FaultRules, Health};
+use super::trace::TraceRecorder;
 
 /// The engine's settings (`startup` builds them from `[engine]` and the
 /// policy's fault rules).
@@ -47,6 +50,8 @@ pub struct EngineConfig {
     pub stream_window_bytes: usize,
     /// How the policy's faults are handled.
     pub faults: FaultRules,
+    /// Most time the shadow policies may take per step, all together.
+    pub shadow_budget: Duration,
 }
 
 impl EngineConfig {
@@ -74,6 +79,7 @@ impl Default for EngineConfig {
             queue_limit: 256,
             stream_window_bytes: 16 << 20,
             faults: FaultRules::default(),
+            shadow_budget: DEFAULT_SHADOW_BUDGET,
         }
     }
 }
@@ -98,7 +104,32 @@ pub(super) enum Command {
     /// End every waiting and running request with this error; the sender
     /// hears how many there were.
     EndAll(EngineError, mpsc::Sender<usize>),
+    Shadow(ShadowCommand),
+    /// Record every step to this trace from now on.
+    Record(TraceRecorder),
 }
+
+/// Changes to the shadow policies; each sender hears the outcome.
+pub(super) enum ShadowCommand {
+    Attach(Box<dyn SchedulingPolicy>, mpsc::Sender<Result<(), String>>),
+    Detach(String, mpsc::Sender<Result<(), String>>),
+    /// Detach all, then attach these (a reload of the config file).
+    Replace(Vec<Box<dyn SchedulingPolicy>>, mpsc::Sender<Result<(), String>>),
+    Promote(String, mpsc::Sender<Result<Promoted, String>>),
+}
+
+/// A promotion done: the active policy's name and what became of the one
+/// it replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promoted {
+    pub active: String,
+    pub previous: String,
+    /// False when it could not be attached as a shadow (one of that name is).
+    pub kept_as_shadow: bool,
+}
+
+/// `policy.shadow_budget_us`'s default.
+pub const DEFAULT_SHADOW_BUDGET: Duration = Duration::from_micros(200);
 
 /// A slot as `/slots` shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +170,8 @@ pub struct Shared {
     /// The most recent policy faults (`FAULT_JOURNAL` of them) and what was
     /// done about them.
     pub faults: Mutex<VecDeque<FaultEvent>>,
+    /// What each attached shadow policy has shown, in attachment order.
+    pub shadows: Mutex<Vec<ShadowRecord>>,
 }
 
 impl Shared {
@@ -153,6 +186,7 @@ impl Shared {
             stopped: OnceLock::new(),
             draining: AtomicBool::new(false),
             faults: Mutex::new(VecDeque::with_capacity(FAULT_JOURNAL)),
+            shadows: Mutex::new(Vec::new()),
         }
     }
 

@@ -174,12 +174,17 @@ impl Supervisor {
     }
 
     /// An operator's reload: the new policy decides from the next step, with
-    /// a clean record.
-    pub fn replace(&mut self, policy: Box<dyn SchedulingPolicy>) {
-        self.policy = policy;
+    /// a clean record; the one it replaces (to keep running as a shadow).
+    pub fn replace(&mut self, policy: Box<dyn SchedulingPolicy>) -> Box<dyn SchedulingPolicy> {
         self.consecutive_faults = 0;
         self.stalled_steps = 0;
         self.health = Health::Ok;
+        std::mem::replace(&mut self.policy, policy)
+    }
+
+    /// The policy, its instance and history kept (a shadow being promoted).
+    pub fn into_policy(self) -> Box<dyn SchedulingPolicy> {
+        self.policy
     }
 
     /// Decide the step `view` describes. Call it only when the view has

@@ -1,5 +1,7 @@
 //! Operator actions: loading and replacing the scheduling policy (at start,
-//! on SIGHUP, and through `POST /admin/policy`).
+//! on SIGHUP, and through `POST /admin/policy`), and the shadow policies:
+//! attach, detach, report and promote (`/admin/policy/shadow`,
+//! `/admin/policy/promote`).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -13,10 +15,11 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
 use super::params::{Fields, JsonBody, object, wrong};
-use crate::config::{Config, Overrides, PolicyConfig};
+use crate::config::{Config, Overrides, PolicyConfig, PolicySpec};
 use crate::engine::policy::SchedulingPolicy;
+use crate::engine::shadow::ShadowRecord;
 use crate::plugins::{PluginHost, WasmPolicy};
-use crate::startup::{PluginError, load_policy};
+use crate::startup::{PluginError, load_policy, load_shadows};
 
 /// Longest wait for the engine to take a new policy (it does so between
 /// two steps, so this only matters if a step hangs).
@@ -41,9 +44,15 @@ impl Policies {
         &self.host
     }
 
-    /// The active policy's configuration.
+    /// The active policy's configuration (its shadows included).
     pub fn active(&self) -> PolicyConfig {
         self.active.lock().map(|active| active.clone()).unwrap_or_default()
+    }
+
+    fn edit(&self, change: impl FnOnce(&mut PolicyConfig)) {
+        if let Ok(mut active) = self.active.lock() {
+            change(&mut active);
+        }
     }
 
     /// Load `config`'s policy and make it the one `/props` reports.
@@ -67,12 +76,18 @@ impl Policies {
     }
 }
 
-/// Reload the policy from the config file and hand it to the engine (the
-/// SIGHUP action). Blocking: it compiles the plugin.
+/// Reload the policy and its shadows from the config file and hand them to
+/// the engine (the SIGHUP action). Blocking: it compiles the plugins.
 pub fn reload_from_file(state: &AppState) -> Result<String, PluginError> {
     let policies = state.policies();
-    let policy = policies.load(policies.from_file()?)?;
-    install(state, policy)
+    let config = policies.from_file()?;
+    let shadows = load_shadows(&policies.host, &config)?;
+    let policy = policies.load(config)?;
+    let name = install(state, policy)?;
+    let ready = state.ready().map_err(|error| PluginError::Config(error.message))?;
+    let shadows = shadows.into_iter().map(|shadow| Box::new(shadow) as Box<dyn SchedulingPolicy>).collect();
+    ready.engine.replace_shadows(shadows, SWAP_WAIT).map_err(PluginError::Config)?;
+    Ok(name)
 }
 
 fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PluginError> {
@@ -89,18 +104,8 @@ fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PluginError> 
 /// reloads the config file's.
 /// Needs the API key: without one configured the endpoint is closed.
 pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
-    if state.api_key().is_none() {
-        return Err(ApiError::new(
-            ErrorType::Permission,
-            "/admin endpoints need an API key (`server.api_key` or --api-key)",
-        ));
-    }
-    let fields = Fields(object(&body)?);
-    let requested = fields.str("policy")?.map(str::to_owned);
-    let settings = match body.get("settings") {
-        None | Some(Value::Null) => toml::Table::new(),
-        Some(value) => settings_table(value)?,
-    };
+    require_key(&state)?;
+    let (requested, settings) = requested_policy(&body)?;
     let worker = state.clone();
     let name = blocking(move || {
         let policies = worker.policies();
@@ -113,6 +118,122 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
     })
     .await?;
     Ok(Json(json!({ "success": true, "policy": name })))
+}
+
+/// A body's `policy` (NAME|PATH) and `settings` (none when left out:
+/// another policy's settings would not fit it).
+fn requested_policy(body: &Value) -> Result<(Option<String>, toml::Table), ApiError> {
+    let fields = Fields(object(body)?);
+    let plugin = fields.str("policy")?.map(str::to_owned);
+    let settings = match body.get("settings") {
+        None | Some(Value::Null) => toml::Table::new(),
+        Some(value) => settings_table(value)?,
+    };
+    Ok((plugin, settings))
+}
+
+/// `/admin` endpoints are closed unless an API key is configured (the key
+/// itself is checked by the router's middleware).
+fn require_key(state: &AppState) -> Result<(), ApiError> {
+    match state.api_key() {
+        Some(_) => Ok(()),
+        None => Err(ApiError::new(
+            ErrorType::Permission,
+            "/admin endpoints need an API key (`server.api_key` or --api-key)",
+        )),
+    }
+}
+
+/// `POST /admin/policy/shadow`: `{"policy": NAME|PATH, "settings": {...}}`
+/// attaches a shadow policy under the active policy's limits.
+pub async fn attach_shadow(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    require_key(&state)?;
+    let (plugin, settings) = requested_policy(&body)?;
+    let plugin = plugin.ok_or_else(|| ApiError::invalid("`policy` is required"))?;
+    let worker = state.clone();
+    let name = blocking(move || {
+        let policies = worker.policies();
+        let spec = PolicySpec { plugin, settings };
+        let policy = load_policy(&policies.host, &policies.active().for_shadow(&spec))
+            .map_err(|error| ApiError::invalid(error.to_string()))?;
+        let name = policy.name().to_owned();
+        let ready = worker.ready()?;
+        ready.engine.attach_shadow(Box::new(policy), SWAP_WAIT).map_err(ApiError::invalid)?;
+        policies.edit(|active| active.shadow.push(spec));
+        Ok(name)
+    })
+    .await?;
+    Ok(Json(json!({ "success": true, "shadow": name })))
+}
+
+/// `DELETE /admin/policy/shadow`: `{"policy": NAME}` detaches it.
+pub async fn detach_shadow(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    require_key(&state)?;
+    let name = policy_name(&body)?;
+    let ready = state.ready()?;
+    let engine = ready.engine.clone();
+    let detached = name.clone();
+    blocking(move || engine.detach_shadow(&detached, SWAP_WAIT).map_err(ApiError::invalid)).await?;
+    state.policies().edit(|active| active.shadow.retain(|spec| spec.plugin != name));
+    Ok(Json(json!({ "success": true })))
+}
+
+/// `GET /admin/policy/shadow`: per shadow, the steps compared, agreement
+/// by decision part (counts and rates), skips, faults, quarantine, and the
+/// first divergent steps with their views and both decisions.
+pub async fn shadow_report(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    require_key(&state)?;
+    let ready = state.ready()?;
+    let shadows: Vec<Value> = ready.engine.shadow_records().iter().map(record_json).collect();
+    Ok(Json(json!({
+        "policy": ready.engine.policy_name(),
+        "budget_us": ready.engine.config().shadow_budget.as_micros() as u64,
+        "shadows": shadows,
+    })))
+}
+
+fn record_json(record: &ShadowRecord) -> Value {
+    let rate = |agreed: u64| if record.steps == 0 { Value::Null } else { json!(agreed as f64 / record.steps as f64) };
+    let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
+    value["agreement"] = json!({
+        "admit": rate(record.agreed.admit),
+        "prefill": rate(record.agreed.prefill),
+        "decode": rate(record.agreed.decode),
+        "all": rate(record.agreed.all),
+    });
+    value
+}
+
+/// `POST /admin/policy/promote`: `{"policy": NAME}` makes that shadow the
+/// active policy between two steps; the one it replaces becomes a shadow.
+pub async fn promote(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    require_key(&state)?;
+    let name = policy_name(&body)?;
+    let ready = state.ready()?;
+    let engine = ready.engine.clone();
+    let promoted = blocking(move || engine.promote(&name, SWAP_WAIT).map_err(ApiError::invalid)).await?;
+    state.policies().edit(|active| {
+        let Some(at) = active.shadow.iter().position(|spec| spec.plugin == promoted.active) else { return };
+        let spec = active.shadow.remove(at);
+        let previous = PolicySpec {
+            plugin: std::mem::replace(&mut active.plugin, spec.plugin),
+            settings: std::mem::replace(&mut active.settings, spec.settings),
+        };
+        if promoted.kept_as_shadow {
+            active.shadow.push(previous);
+        }
+    });
+    tracing::info!(policy = promoted.active, previous = promoted.previous, "shadow policy promoted");
+    Ok(Json(json!({
+        "success": true,
+        "policy": promoted.active,
+        "previous": promoted.previous,
+        "previous_is_shadow": promoted.kept_as_shadow,
+    })))
+}
+
+fn policy_name(body: &Value) -> Result<String, ApiError> {
+    requested_policy(body)?.0.ok_or_else(|| ApiError::invalid("`policy` is required"))
 }
 
 /// A JSON object of booleans, numbers and strings as `[policy.settings]`.

@@ -16,6 +16,7 @@ use super::{AppState, Ready, tools};
 use crate::engine::Health;
 use crate::engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
 use crate::engine::policy::Phase;
+use crate::engine::shadow::ShadowRecord;
 
 /// `GET /health`: `{"status":"ok"}`; "degraded" on the fallback policy;
 /// 503 naming the policy and its fault when it failed closed.
@@ -87,6 +88,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
             "stall_steps": policy.stall_steps,
             "limits": { "fuel": policy.fuel, "deadline_ms": policy.deadline_ms, "memory_mb": policy.memory_mb },
             "settings": serde_json::to_value(&policy.settings).unwrap_or(Value::Null),
+            "shadows": ready.engine.shadow_records().iter().map(|record| &record.policy).collect::<Vec<_>>(),
             "health": health_name(&ready.engine.health()),
             "faults": ready.engine.faults().iter().map(|fault| json!({
                 "step": fault.step,
@@ -267,6 +269,43 @@ impl Exposition {
     fn one(&mut self, name: &str, kind: &str, help: &str, value: f64) {
         self.family(name, kind, help, &[(String::new(), value)]);
     }
+}
+
+/// What the shadow policies have shown, one sample per shadow (and part or
+/// reason).
+fn shadow_metrics(out: &mut Exposition, records: &[ShadowRecord]) {
+    let by_policy = |value: &dyn Fn(&ShadowRecord) -> f64| -> Vec<(String, f64)> {
+        records.iter().map(|record| (format!("{{policy=\"{}\"}}", label(&record.policy)), value(record))).collect()
+    };
+    let steps = by_policy(&|record| record.steps as f64);
+    out.family("sluice_shadow_steps_total", "counter", "Steps whose decision a shadow policy was compared on.", &steps);
+    let agreed: Vec<(String, f64)> = records
+        .iter()
+        .flat_map(|record| {
+            let agreed = record.agreed;
+            [("admit", agreed.admit), ("prefill", agreed.prefill), ("decode", agreed.decode), ("all", agreed.all)].map(
+                |(part, count)| (format!("{{policy=\"{}\",part=\"{part}\"}}", label(&record.policy)), count as f64),
+            )
+        })
+        .collect();
+    let help = "Compared steps on which a shadow policy agreed with the active one, by decision part.";
+    out.family("sluice_shadow_agreed_steps_total", "counter", help, &agreed);
+    let skipped = by_policy(&|record| record.skipped as f64);
+    let help = "Steps a shadow policy skipped because the step's shadow budget was spent.";
+    out.family("sluice_shadow_skipped_steps_total", "counter", help, &skipped);
+    let faults: Vec<(String, f64)> = records
+        .iter()
+        .flat_map(|record| {
+            record.faults.iter().map(|(reason, count)| {
+                (format!("{{policy=\"{}\",reason=\"{}\"}}", label(&record.policy), label(reason)), *count as f64)
+            })
+        })
+        .collect();
+    out.family("sluice_shadow_faults_total", "counter", "Shadow policy faults, by policy and reason.", &faults);
+    let quarantined = by_policy(&|record| f64::from(u8::from(record.quarantined.is_some())));
+    out.family("sluice_shadow_quarantined", "gauge", "1 once a shadow policy is quarantined.", &quarantined);
+    let seconds = by_policy(&|record| record.seconds);
+    out.family("sluice_shadow_seconds_total", "counter", "Time spent in a shadow policy's calls.", &seconds);
 }
 
 /// A label value with Prometheus escapes.
@@ -452,6 +491,13 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
         "counter",
         "Switches to the fallback policy.",
         get(&metrics.policy_fallbacks_total),
+    );
+    shadow_metrics(&mut out, &ready.engine.shadow_records());
+    out.one(
+        "sluice_trace_steps_dropped_total",
+        "counter",
+        "Steps the step trace's writer was too far behind to record.",
+        get(&metrics.trace_steps_dropped_total),
     );
     let health = ready.engine.health();
     out.one(

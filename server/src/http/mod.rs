@@ -10,7 +10,7 @@
 //! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
 //! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`;
 //!   [`slot_files`]: `/slots/{id}?action=save|restore|erase`.
-//! * [`admin`]: `/admin/policy`, policy (re)loading.
+//! * [`admin`]: `/admin/policy`, policy (re)loading; shadow policies.
 //! * [`lora`]: `/lora-adapters` and the adapters of a request.
 //! * [`vertex`]: Vertex AI's prediction route (`AIP_MODE=PREDICTION`).
 //! * [`auth`], [`error`]; [`server`]: listening, loading the model, signals.
@@ -215,6 +215,7 @@ fn get_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/slots", get(info::slots)),
         ("/metrics", get(info::metrics)),
         ("/lora-adapters", get(lora::list)),
+        ("/admin/policy/shadow", get(admin::shadow_report)),
     ]
 }
 
@@ -242,6 +243,8 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/slots/{id_slot}", post(slot_files::action)),
         ("/lora-adapters", post(lora::set)),
         ("/admin/policy", post(admin::replace_policy)),
+        ("/admin/policy/shadow", post(admin::attach_shadow).delete(admin::detach_shadow)),
+        ("/admin/policy/promote", post(admin::promote)),
     ]
 }
 

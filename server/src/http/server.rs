@@ -37,6 +37,8 @@ pub struct Launch {
     /// The configured policy, already loaded (a bad one refuses the start
     /// before the server listens).
     pub policy: WasmPolicy,
+    /// The configured shadow policies, loaded likewise.
+    pub shadows: Vec<WasmPolicy>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -56,7 +58,7 @@ pub enum StartError {
 
 /// Listen, load, serve until a stop signal.
 pub async fn serve(launch: Launch) -> Result<(), StartError> {
-    let Launch { mut config, config_file, flags, host, policy } = launch;
+    let Launch { mut config, config_file, flags, host, policy, shadows } = launch;
     let vertex = vertex::Settings::from_env()?;
     if let Some(vertex) = &vertex {
         if vertex.port != config.server.port {
@@ -92,7 +94,7 @@ pub async fn serve(launch: Launch) -> Result<(), StartError> {
     tokio::spawn(signals(state.clone(), stop.clone()));
 
     tokio::select! {
-        loaded = load(&state, policy) => {
+        loaded = load(&state, policy, shadows) => {
             if let Err(error) = loaded {
                 let _ = stop.send(true);
                 let _ = server.await;
@@ -173,14 +175,14 @@ async fn signals(state: AppState, stop: watch::Sender<bool>) {
 }
 
 /// Load the model on a blocking thread, logging progress, then open the API.
-async fn load(state: &AppState, policy: WasmPolicy) -> Result<(), StartError> {
+async fn load(state: &AppState, policy: WasmPolicy, shadows: Vec<WasmPolicy>) -> Result<(), StartError> {
     let config = state.config().clone();
     let path = config.model.path();
     tracing::info!(path = %path.display(), "loading model");
     let started = Instant::now();
     let host = state.policies().host().clone();
     let mut loading = tokio::task::spawn_blocking(move || {
-        let serving = startup::serve_model(&config, &host, Box::new(policy))?;
+        let serving = startup::serve_model(&config, &host, Box::new(policy), shadows)?;
         Ok::<_, startup::StartError>(Ready::new(serving, &config))
     });
     let mut progress = tokio::time::interval(Duration::from_secs(2));

@@ -132,7 +132,7 @@ struct Simulator<'a> {
     records: Vec<RequestRecord>,
     timeline: Vec<PhaseSpan>,
     queue: Vec<(f64, usize)>,
-    hash: u64,
+    hash: DecisionHash,
 }
 
 /// Runs `trace` under the policy `supervisor` runs until every request has
@@ -159,7 +159,7 @@ pub fn simulate(supervisor: &mut Supervisor, trace: &[TraceRequest], shape: Engi
             .collect(),
         timeline: Vec::new(),
         queue: Vec::new(),
-        hash: FNV_OFFSET,
+        hash: DecisionHash::default(),
     };
     let mut journal = Journal::default();
     sim.run(supervisor, &mut journal);
@@ -171,7 +171,7 @@ pub fn simulate(supervisor: &mut Supervisor, trace: &[TraceRequest], shape: Engi
     SimRun {
         records: sim.records,
         steps: sim.step,
-        decision_hash: format!("{:016x}", sim.hash),
+        decision_hash: sim.hash.hex(),
         timeline: sim.timeline,
         queue: sim.queue,
         fault,
@@ -194,12 +194,44 @@ impl Observer for Journal {
     }
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a over a run's decisions, each with its step: equal runs have equal
+/// hashes (the simulator's and `sluice lab replay`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecisionHash(u64);
 
-fn fnv(hash: &mut u64, value: u64) {
-    for byte in value.to_le_bytes() {
-        *hash ^= u64::from(byte);
-        *hash = hash.wrapping_mul(0x0100_0000_01b3);
+impl Default for DecisionHash {
+    fn default() -> Self {
+        DecisionHash(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl DecisionHash {
+    fn fnv(&mut self, value: u64) {
+        for byte in value.to_le_bytes() {
+            self.0 ^= u64::from(byte);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    pub fn add(&mut self, step: u64, decision: &Decision) {
+        self.fnv(step);
+        for admit in &decision.admit {
+            self.fnv(admit.request_id);
+            self.fnv(u64::from(admit.slot));
+        }
+        self.fnv(u64::MAX);
+        for prefill in &decision.prefill {
+            self.fnv(u64::from(prefill.slot));
+            self.fnv(u64::from(prefill.tokens));
+        }
+        self.fnv(u64::MAX);
+        for &slot in &decision.decode {
+            self.fnv(u64::from(slot));
+        }
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
     }
 }
 
@@ -298,22 +330,7 @@ impl Simulator<'_> {
     }
 
     fn hash_decision(&mut self, decision: &Decision) {
-        let mut hash = self.hash;
-        fnv(&mut hash, self.step);
-        for admit in &decision.admit {
-            fnv(&mut hash, admit.request_id);
-            fnv(&mut hash, u64::from(admit.slot));
-        }
-        fnv(&mut hash, u64::MAX);
-        for prefill in &decision.prefill {
-            fnv(&mut hash, u64::from(prefill.slot));
-            fnv(&mut hash, u64::from(prefill.tokens));
-        }
-        fnv(&mut hash, u64::MAX);
-        for &slot in &decision.decode {
-            fnv(&mut hash, u64::from(slot));
-        }
-        self.hash = hash;
+        self.hash.add(self.step, decision);
     }
 
     fn set_phase(&mut self, slot: usize, phase: Phase, at: f64) {

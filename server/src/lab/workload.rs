@@ -2,6 +2,7 @@
 //! line; a generator draws the same records from seeded distributions, so a
 //! workload is reproducible from its description alone.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
 
@@ -10,6 +11,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, Gamma};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::engine::policy::RequestInfo;
+use crate::engine::trace::{TraceLine, is_step_trace, read_trace as read_step_trace};
 
 /// One request of a workload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -84,6 +88,57 @@ pub fn parse_trace(text: &str, file: &str) -> Result<Vec<TraceRequest>, Workload
         return Err(WorkloadError::Empty { file: file.to_owned() });
     }
     Ok(requests)
+}
+
+/// Reads a workload file: a request trace (JSONL, one request per line) or
+/// a server's step trace (`--record-trace`), whose requests it replays.
+pub fn read_workload(path: &Path) -> Result<Vec<TraceRequest>, WorkloadError> {
+    if !is_step_trace(path) {
+        return read_trace(path);
+    }
+    let file = path.display().to_string();
+    let lines = read_step_trace(path).map_err(|error| WorkloadError::Spec(error.to_string()))?;
+    let requests = from_steps(&lines);
+    if requests.is_empty() {
+        return Err(WorkloadError::Empty { file });
+    }
+    Ok(requests)
+}
+
+/// The requests a step trace saw: arrivals (from the first), prompt
+/// lengths, priorities, adapter groups, and as output length the tokens
+/// each generated while recorded (so a request still running when the
+/// trace ends counts what it had).
+pub fn from_steps(lines: &[TraceLine]) -> Vec<TraceRequest> {
+    let mut seen: BTreeMap<u64, (RequestInfo, u32)> = BTreeMap::new();
+    for line in lines {
+        let TraceLine::Step { view, applied } = line else { continue };
+        for waiting in &view.waiting {
+            seen.entry(waiting.request.id).or_insert((waiting.request, 0));
+        }
+        for occupied in &view.occupied {
+            let decoded = u32::from(applied.decode.contains(&occupied.slot));
+            let entry = seen.entry(occupied.request.id).or_insert((occupied.request, 0));
+            entry.1 = entry.1.max(occupied.request.generated + decoded);
+        }
+    }
+    let first = seen.values().map(|(info, _)| info.arrival_ms).min().unwrap_or(0);
+    let mut requests: Vec<(u64, TraceRequest)> = seen
+        .into_iter()
+        .map(|(id, (info, generated))| {
+            let request = TraceRequest {
+                arrival_ms: (info.arrival_ms - first) as f64,
+                prompt_tokens: info.prompt_tokens,
+                max_tokens: generated.max(1),
+                adapter: (info.adapter_group != 0).then(|| format!("group-{}", info.adapter_group)),
+                priority: info.priority,
+                prompt: None,
+            };
+            (id, request)
+        })
+        .collect();
+    requests.sort_by(|(a_id, a), (b_id, b)| a.arrival_ms.total_cmp(&b.arrival_ms).then(a_id.cmp(b_id)));
+    requests.into_iter().map(|(_, request)| request).collect()
 }
 
 /// Writes a workload as a JSONL trace.
@@ -215,6 +270,28 @@ pub fn synthetic_prompt(index: usize, tokens: u32, low: u32, high: u32) -> Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_trace_gives_each_request_once_with_what_it_generated() {
+        use crate::engine::policy::{Decision, Phase};
+        use sluice_plugin_api::testing::{ViewBuilder, request};
+        let step =
+            |view, decode: Vec<u32>| TraceLine::Step { view, applied: Decision { decode, ..Decision::default() } };
+        let lines = [
+            step(ViewBuilder::new(2, 64).waiting(request(7, 10).arrived(100)).build(), vec![]),
+            step(
+                ViewBuilder::new(2, 64)
+                    .occupied(0, Phase::Decoding, request(7, 10).done(10).generated(3).arrived(100))
+                    .waiting(request(8, 5).arrived(250))
+                    .build(),
+                vec![0],
+            ),
+        ];
+        let requests = from_steps(&lines);
+        assert_eq!(requests.len(), 2);
+        assert_eq!((requests[0].arrival_ms, requests[0].prompt_tokens, requests[0].max_tokens), (0.0, 10, 4));
+        assert_eq!((requests[1].arrival_ms, requests[1].prompt_tokens, requests[1].max_tokens), (150.0, 5, 1));
+    }
 
     #[test]
     fn a_trace_round_trips_and_skips_comments() {

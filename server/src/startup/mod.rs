@@ -10,5 +10,7 @@ mod templates;
 
 pub use draft::{AppliedEdit, DraftKind, PairedDraft, PairingError, load_speculation, model_info, pair};
 pub use model::{Serving, StartError, check_device, engine_config, load_model, serve_model};
-pub use plugins::{PluginError, World, fallback, fault_rules, load_fixup, load_fixups, load_policy, read_plugin};
+pub use plugins::{
+    PluginError, World, fallback, fault_rules, load_fixup, load_fixups, load_policy, load_shadows, read_plugin,
+};
 pub use templates::builtins as builtin_templates;

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_kernels::backend::{Backend, CpuBackend, Device, KvTypes};
 
@@ -10,11 +11,12 @@ use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
 use crate::config::{Config, threads_or_cores};
 use crate::engine::policy::SchedulingPolicy;
+use crate::engine::trace::{TRACE_VERSION, TraceLine, TraceRecorder};
 use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
 use crate::model::chat_template::{ChatTemplate, TemplateError};
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{LoadError, Model, Transformer};
-use crate::plugins::PluginHost;
+use crate::plugins::{PluginHost, WasmPolicy};
 
 use super::templates::{self, CHATML};
 
@@ -33,7 +35,14 @@ pub enum StartError {
     Draft { path: PathBuf, error: String },
     #[error(transparent)]
     Engine(#[from] EngineStartError),
+    #[error("shadow policies: {0}")]
+    Shadows(String),
+    #[error("{}: cannot record the step trace: {error}", path.display())]
+    Trace { path: PathBuf, error: std::io::Error },
 }
+
+/// Longest wait for the engine to take the shadows at start.
+const ENGINE_ANSWER: Duration = Duration::from_secs(5);
 
 /// A model file loaded onto `device`, computing on `threads` threads (0 =
 /// one per core; the CPU's), with these LoRA adapters (ids in this order).
@@ -166,6 +175,7 @@ pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
             kib => kib.saturating_mul(1024),
         },
         faults: fault_rules(&config.policy),
+        shadow_budget: Duration::from_micros(config.policy.shadow_budget_us),
     }
 }
 
@@ -178,11 +188,13 @@ pub struct Serving {
 }
 
 /// Load the configured model (paging its weights in), its tokenizer,
-/// template and draft, and start the engine with `policy`. Blocking.
+/// template and draft, and start the engine with `policy` and `shadows`.
+/// Blocking.
 pub fn serve_model(
     config: &Config,
     host: &PluginHost,
     policy: Box<dyn SchedulingPolicy>,
+    shadows: Vec<WasmPolicy>,
 ) -> Result<Serving, StartError> {
     let path = config.model.path();
     let device =
@@ -206,7 +218,28 @@ pub fn serve_model(
         engine_config,
         speculation,
     )?;
+    watch_steps(&engine, config, shadows)?;
     Ok(Serving { model, engine, tokenizer, template })
+}
+
+/// Attach the configured shadow policies and start the step trace, before
+/// the first request.
+fn watch_steps(engine: &EngineHandle, config: &Config, shadows: Vec<WasmPolicy>) -> Result<(), StartError> {
+    let shadows = shadows.into_iter().map(|policy| Box::new(policy) as Box<dyn SchedulingPolicy>).collect();
+    engine.replace_shadows(shadows, ENGINE_ANSWER).map_err(StartError::Shadows)?;
+    let Some(path) = &config.server.record_trace else { return Ok(()) };
+    let header = TraceLine::Header {
+        version: TRACE_VERSION,
+        policy: engine.policy_name(),
+        slots: engine.config().slots as u32,
+        token_budget: engine.config().batch_tokens as u32,
+    };
+    let max_bytes = config.server.record_trace_mb.saturating_mul(1 << 20);
+    let trace_error = |error| StartError::Trace { path: path.clone(), error };
+    let recorder = TraceRecorder::start(path, max_bytes, header).map_err(trace_error)?;
+    engine.record(recorder).map_err(|error| trace_error(std::io::Error::other(error)))?;
+    tracing::info!(path = %path.display(), "recording every step");
+    Ok(())
 }
 
 /// Pages the weights in before serving, with a progress bar on a terminal

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use crate::config::{OnFault, PolicyConfig, SpeculativeConfig};
 use crate::engine::policy::SchedulingPolicy;
+use crate::engine::shadow::MAX_SHADOWS;
 use crate::engine::{FallbackPolicy, FaultRules};
 use crate::plugins::{
     LoadError, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy, builtin_fixup, builtin_policy,
@@ -56,6 +57,25 @@ pub fn load_policy(host: &PluginHost, config: &PolicyConfig) -> Result<WasmPolic
     let bytes = read_plugin(&source, World::Scheduler)?;
     let settings = settings_from_toml(&config.settings).map_err(PluginError::Config)?;
     Ok(WasmPolicy::load(host, source, &bytes, settings, config.limits())?)
+}
+
+/// Load the shadow policies `config` lists (`[[policy.shadow]]`), each
+/// under the active policy's limits.
+pub fn load_shadows(host: &PluginHost, config: &PolicyConfig) -> Result<Vec<WasmPolicy>, PluginError> {
+    if config.shadow.len() > MAX_SHADOWS {
+        return Err(PluginError::Config(format!(
+            "`[[policy.shadow]]` lists {} policies; at most {MAX_SHADOWS} run as shadows",
+            config.shadow.len()
+        )));
+    }
+    config
+        .shadow
+        .iter()
+        .map(|shadow| {
+            load_policy(host, &config.for_shadow(shadow))
+                .map_err(|error| PluginError::Config(format!("shadow policy `{}`: {error}", shadow.plugin)))
+        })
+        .collect()
 }
 
 /// Load a draft-fixup component from `source`.

@@ -7,29 +7,35 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::json;
-use sluice::config::{OnFault, PolicyConfig};
+use sluice::config::{OnFault, PolicyConfig, PolicySpec, policy_spec};
 use sluice::engine::supervisor::Supervisor;
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::stats::{Percentiles, RequestRecord, Slo, Summary};
-use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_trace, to_jsonl};
+use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_workload, to_jsonl};
 use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
 
 mod bench;
 mod bench_constrained;
+mod replay;
 
 pub use bench::{BenchCalibrateArgs, BenchServeArgs, bench_calibrate, bench_serve};
 pub use bench_constrained::{BenchConstrainedArgs, bench_constrained};
+use replay::{ReplayArgs, lab_replay};
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct LabArgs {
+    #[command(subcommand)]
+    command: Option<LabCommand>,
     /// A policy to compare: a built-in name or a .wasm path, optionally with
     /// settings for its `configure`: `cohort,max_wait_ms=500`. Repeatable.
     #[arg(long = "policy", value_name = "NAME|PATH[,KEY=VALUE...]", default_value = "continuous")]
     policies: Vec<String>,
-    /// A JSONL trace (arrival_ms, prompt_tokens, max_tokens, adapter, priority, prompt).
+    /// A JSONL trace (arrival_ms, prompt_tokens, max_tokens, adapter, priority,
+    /// prompt), or a server's step trace (`--record-trace`).
     #[arg(long, value_name = "FILE", conflicts_with = "arrivals")]
     trace: Option<PathBuf>,
     /// Generate the workload instead: poisson:RATE, gamma:RATE:CV or burst.
@@ -86,6 +92,13 @@ pub struct LabArgs {
     json: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum LabCommand {
+    /// Run a policy against the steps a server recorded (`--record-trace`)
+    /// and report where it would have decided differently.
+    Replay(ReplayArgs),
+}
+
 struct PolicyRun {
     label: String,
     engine: &'static str,
@@ -98,6 +111,9 @@ struct PolicyRun {
 }
 
 pub fn lab(args: LabArgs) -> anyhow::Result<()> {
+    if let Some(LabCommand::Replay(replay)) = args.command {
+        return lab_replay(replay);
+    }
     let trace = workload(&args)?;
     let cost = read_cost_model(&args.cost_model)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
@@ -107,7 +123,8 @@ pub fn lab(args: LabArgs) -> anyhow::Result<()> {
     let host = PluginHost::new()?;
     let mut runs = Vec::new();
     for spec in &args.policies {
-        let config = policy_config(spec, &args)?;
+        let rules = PolicyConfig { on_fault: args.on_fault, stall_steps: args.stall_steps, ..PolicyConfig::default() };
+        let config = policy_config(spec, rules)?;
         let policy = load_policy(&host, &config).with_context(|| format!("policy `{spec}`"))?;
         let mut supervisor = Supervisor::new(Box::new(policy), fallback(&host, &config), fault_rules(&config));
         let run = simulate(&mut supervisor, &trace, shape, cost);
@@ -149,7 +166,7 @@ pub fn lab(args: LabArgs) -> anyhow::Result<()> {
 
 fn workload(args: &LabArgs) -> anyhow::Result<Vec<TraceRequest>> {
     if let Some(path) = &args.trace {
-        return Ok(read_trace(path)?);
+        return Ok(read_workload(path)?);
     }
     let generator = Generator {
         arrivals: args.arrivals.parse::<Arrivals>().map_err(|error| anyhow::anyhow!("--arrivals: {error}"))?,
@@ -174,27 +191,11 @@ fn read_cost_model(path: &Path) -> anyhow::Result<CostModel> {
     serde_json::from_str(&text).with_context(|| format!("{}: not a cost model", path.display()))
 }
 
-/// `NAME|PATH[,KEY=VALUE...]` as a policy configuration, with the fault
-/// rules of `args`; values are TOML (`500`, `true`, `"text"`) or bare
-/// strings.
-fn policy_config(spec: &str, args: &LabArgs) -> anyhow::Result<PolicyConfig> {
-    let mut parts = spec.split(',');
-    let mut config = PolicyConfig {
-        plugin: parts.next().unwrap_or_default().to_owned(),
-        on_fault: args.on_fault,
-        stall_steps: args.stall_steps,
-        ..PolicyConfig::default()
-    };
-    for pair in parts {
-        let (key, value) =
-            pair.split_once('=').with_context(|| format!("--policy {spec}: `{pair}` is not KEY=VALUE"))?;
-        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut table| table.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.to_owned()));
-        config.settings.insert(key.trim().to_owned(), value);
-    }
-    Ok(config)
+/// `NAME|PATH[,KEY=VALUE...]` as a policy configuration, with the rest
+/// from `base`.
+fn policy_config(spec: &str, base: PolicyConfig) -> anyhow::Result<PolicyConfig> {
+    let PolicySpec { plugin, settings } = policy_spec(spec, "--policy").map_err(anyhow::Error::msg)?;
+    Ok(PolicyConfig { plugin, settings, ..base })
 }
 
 /// At most `points` evenly spaced samples of a series (its maximum is what
