@@ -113,8 +113,12 @@ impl Config {
         let policy = &self.policy;
         policy.source().map_err(|message| Invalid::new("policy.plugin", message))?;
         for (index, shadow) in policy.shadow.iter().enumerate() {
-            plugin_source(&shadow.plugin, &format!("policy.shadow[{index}].plugin"))
-                .map_err(|message| Invalid::new("policy.shadow.plugin", message))?;
+            let key = format!("policy.shadow[{index}].plugin");
+            plugin_source(&shadow.plugin, &key).map_err(|message| Invalid::new("policy.shadow.plugin", message))?;
+            if policy.shadow[..index].iter().any(|earlier| earlier.plugin == shadow.plugin) {
+                let message = format!("`{key}` = \"{}\" is listed twice; a plugin runs as one shadow", shadow.plugin);
+                return Err(Invalid::new("policy.shadow.plugin", message));
+            }
         }
         let engine = &self.engine;
         let at_least_one = [

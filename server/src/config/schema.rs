@@ -65,7 +65,7 @@ pub struct ServerConfig {
     /// The folder `POST /slots/{id}?action=save|restore` writes and reads
     /// slot files in; without it the action answers 501.
     pub slot_save_path: Option<PathBuf>,
-    /// Write every step's view and applied decision here (JSON lines, for
+    /// Write every step's view and the policy's decision here (JSON lines, for
     /// `sluice lab replay`); an existing file is kept as `FILE.1`.
     pub record_trace: Option<PathBuf>,
     /// Size at which the trace moves to `FILE.1` and a new one starts.

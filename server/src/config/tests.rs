@@ -78,6 +78,8 @@ fn shadows_come_from_the_file_or_the_flags_which_replace_them() {
     assert_eq!(config.server.record_trace, Some(PathBuf::from("steps.jsonl")));
     let unknown = Config::parse("[[policy.shadow]]\nplugin = \"fastest\"\n").unwrap_err();
     assert!(unknown.contains("`policy.shadow[0].plugin` = \"fastest\" is neither"), "{unknown}");
+    let twice = Config::parse("[[policy.shadow]]\nplugin = \"cohort\"\n[[policy.shadow]]\nplugin = \"cohort\"\n");
+    assert!(twice.unwrap_err().contains("`policy.shadow[1].plugin` = \"cohort\" is listed twice"));
     let bad = Overrides { policy_shadow: vec!["cohort,max_members".into()], ..Overrides::default() };
     assert_eq!(
         Config::default().apply(&bad).unwrap_err(),

@@ -302,7 +302,8 @@ impl Engine {
         let mut watch = Watch { shared: &self.shared, faulted: false };
         let verdict = self.supervisor.decide(&view, &mut watch);
         if watch.faulted {
-            self.shared.set_policy(self.supervisor.policy_name(), self.supervisor.health());
+            // A fallback that took over is a policy change the trace records.
+            self.policy_changed();
         }
         if verdict == Verdict::Closed {
             self.fail_closed();

@@ -37,5 +37,5 @@ pub mod text;
 pub mod trace;
 
 pub use handle::{EngineHandle, EngineStartError, SubmitError};
-pub use state::{DEFAULT_SHADOW_BUDGET, EngineConfig, Promoted, Shared, SlotInfo};
+pub use state::{EngineConfig, Promoted, Shared, SlotInfo};
 pub use supervisor::{FallbackPolicy, FaultAction, FaultEvent, FaultRules, Health, OnFault};

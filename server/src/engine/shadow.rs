@@ -12,7 +12,7 @@
 //! active policy would be; its faults touch nothing but its own record.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -143,13 +143,29 @@ pub struct Shadows {
     candidates: Vec<Supervisor>,
     budget: Duration,
     rules: FaultRules,
-    /// Which candidate goes first next step.
+    /// Which candidate goes first at the next step that runs any.
     turn: usize,
+    /// Time the shadows took beyond their budget, paid back by skipping
+    /// whole steps (one budget each).
+    debt: Duration,
+}
+
+/// The records, even after a panic elsewhere poisoned their lock (they
+/// are counters: nothing in them can be half-written).
+fn lock(records: &Mutex<Vec<ShadowRecord>>) -> MutexGuard<'_, Vec<ShadowRecord>> {
+    records.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What one candidate did in a step, merged into its record afterwards so
+/// the records' lock is never held while a candidate runs.
+enum Outcome {
+    Skipped,
+    Ran { seconds: f64, faults: BTreeMap<&'static str, u64>, decision: Result<Decision, Option<String>> },
 }
 
 impl Shadows {
     pub fn new(budget: Duration, rules: FaultRules) -> Self {
-        Shadows { candidates: Vec::new(), budget, rules, turn: 0 }
+        Shadows { candidates: Vec::new(), budget, rules, turn: 0, debt: Duration::ZERO }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -175,16 +191,35 @@ impl Shadows {
             return Err(format!("{MAX_SHADOWS} shadow policies are attached already; detach one first"));
         }
         self.candidates.push(candidate_supervisor(policy, self.rules));
-        if let Ok(mut records) = records.lock() {
-            records.push(ShadowRecord { policy: name, ..ShadowRecord::default() });
-        }
+        lock(records).push(ShadowRecord { policy: name, ..ShadowRecord::default() });
         Ok(())
+    }
+
+    /// Detach every candidate and attach `policies` instead; nothing
+    /// changes when they cannot all be attached.
+    pub fn replace(
+        &mut self,
+        policies: Vec<Box<dyn SchedulingPolicy>>,
+        records: &Mutex<Vec<ShadowRecord>>,
+    ) -> Result<(), String> {
+        if policies.len() > MAX_SHADOWS {
+            return Err(format!("{} shadow policies given; at most {MAX_SHADOWS} run", policies.len()));
+        }
+        let mut names: Vec<&str> = policies.iter().map(|policy| policy.name()).collect();
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(format!("the shadow policy `{}` is given twice", pair[0]));
+        }
+        self.candidates.clear();
+        lock(records).clear();
+        policies.into_iter().try_for_each(|policy| self.attach(policy, records))
     }
 
     /// Detach the candidate `name`.
     pub fn detach(&mut self, name: &str, records: &Mutex<Vec<ShadowRecord>>) -> Result<Supervisor, String> {
         let at = self.position(name).ok_or_else(|| format!("no shadow policy `{name}` is attached"))?;
-        if let Ok(mut records) = records.lock() {
+        let mut records = lock(records);
+        if at < records.len() {
             records.remove(at);
         }
         Ok(self.candidates.remove(at))
@@ -204,43 +239,70 @@ impl Shadows {
         self.detach(name, records).map(Supervisor::into_policy)
     }
 
-    /// Detach every candidate.
-    pub fn clear(&mut self, records: &Mutex<Vec<ShadowRecord>>) {
-        self.candidates.clear();
-        if let Ok(mut records) = records.lock() {
-            records.clear();
-        }
-    }
-
     /// Show every candidate the step `view` the active policy decided as
     /// `applied`, within the budget, and record how each compares.
+    ///
+    /// The budget holds on average: candidates run in turn while the step's
+    /// shadows are within it, and what the last one took beyond it is a
+    /// debt that whole steps pay back by skipping (a slow or looping
+    /// candidate makes its successors skip, never the served steps wait
+    /// longer than one call's worth).
     pub fn observe(&mut self, view: &StepView, applied: &Decision, records: &Mutex<Vec<ShadowRecord>>) {
         let n = self.candidates.len();
-        let Ok(mut records) = records.lock() else { return };
-        if n == 0 || records.len() != n {
+        if n == 0 {
             return;
         }
-        let started = Instant::now();
-        let first = self.turn % n;
-        self.turn = self.turn.wrapping_add(1);
-        for at in (first..n).chain(0..first) {
-            let (candidate, record) = (&mut self.candidates[at], &mut records[at]);
-            if record.quarantined.is_some() {
-                continue;
-            }
-            if started.elapsed() >= self.budget {
-                record.skipped += 1;
-                continue;
-            }
-            let call = Instant::now();
-            let verdict = candidate.decide(view, &mut FaultCount(&mut record.faults));
-            record.seconds += call.elapsed().as_secs_f64();
-            let Some(decision) = candidate_decision(verdict) else {
-                if let Health::FailedClosed { fault, .. } = candidate.health() {
-                    tracing::error!(policy = candidate.policy_name(), fault, "shadow policy quarantined");
-                    record.quarantined = Some(fault.clone());
+        let mut outcomes: Vec<(usize, Outcome)> = Vec::with_capacity(n);
+        if self.debt >= self.budget {
+            self.debt -= self.budget;
+            outcomes.extend((0..n).map(|at| (at, Outcome::Skipped)));
+        } else {
+            let allowance = self.budget - std::mem::take(&mut self.debt);
+            let started = Instant::now();
+            let first = self.turn % n;
+            self.turn = self.turn.wrapping_add(1);
+            for at in (first..n).chain(0..first) {
+                let candidate = &mut self.candidates[at];
+                if candidate.is_closed() {
+                    continue;
                 }
-                continue;
+                if started.elapsed() >= allowance {
+                    outcomes.push((at, Outcome::Skipped));
+                    continue;
+                }
+                let mut faults = BTreeMap::new();
+                let call = Instant::now();
+                let verdict = candidate.decide(view, &mut FaultCount(&mut faults));
+                let seconds = call.elapsed().as_secs_f64();
+                let decision = candidate_decision(verdict).ok_or_else(|| match candidate.health() {
+                    Health::FailedClosed { fault, .. } => Some(fault.clone()),
+                    _ => None,
+                });
+                outcomes.push((at, Outcome::Ran { seconds, faults, decision }));
+            }
+            self.debt = started.elapsed().saturating_sub(allowance);
+        }
+        let mut records = lock(records);
+        for (at, outcome) in outcomes {
+            let Some(record) = records.get_mut(at) else { continue };
+            let (seconds, faults, decision) = match outcome {
+                Outcome::Skipped => {
+                    record.skipped += 1;
+                    continue;
+                }
+                Outcome::Ran { seconds, faults, decision } => (seconds, faults, decision),
+            };
+            record.seconds += seconds;
+            for (reason, count) in faults {
+                *record.faults.entry(reason).or_default() += count;
+            }
+            let decision = match decision {
+                Ok(decision) => decision,
+                Err(fault) => {
+                    tracing::error!(policy = record.policy, fault, "shadow policy quarantined");
+                    record.quarantined = fault.or_else(|| Some("quarantined".to_owned()));
+                    continue;
+                }
             };
             let parts = Parts::compare(applied, &decision);
             record.steps += 1;
@@ -341,6 +403,9 @@ mod tests {
             shadows.attach(fixed(name), &records).expect("attach");
         }
         assert!(shadows.attach(fixed("e"), &records).unwrap_err().starts_with("4 shadow policies"));
+        let again: Vec<Box<dyn SchedulingPolicy>> = vec![fixed("x"), fixed("x")];
+        assert_eq!(shadows.replace(again, &records).unwrap_err(), "the shadow policy `x` is given twice");
+        assert_eq!(records.lock().expect("records").len(), 4, "a refused replacement changes nothing");
         assert!(shadows.detach("bad", &records).is_ok());
         assert_eq!(records.lock().expect("records").len(), 3);
         assert_eq!(shadows.detach("bad", &records).err().as_deref(), Some("no shadow policy `bad` is attached"));
@@ -359,8 +424,9 @@ mod tests {
             shadows.observe(&view(step), &decode(), &records);
         }
         let records = records.into_inner().expect("records");
-        // Each step runs the one whose turn it is; the other skips.
-        assert_eq!([records[0].steps, records[0].skipped], [2, 2]);
-        assert_eq!([records[1].steps, records[1].skipped], [2, 2]);
+        // A step runs the one whose turn it is (10 ms, 5 over budget) and
+        // the other skips; the next step pays the debt back by skipping both.
+        assert_eq!([records[0].steps, records[0].skipped], [1, 3]);
+        assert_eq!([records[1].steps, records[1].skipped], [1, 3]);
     }
 }

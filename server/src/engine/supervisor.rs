@@ -182,6 +182,15 @@ impl Supervisor {
         std::mem::replace(&mut self.policy, policy)
     }
 
+    /// Start the policy afresh (a new instance next call), with a clean
+    /// record: a replay crossing into another server run.
+    pub fn restart(&mut self) {
+        self.policy.reset();
+        self.consecutive_faults = 0;
+        self.stalled_steps = 0;
+        self.health = Health::Ok;
+    }
+
     /// The policy, its instance and history kept (a shadow being promoted).
     pub fn into_policy(self) -> Box<dyn SchedulingPolicy> {
         self.policy

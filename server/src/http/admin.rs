@@ -21,9 +21,10 @@ use crate::engine::shadow::ShadowRecord;
 use crate::plugins::{PluginHost, WasmPolicy};
 use crate::startup::{PluginError, load_policy, load_shadows};
 
-/// Longest wait for the engine to take a new policy (it does so between
-/// two steps, so this only matters if a step hangs).
-const SWAP_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait for the engine to take a new policy or shadow (it does so
+/// between two steps, and a step with a long prefill can take seconds on a
+/// CPU, so this only runs out if a step hangs).
+const SWAP_WAIT: Duration = Duration::from_secs(60);
 
 /// The policy side of the server: the plugin host, where the configuration
 /// came from (for reloads), and the active policy's configuration.
@@ -101,7 +102,7 @@ fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PluginError> 
 /// `POST /admin/policy`: `{"policy": NAME|PATH, "settings": {...}}` loads
 /// that policy with the configured limits and the given settings (none when
 /// left out: another policy's settings would not fit it); no `policy`
-/// reloads the config file's.
+/// reloads the config file's, its shadows too.
 /// Needs the API key: without one configured the endpoint is closed.
 pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     require_key(&state)?;
@@ -109,11 +110,12 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
     let worker = state.clone();
     let name = blocking(move || {
         let policies = worker.policies();
-        let loaded = match requested {
-            Some(plugin) => policies.load(PolicyConfig { plugin, settings, ..policies.active() }),
-            None => policies.from_file().and_then(|config| policies.load(config)),
+        let Some(plugin) = requested else {
+            return reload_from_file(&worker).map_err(|error| ApiError::invalid(error.to_string()));
         };
-        let policy = loaded.map_err(|error| ApiError::invalid(error.to_string()))?;
+        let policy = policies
+            .load(PolicyConfig { plugin, settings, ..policies.active() })
+            .map_err(|error| ApiError::invalid(error.to_string()))?;
         install(&worker, policy).map_err(|error| ApiError::new(ErrorType::Unavailable, error.to_string()))
     })
     .await?;
@@ -215,9 +217,15 @@ pub async fn promote(State(state): State<AppState>, JsonBody(body): JsonBody) ->
     state.policies().edit(|active| {
         let Some(at) = active.shadow.iter().position(|spec| spec.plugin == promoted.active) else { return };
         let spec = active.shadow.remove(at);
-        let previous = PolicySpec {
+        let replaced = PolicySpec {
             plugin: std::mem::replace(&mut active.plugin, spec.plugin),
             settings: std::mem::replace(&mut active.settings, spec.settings),
+        };
+        // When the fallback had taken over, it is what became the shadow.
+        let previous = if replaced.plugin == promoted.previous {
+            replaced
+        } else {
+            PolicySpec { plugin: promoted.previous.clone(), settings: toml::Table::new() }
         };
         if promoted.kept_as_shadow {
             active.shadow.push(previous);

@@ -19,7 +19,7 @@ use crate::engine::FaultRules;
 use crate::engine::policy::{Decision, SchedulingPolicy};
 use crate::engine::shadow::{Agreement, Parts, candidate_decision, candidate_supervisor};
 use crate::engine::supervisor::{FaultEvent, Health, Observer};
-use crate::engine::trace::TraceLine;
+use crate::engine::trace::{TraceError, TraceLine};
 
 /// One step on which the replayed policy decided otherwise.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,6 +35,8 @@ pub struct ReplayDivergence {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayReport {
     pub policy: String,
+    /// Server runs the trace spans (a step number going back starts one).
+    pub runs: u64,
     /// Steps replayed.
     pub steps: u64,
     /// Steps missing from the trace (the writer fell behind): the policy
@@ -62,13 +64,21 @@ impl Observer for FaultCount<'_> {
 }
 
 /// Replay `policy` over the steps of `lines` (one or more trace files'
-/// lines, in order), keeping the first `keep` divergences.
-pub fn replay(lines: &[TraceLine], policy: Box<dyn SchedulingPolicy>, rules: FaultRules, keep: usize) -> ReplayReport {
+/// lines, in order), keeping the first `keep` divergences. A step number
+/// that goes back starts a new server run: the policy starts afresh, as
+/// the server's did.
+pub fn replay(
+    lines: impl IntoIterator<Item = Result<TraceLine, TraceError>>,
+    policy: Box<dyn SchedulingPolicy>,
+    rules: FaultRules,
+    keep: usize,
+) -> Result<ReplayReport, TraceError> {
     let name = policy.name().to_owned();
     let mut supervisor = candidate_supervisor(policy, rules);
     let (mut replayed_hash, mut applied_hash) = (DecisionHash::default(), DecisionHash::default());
     let mut report = ReplayReport {
         policy: name,
+        runs: 0,
         steps: 0,
         missing_steps: 0,
         agreed: Agreement::default(),
@@ -79,14 +89,19 @@ pub fn replay(lines: &[TraceLine], policy: Box<dyn SchedulingPolicy>, rules: Fau
         faults: BTreeMap::new(),
         quarantined: None,
     };
-    let mut next_step = None;
+    let mut next_step: Option<u64> = None;
     for line in lines {
-        let TraceLine::Step { view, applied } = line else { continue };
-        if let Some(expected) = next_step {
-            report.missing_steps += view.step.saturating_sub(expected);
+        let TraceLine::Step { view, applied } = line? else { continue };
+        match next_step {
+            Some(expected) if view.step >= expected => report.missing_steps += view.step - expected,
+            Some(_) => {
+                supervisor.restart();
+                report.runs += 1;
+            }
+            None => report.runs = 1,
         }
-        next_step = Some(view.step + 1);
-        let verdict = supervisor.decide(view, &mut FaultCount(&mut report.faults));
+        next_step = Some(view.step.saturating_add(1));
+        let verdict = supervisor.decide(&view, &mut FaultCount(&mut report.faults));
         let Some(decision) = candidate_decision(verdict) else {
             if let Health::FailedClosed { fault, .. } = supervisor.health() {
                 report.quarantined = Some(format!("at step {}: {fault}", view.step));
@@ -94,8 +109,8 @@ pub fn replay(lines: &[TraceLine], policy: Box<dyn SchedulingPolicy>, rules: Fau
             break;
         };
         replayed_hash.add(view.step, &decision);
-        applied_hash.add(view.step, applied);
-        let parts = Parts::compare(applied, &decision);
+        applied_hash.add(view.step, &applied);
+        let parts = Parts::compare(&applied, &decision);
         report.steps += 1;
         report.agreed.count(parts);
         if !parts.all() {
@@ -104,7 +119,7 @@ pub fn replay(lines: &[TraceLine], policy: Box<dyn SchedulingPolicy>, rules: Fau
                 report.divergences.push(ReplayDivergence {
                     step: view.step,
                     parts: parts.differing(),
-                    applied: applied.clone(),
+                    applied,
                     replayed: decision,
                 });
             }
@@ -112,7 +127,7 @@ pub fn replay(lines: &[TraceLine], policy: Box<dyn SchedulingPolicy>, rules: Fau
     }
     report.decision_hash = replayed_hash.hex();
     report.applied_hash = applied_hash.hex();
-    report
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -149,17 +164,22 @@ mod tests {
 
     #[test]
     fn divergences_hashes_and_gaps_are_reported() {
-        let header = TraceLine::Header { version: 1, policy: "continuous".into(), slots: 1, token_budget: 16 };
-        let lines = [header, step(0, decode(0)), step(1, decode(0)), step(2, decode(0)), step(5, decode(0))];
-        let first = replay(&lines, Box::new(Alternating), FaultRules::default(), 1);
+        let lines = [step(0, decode(0)), step(1, decode(0)), step(2, decode(0)), step(5, decode(0))];
+        let run = || replay(lines.clone().map(Ok), Box::new(Alternating), FaultRules::default(), 1).expect("replays");
+        let first = run();
         assert_eq!((first.steps, first.missing_steps, first.divergent_steps), (4, 2, 2));
         assert_eq!(first.agreed, Agreement { admit: 4, prefill: 4, decode: 2, all: 2 });
         assert_eq!(
             first.divergences,
             [ReplayDivergence { step: 1, parts: vec!["decode"], applied: decode(0), replayed: decode(1) }]
         );
-        let second = replay(&lines, Box::new(Alternating), FaultRules::default(), 1);
+        assert_eq!(first.runs, 1);
+        let second = run();
         assert_eq!(first.decision_hash, second.decision_hash);
         assert_ne!(first.decision_hash, first.applied_hash);
+        // A second server run starts over at step 0.
+        let two_runs = [step(0, decode(0)), step(1, decode(1)), step(0, decode(0)), step(1, decode(1))];
+        let report = replay(two_runs.map(Ok), Box::new(Alternating), FaultRules::default(), 1).expect("replays");
+        assert_eq!((report.runs, report.steps, report.missing_steps, report.divergent_steps), (2, 4, 0, 0));
     }
 }

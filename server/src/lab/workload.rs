@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::engine::policy::RequestInfo;
-use crate::engine::trace::{TraceLine, is_step_trace, read_trace as read_step_trace};
+use crate::engine::trace::{TraceError, TraceLine, is_step_trace, trace_lines};
 
 /// One request of a workload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,8 +97,13 @@ pub fn read_workload(path: &Path) -> Result<Vec<TraceRequest>, WorkloadError> {
         return read_trace(path);
     }
     let file = path.display().to_string();
-    let lines = read_step_trace(path).map_err(|error| WorkloadError::Spec(error.to_string()))?;
-    let requests = from_steps(&lines);
+    let spec = |error: TraceError| WorkloadError::Spec(error.to_string());
+    let mut failed = None;
+    let lines = trace_lines(path).map_err(spec)?.map_while(|line| line.map_err(|error| failed = Some(error)).ok());
+    let requests = from_steps(lines);
+    if let Some(error) = failed {
+        return Err(spec(error));
+    }
     if requests.is_empty() {
         return Err(WorkloadError::Empty { file });
     }
@@ -109,7 +114,7 @@ pub fn read_workload(path: &Path) -> Result<Vec<TraceRequest>, WorkloadError> {
 /// lengths, priorities, adapter groups, and as output length the tokens
 /// each generated while recorded (so a request still running when the
 /// trace ends counts what it had).
-pub fn from_steps(lines: &[TraceLine]) -> Vec<TraceRequest> {
+pub fn from_steps(lines: impl IntoIterator<Item = TraceLine>) -> Vec<TraceRequest> {
     let mut seen: BTreeMap<u64, (RequestInfo, u32)> = BTreeMap::new();
     for line in lines {
         let TraceLine::Step { view, applied } = line else { continue };
@@ -287,7 +292,7 @@ mod tests {
                 vec![0],
             ),
         ];
-        let requests = from_steps(&lines);
+        let requests = from_steps(lines);
         assert_eq!(requests.len(), 2);
         assert_eq!((requests[0].arrival_ms, requests[0].prompt_tokens, requests[0].max_tokens), (0.0, 10, 4));
         assert_eq!((requests[1].arrival_ms, requests[1].prompt_tokens, requests[1].max_tokens), (150.0, 5, 1));

@@ -11,7 +11,7 @@ use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
 use crate::config::{Config, threads_or_cores};
 use crate::engine::policy::SchedulingPolicy;
-use crate::engine::trace::{TRACE_VERSION, TraceLine, TraceRecorder};
+use crate::engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
 use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
 use crate::model::chat_template::{ChatTemplate, TemplateError};
 use crate::model::tokenizer::Tokenizer;
@@ -228,11 +228,15 @@ fn watch_steps(engine: &EngineHandle, config: &Config, shadows: Vec<WasmPolicy>)
     let shadows = shadows.into_iter().map(|policy| Box::new(policy) as Box<dyn SchedulingPolicy>).collect();
     engine.replace_shadows(shadows, ENGINE_ANSWER).map_err(StartError::Shadows)?;
     let Some(path) = &config.server.record_trace else { return Ok(()) };
-    let header = TraceLine::Header {
+    let header = TraceHeader {
         version: TRACE_VERSION,
         policy: engine.policy_name(),
         slots: engine.config().slots as u32,
         token_budget: engine.config().batch_tokens as u32,
+        fuel: config.policy.fuel,
+        deadline_ms: config.policy.deadline_ms,
+        memory_mb: config.policy.memory_mb,
+        stall_steps: config.policy.stall_steps,
     };
     let max_bytes = config.server.record_trace_mb.saturating_mul(1 << 20);
     let trace_error = |error| StartError::Trace { path: path.clone(), error };

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use sluice::config::PolicyConfig;
-use sluice::engine::trace::read_trace;
+use sluice::engine::trace::{read_header, trace_lines};
 use sluice::lab::replay::{ReplayReport, replay};
 use sluice::plugins::PluginHost;
 use sluice::startup::{fault_rules, load_policy};
@@ -21,9 +21,10 @@ pub struct ReplayArgs {
     /// with settings: `cohort,max_wait_ms=500`.
     #[arg(long, value_name = "NAME|PATH[,KEY=VALUE...]")]
     policy: String,
-    /// Steps without a grant before the policy counts as stalled.
-    #[arg(long, default_value_t = PolicyConfig::default().stall_steps)]
-    stall_steps: u32,
+    /// Steps without a grant before the policy counts as stalled; by
+    /// default the server's (the trace's header, as are the sandbox limits).
+    #[arg(long)]
+    stall_steps: Option<u32>,
     /// Divergent steps to list.
     #[arg(long, default_value_t = 20)]
     divergences: usize,
@@ -33,15 +34,19 @@ pub struct ReplayArgs {
 }
 
 pub fn lab_replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let mut lines = Vec::new();
-    for path in &args.traces {
-        lines.extend(read_trace(path)?);
-    }
-    let config =
-        policy_config(&args.policy, PolicyConfig { stall_steps: args.stall_steps, ..PolicyConfig::default() })?;
+    let header = read_header(&args.traces[0])?;
+    let rules = PolicyConfig {
+        fuel: header.fuel,
+        deadline_ms: header.deadline_ms,
+        memory_mb: header.memory_mb,
+        stall_steps: args.stall_steps.unwrap_or(header.stall_steps),
+        ..PolicyConfig::default()
+    };
+    let config = policy_config(&args.policy, rules)?;
     let host = PluginHost::new()?;
     let policy = load_policy(&host, &config).with_context(|| format!("policy `{}`", args.policy))?;
-    let report = replay(&lines, Box::new(policy), fault_rules(&config), args.divergences);
+    let files = args.traces.iter().map(|path| trace_lines(path)).collect::<Result<Vec<_>, _>>()?;
+    let report = replay(files.into_iter().flatten(), Box::new(policy), fault_rules(&config), args.divergences)?;
     if report.steps == 0 && report.quarantined.is_none() {
         bail!("the trace holds no steps");
     }
@@ -56,7 +61,10 @@ pub fn lab_replay(args: ReplayArgs) -> anyhow::Result<()> {
 fn print_report(report: &ReplayReport) {
     let percent = |agreed: u64| 100.0 * agreed as f64 / report.steps.max(1) as f64;
     let agreed = report.agreed;
-    println!("policy {} over {} steps ({} missing from the trace)", report.policy, report.steps, report.missing_steps);
+    println!(
+        "policy {} over {} steps of {} server run(s) ({} missing from the trace)",
+        report.policy, report.steps, report.runs, report.missing_steps
+    );
     println!(
         "agreement: admit {:.1} %, prefill {:.1} %, decode {:.1} %, whole decision {:.1} %",
         percent(agreed.admit),

@@ -28,7 +28,10 @@ impl Engine {
     }
 
     pub(super) fn record(&mut self, recorder: TraceRecorder) {
-        self.recorder = Some(recorder);
+        // Dropping a recorder waits for its writer: not on this thread.
+        if let Some(previous) = self.recorder.replace(recorder) {
+            let _ = std::thread::Builder::new().name("trace-end".into()).spawn(move || drop(previous));
+        }
     }
 
     /// The active policy changed: the trace says so from the next step.
@@ -51,9 +54,7 @@ impl Engine {
                 let _ = reply.send(self.shadows.detach(&name, records).map(drop));
             }
             ShadowCommand::Replace(policies, reply) => {
-                self.shadows.clear(records);
-                let attached = policies.into_iter().try_for_each(|policy| self.shadows.attach(policy, records));
-                let _ = reply.send(attached);
+                let _ = reply.send(self.shadows.replace(policies, records));
             }
             ShadowCommand::Promote(name, reply) => {
                 let _ = reply.send(self.promote(&name));
@@ -62,12 +63,19 @@ impl Engine {
     }
 
     /// Make the shadow `name` the active policy, its instance and history
-    /// kept; the policy it replaces keeps running as a shadow in its place.
+    /// kept; the policy it replaces keeps running as a shadow in its place
+    /// (the fallback when it had taken over), unless it had failed closed.
+    /// Like a reload, a promotion reopens a failed-closed server.
     fn promote(&mut self, name: &str) -> Result<Promoted, String> {
         let candidate = self.shadows.take_for_promotion(name, &self.shared.shadows)?;
+        let was_closed = self.supervisor.is_closed();
         let previous = self.supervisor.replace(candidate);
         let previous_name = previous.name().to_owned();
-        let kept = self.shadows.attach(previous, &self.shared.shadows);
+        let kept = if was_closed {
+            Err("it had failed closed".to_owned())
+        } else {
+            self.shadows.attach(previous, &self.shared.shadows)
+        };
         if let Err(why) = &kept {
             tracing::warn!(policy = previous_name, why, "the replaced policy is not kept as a shadow");
         }
