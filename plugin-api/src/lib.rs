@@ -1,7 +1,7 @@
 //! Guest SDK for sluice plugins.
 //!
 //! A plugin is a WebAssembly component of one of the worlds in `wit/`
-//! (package `sluice:plugin@0.1.0`). This crate re-exports the generated
+//! (package `sluice:plugin@0.2.0`). This crate re-exports the generated
 //! bindings and wraps them in two plain-Rust traits so that plugin logic is
 //! ordinary code that is unit-tested natively:
 //!
@@ -28,6 +28,7 @@
 //! the host's decision rules, which the host applies to every decision and
 //! native tests can apply too.
 
+pub mod packed;
 pub mod rules;
 mod settings;
 pub mod testing;
@@ -86,6 +87,21 @@ pub trait Fixup {
     fn fixup(target: &ModelInfo, draft: &ModelInfo) -> Result<Vec<Edit>, String>;
 }
 
+/// Unpack the wire's view into `view`, whose lists keep their memory from
+/// step to step (the export's side of [`packed`]). The host packs every
+/// view it sends, so a malformed one is a host defect: it traps, which the
+/// host counts as a fault of the call.
+#[doc(hidden)]
+pub fn unpack_wire(wire: scheduler::exports::sluice::plugin::policy::StepView, view: &mut StepView) {
+    let counts = packed::Counts { occupied: wire.occupied, waiting: wire.waiting, free: wire.free, ended: wire.ended };
+    if let Err(malformed) = packed::unpack(counts, &wire.words, view) {
+        panic!("the host sent a malformed view: {malformed}");
+    }
+    view.step = wire.step;
+    view.now_ms = wire.now_ms;
+    view.token_budget = wire.token_budget;
+}
+
 /// Export a [`Policy`] as the component's `scheduler` world.
 ///
 /// The instance state lives in a single-threaded global: the host gives every
@@ -100,6 +116,8 @@ macro_rules! export_policy {
             ::std::thread_local! {
                 static __STATE: ::std::cell::RefCell<::std::option::Option<$policy>> =
                     const { ::std::cell::RefCell::new(::std::option::Option::None) };
+                static __VIEW: ::std::cell::RefCell<$crate::StepView> =
+                    ::std::cell::RefCell::new(::std::default::Default::default());
             }
             impl __wit::Guest for __Exported {
                 fn configure(
@@ -109,12 +127,15 @@ macro_rules! export_policy {
                     __STATE.with(|state| *state.borrow_mut() = ::std::option::Option::Some(policy));
                     ::std::result::Result::Ok(())
                 }
-                fn step(view: __wit::StepView) -> __wit::Decision {
-                    let view = $crate::StepView::from_wire(view);
-                    __STATE.with(|state| {
-                        let mut state = state.borrow_mut();
-                        let policy = state.as_mut().expect("the host calls configure before step");
-                        <$policy as $crate::Policy>::step(policy, &view).into()
+                fn step(wire: __wit::StepView) -> __wit::Decision {
+                    __VIEW.with(|view| {
+                        let mut view = view.borrow_mut();
+                        $crate::unpack_wire(wire, &mut view);
+                        __STATE.with(|state| {
+                            let mut state = state.borrow_mut();
+                            let policy = state.as_mut().expect("the host calls configure before step");
+                            <$policy as $crate::Policy>::step(policy, &view).into()
+                        })
                     })
                 }
             }

@@ -60,66 +60,129 @@ impl std::error::Error for Invalid {}
 /// Check `decision` against `view`. `extra_per_decode` counts tokens a host
 /// would add to every decode grant; sluice passes 0, since its drafts only
 /// take what the grants leave of the budget.
+///
+/// Runs every step, so it costs O(n) in the view's slots: each grant finds
+/// its slot in one table indexed by slot id instead of scanning the view.
 pub fn validate(view: &StepView, decision: &Decision, extra_per_decode: u32) -> Result<(), Invalid> {
+    let mut slots = SlotTable::new(view);
     let mut admitted_requests = HashSet::new();
-    let mut admitted_slots = HashSet::new();
-    // slot → prompt tokens remaining, for slots that may prefill.
-    let mut prefillable = view.prefilling();
     for admit in &decision.admit {
         let waiting = view
             .waiting
             .iter()
             .find(|waiting| waiting.request.id == admit.request_id)
             .ok_or(Invalid::NotWaiting(admit.request_id))?;
-        if !view.free_slots.contains(&admit.slot) {
-            return Err(Invalid::SlotNotFree(admit.slot));
-        }
+        let entry =
+            slots.get(admit.slot).filter(|entry| entry.kind == Kind::Free).ok_or(Invalid::SlotNotFree(admit.slot))?;
         if !admitted_requests.insert(admit.request_id) {
             return Err(Invalid::RequestTwice(admit.request_id));
         }
-        if !admitted_slots.insert(admit.slot) {
+        if entry.admitted {
             return Err(Invalid::SlotTwice(admit.slot));
         }
-        prefillable.push((admit.slot, waiting.request.prompt_remaining()));
+        entry.admitted = true;
+        entry.remaining = waiting.request.prompt_remaining();
     }
-    let mut prefilled = HashSet::new();
     let mut used: u64 = 0;
     for prefill in &decision.prefill {
-        let remaining = prefillable
-            .iter()
-            .find(|(slot, _)| *slot == prefill.slot)
-            .map(|(_, remaining)| *remaining)
+        let entry = slots
+            .get(prefill.slot)
+            .filter(|entry| entry.kind == Kind::Prefilling || entry.admitted)
             .ok_or(Invalid::NotPrefilling(prefill.slot))?;
+        let remaining = entry.remaining;
         if prefill.tokens == 0 || prefill.tokens > remaining {
             return Err(Invalid::PrefillSize { slot: prefill.slot, tokens: prefill.tokens, remaining });
         }
-        if !prefilled.insert(prefill.slot) {
+        if entry.granted {
             return Err(Invalid::PrefillTwice(prefill.slot));
         }
+        entry.granted = true;
         used += u64::from(prefill.tokens);
     }
-    let mut decoded = HashSet::new();
     for &slot in &decision.decode {
-        let decodable = view
-            .occupied
-            .iter()
-            .any(|occupied| occupied.slot == slot && matches!(occupied.phase, Phase::Ready | Phase::Decoding));
-        if !decodable {
-            return Err(if prefilled.contains(&slot) {
-                Invalid::PrefillAndDecode(slot)
-            } else {
-                Invalid::NotDecodable(slot)
-            });
-        }
-        if !decoded.insert(slot) {
+        let Some(entry) = slots.get(slot).filter(|entry| entry.kind == Kind::Decodable) else {
+            let prefilled = slots.get(slot).is_some_and(|entry| entry.granted);
+            return Err(if prefilled { Invalid::PrefillAndDecode(slot) } else { Invalid::NotDecodable(slot) });
+        };
+        if entry.granted {
             return Err(Invalid::DecodeTwice(slot));
         }
+        entry.granted = true;
         used += 1 + u64::from(extra_per_decode);
     }
     if used > u64::from(view.token_budget) {
         return Err(Invalid::OverBudget { used, budget: view.token_budget });
     }
     Ok(())
+}
+
+/// What a slot of the view may be granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Not in the view.
+    Absent,
+    Free,
+    Prefilling,
+    /// Ready or decoding.
+    Decodable,
+}
+
+/// A slot of the view and what the decision has granted it so far.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    slot: u32,
+    kind: Kind,
+    /// Prompt tokens left: a prefilling slot's, or the request admitted into
+    /// a free one.
+    remaining: u32,
+    admitted: bool,
+    /// Prefilled (a prefilling or admitted slot) or decoded (a decodable one).
+    granted: bool,
+}
+
+/// The view's slots, found by id.
+enum SlotTable {
+    /// Indexed by slot id: an engine's slots are numbered from 0, so the
+    /// table is about as long as the view has slots.
+    Dense(Vec<Entry>),
+    /// Sorted by slot id, for views (read from a trace) whose ids are
+    /// sparse enough that a dense table would waste memory.
+    Sparse(Vec<Entry>),
+}
+
+impl SlotTable {
+    fn new(view: &StepView) -> Self {
+        let entry = |slot, kind, remaining| Entry { slot, kind, remaining, admitted: false, granted: false };
+        let entries = view.free_slots.iter().map(|&slot| entry(slot, Kind::Free, 0)).chain(view.occupied.iter().map(
+            |occupied| match occupied.phase {
+                Phase::Prefilling => entry(occupied.slot, Kind::Prefilling, occupied.request.prompt_remaining()),
+                Phase::Ready | Phase::Decoding => entry(occupied.slot, Kind::Decodable, 0),
+            },
+        ));
+        let count = (view.free_slots.len() + view.occupied.len()) as u64;
+        let bound = entries.clone().map(|entry| u64::from(entry.slot) + 1).max().unwrap_or(0);
+        if bound <= 2 * count + 64 {
+            let mut table = vec![entry(0, Kind::Absent, 0); bound as usize];
+            for entry in entries {
+                table[entry.slot as usize] = entry;
+            }
+            SlotTable::Dense(table)
+        } else {
+            let mut table: Vec<Entry> = entries.collect();
+            table.sort_by_key(|entry| entry.slot);
+            SlotTable::Sparse(table)
+        }
+    }
+
+    fn get(&mut self, slot: u32) -> Option<&mut Entry> {
+        match self {
+            SlotTable::Dense(table) => table.get_mut(slot as usize).filter(|entry| entry.kind != Kind::Absent),
+            SlotTable::Sparse(table) => {
+                let index = table.binary_search_by_key(&slot, |entry| entry.slot).ok()?;
+                table.get_mut(index)
+            }
+        }
+    }
 }
 
 /// Whether a step has runnable work: something waiting with a free slot, or
@@ -201,6 +264,29 @@ mod tests {
         for (index, (decision, expected)) in cases.into_iter().enumerate() {
             assert_eq!(validate(&view, &decision, 0), Err(expected), "case {index}");
         }
+    }
+
+    #[test]
+    fn slots_are_found_in_any_order_and_at_any_id() {
+        // A view read from a trace need not be sorted, and slot ids need not
+        // be dense.
+        let mut view = ViewBuilder::new(0, 100)
+            .occupied(u32::MAX, Phase::Decoding, request(1, 5).done(5))
+            .occupied(7, Phase::Prefilling, request(2, 50).done(10))
+            .waiting(request(4, 30))
+            .build();
+        view.occupied.reverse();
+        view.free_slots = vec![1_000_000, 3];
+        let ok = decision(
+            vec![Admit { request_id: 4, slot: 3 }],
+            vec![Prefill { slot: 7, tokens: 40 }, Prefill { slot: 3, tokens: 30 }],
+            vec![u32::MAX],
+        );
+        assert_eq!(validate(&view, &ok, 0), Ok(()));
+        let over = decision(vec![], vec![Prefill { slot: 3, tokens: 1 }], vec![]);
+        assert_eq!(validate(&view, &over, 0), Err(Invalid::NotPrefilling(3)));
+        let absent = decision(vec![], vec![], vec![8]);
+        assert_eq!(validate(&view, &absent, 0), Err(Invalid::NotDecodable(8)));
     }
 
     #[test]

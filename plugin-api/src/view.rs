@@ -1,6 +1,6 @@
 //! The step view and decision as plain Rust records, shared by plugins (via
 //! this SDK) and the host. On the wire (`wit/scheduler.wit`) the view's
-//! requests travel as columns; [`StepView::from_wire`] rebuilds the records.
+//! slots and requests travel packed ([`crate::packed`]).
 
 use crate::scheduler::exports::sluice::plugin::policy as wire;
 
@@ -16,7 +16,8 @@ pub enum Phase {
     Decoding,
 }
 
-/// What the host knows about one request (see the WIT `request-table`).
+/// What the host knows about one request (see the request row of the WIT's
+/// `step-view`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RequestInfo {
@@ -124,6 +125,7 @@ impl Decision {
     /// Decode grants for every `ready` or `decoding` slot of `view`, in slot
     /// order, one token each while `budget` lasts.
     pub fn decode_ready(&mut self, view: &StepView, budget: &mut u32) {
+        self.decode.reserve(view.occupied.len());
         for slot in view.occupied.iter().filter(|slot| matches!(slot.phase, Phase::Ready | Phase::Decoding)) {
             if *budget == 0 {
                 break;
@@ -164,7 +166,9 @@ impl Decision {
     /// given, each as large as `budget` allows; returns the slots whose
     /// prompt these grants complete.
     pub fn prefill_in_order(&mut self, chunks: impl IntoIterator<Item = (u32, u32)>, budget: &mut u32) -> Vec<u32> {
-        let mut completed = Vec::new();
+        let chunks = chunks.into_iter();
+        self.prefill.reserve(chunks.size_hint().0);
+        let mut completed = Vec::with_capacity(chunks.size_hint().0);
         for (slot, remaining) in chunks {
             let tokens = remaining.min(*budget);
             if tokens == 0 {
@@ -184,77 +188,15 @@ impl StepView {
     /// `(slot, prompt tokens remaining)` of every occupied slot that may
     /// prefill, in slot order.
     pub fn prefilling(&self) -> Vec<(u32, u32)> {
-        self.occupied
-            .iter()
-            .filter(|slot| slot.phase == Phase::Prefilling)
-            .map(|slot| (slot.slot, slot.request.prompt_remaining()))
-            .collect()
-    }
-}
-
-impl StepView {
-    /// Rebuild the records from the wire's columns. Columns shorter than
-    /// their table's `id` column read as zero (the host never sends them).
-    pub fn from_wire(view: wire::StepView) -> Self {
-        let occupied = rows(&view.occupied)
-            .zip(&view.occupied_slots)
-            .zip(&view.occupied_phases)
-            .map(|((request, &slot), phase)| OccupiedSlot { slot, phase: Phase::from(*phase), request })
-            .collect();
-        let waiting = rows(&view.waiting)
-            .enumerate()
-            .map(|(row, request)| {
-                let hint = view.waiting_slot_hints.get(row).copied().unwrap_or(NO_SLOT_HINT);
-                WaitingRequest { request, slot_hint: (hint != NO_SLOT_HINT).then_some(hint) }
-            })
-            .collect();
-        let ended = view
-            .ended
-            .iter()
-            .map(|ended| EndedRequest {
-                request_id: ended.request_id,
-                slot: ended.slot,
-                reason: match ended.reason {
-                    wire::EndReason::Completed => EndReason::Completed,
-                    wire::EndReason::Cancelled => EndReason::Cancelled,
-                    wire::EndReason::Failed => EndReason::Failed,
-                },
-            })
-            .collect();
-        StepView {
-            step: view.step,
-            now_ms: view.now_ms,
-            token_budget: view.token_budget,
-            free_slots: view.free_slots,
-            occupied,
-            waiting,
-            ended,
-        }
-    }
-}
-
-fn rows(table: &wire::RequestTable) -> impl Iterator<Item = RequestInfo> + '_ {
-    let at = |column: &[u32], row: usize| column.get(row).copied().unwrap_or(0);
-    (0..table.id.len()).map(move |row| RequestInfo {
-        id: table.id[row],
-        prompt_tokens: at(&table.prompt_tokens, row),
-        prompt_done: at(&table.prompt_done, row),
-        prompt_cached: at(&table.prompt_cached, row),
-        generated: at(&table.generated, row),
-        max_tokens: at(&table.max_tokens, row),
-        adapter_group: at(&table.adapter_group, row),
-        priority: table.priority.get(row).copied().unwrap_or(0),
-        arrival_ms: table.arrival_ms.get(row).copied().unwrap_or(0),
-    })
-}
-
-impl From<wire::Phase> for Phase {
-    fn from(phase: wire::Phase) -> Self {
-        match phase {
-            wire::Phase::Prefilling => Phase::Prefilling,
-            wire::Phase::Ready => Phase::Ready,
-            wire::Phase::Decoding => Phase::Decoding,
-        }
+        // Room for the admissions callers add to it.
+        let mut chunks = Vec::with_capacity(self.occupied.len() + self.free_slots.len());
+        chunks.extend(
+            self.occupied
+                .iter()
+                .filter(|slot| slot.phase == Phase::Prefilling)
+                .map(|slot| (slot.slot, slot.request.prompt_remaining())),
+        );
+        chunks
     }
 }
 
@@ -279,62 +221,6 @@ impl From<Decision> for wire::Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn columns_become_records() {
-        let table = |ids: Vec<u64>| wire::RequestTable {
-            prompt_tokens: ids.iter().map(|id| *id as u32 * 10).collect(),
-            prompt_done: ids.iter().map(|id| *id as u32).collect(),
-            prompt_cached: vec![0; ids.len()],
-            generated: vec![2; ids.len()],
-            max_tokens: vec![64; ids.len()],
-            adapter_group: vec![1; ids.len()],
-            priority: vec![-3; ids.len()],
-            arrival_ms: ids.iter().map(|id| id * 100).collect(),
-            id: ids,
-        };
-        let view = StepView::from_wire(wire::StepView {
-            step: 9,
-            now_ms: 77,
-            token_budget: 256,
-            free_slots: vec![1],
-            occupied_slots: vec![0, 2],
-            occupied_phases: vec![wire::Phase::Ready, wire::Phase::Prefilling],
-            occupied: table(vec![5, 6]),
-            waiting: table(vec![7, 8]),
-            waiting_slot_hints: vec![NO_SLOT_HINT, 1],
-            ended: vec![wire::EndedRequest { request_id: 4, slot: Some(1), reason: wire::EndReason::Cancelled }],
-        });
-        let request = |id: u64| RequestInfo {
-            id,
-            prompt_tokens: id as u32 * 10,
-            prompt_done: id as u32,
-            prompt_cached: 0,
-            generated: 2,
-            max_tokens: 64,
-            adapter_group: 1,
-            priority: -3,
-            arrival_ms: id * 100,
-        };
-        assert_eq!(
-            view,
-            StepView {
-                step: 9,
-                now_ms: 77,
-                token_budget: 256,
-                free_slots: vec![1],
-                occupied: vec![
-                    OccupiedSlot { slot: 0, phase: Phase::Ready, request: request(5) },
-                    OccupiedSlot { slot: 2, phase: Phase::Prefilling, request: request(6) },
-                ],
-                waiting: vec![
-                    WaitingRequest { request: request(7), slot_hint: None },
-                    WaitingRequest { request: request(8), slot_hint: Some(1) },
-                ],
-                ended: vec![EndedRequest { request_id: 4, slot: Some(1), reason: EndReason::Cancelled }],
-            }
-        );
-    }
 
     #[test]
     fn decisions_go_to_the_wire_unchanged() {

@@ -10,7 +10,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use sluice::config::{Config, LogConfig, LogFormat, Overrides, help_epilogue, llama_style_args, threads_or_cores};
 use sluice::engine::policy::SchedulingPolicy;
 use sluice::http::server::Launch;
-use sluice::plugins::{PluginHost, PluginSource, builtin_fixup};
+use sluice::plugins::{PACKAGE_VERSION, PluginHost, PluginSource, builtin_fixup};
 use sluice::startup::{check_device, load_fixup, load_policy, load_shadows};
 
 #[derive(Parser)]
@@ -221,7 +221,7 @@ fn check_plugin(plugin: &str, world: World, config: Option<&Path>) -> anyhow::Re
     match world {
         World::Scheduler => {
             load_policy(&host, &config.policy)?;
-            println!("{plugin}: accepted as a scheduler policy (sluice:plugin@0.1.0)");
+            println!("{plugin}: accepted as a scheduler policy (sluice:plugin@{PACKAGE_VERSION})");
         }
         World::DraftFixup => {
             let source = match builtin_fixup(plugin) {
@@ -229,7 +229,7 @@ fn check_plugin(plugin: &str, world: World, config: Option<&Path>) -> anyhow::Re
                 None => PluginSource::Path(PathBuf::from(plugin)),
             };
             load_fixup(&host, source, config.policy.limits())?;
-            println!("{plugin}: accepted as a draft fixup (sluice:plugin@0.1.0)");
+            println!("{plugin}: accepted as a draft fixup (sluice:plugin@{PACKAGE_VERSION})");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -8,10 +8,12 @@
 use sluice::engine::policy::{Decision, StepView};
 use sluice::plugins::{LoadError, PluginFault, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy};
 
-use sluice_tests::plugin_fixtures::{BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module};
+use sluice_tests::plugin_fixtures::{
+    BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module, version,
+};
 
 fn scheduler(hostile: &str) -> Vec<u8> {
-    componentize(&policy_module("0.1.0", hostile, OK, ""), SCHEDULER_WIT, "scheduler")
+    componentize(&policy_module(version(), hostile, OK, ""), SCHEDULER_WIT, "scheduler")
 }
 
 fn limits() -> PluginLimits {
@@ -110,7 +112,7 @@ fn configure_rejecting_its_settings_refuses_the_policy() {
     // result<_, string>: discriminant 1 at 512, the error string at 256.
     let reject = "(i32.store (i32.const 512) (i32.const 1)) (i32.store (i32.const 516) (i32.const 256))
         (i32.store (i32.const 520) (i32.const 32)) (i32.const 512)";
-    let bytes = componentize(&policy_module("0.1.0", BENIGN, reject, ""), SCHEDULER_WIT, "scheduler");
+    let bytes = componentize(&policy_module(version(), BENIGN, reject, ""), SCHEDULER_WIT, "scheduler");
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert!(matches!(error, LoadError::Configure { .. }), "{error:?}");
@@ -119,7 +121,7 @@ fn configure_rejecting_its_settings_refuses_the_policy() {
 
 #[test]
 fn configure_trapping_refuses_the_policy_with_the_fault() {
-    let bytes = componentize(&policy_module("0.1.0", BENIGN, "(unreachable)", ""), SCHEDULER_WIT, "scheduler");
+    let bytes = componentize(&policy_module(version(), BENIGN, "(unreachable)", ""), SCHEDULER_WIT, "scheduler");
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert!(matches!(error, LoadError::Instantiate { fault: PluginFault::Trap(_), .. }), "{error:?}");
@@ -135,32 +137,33 @@ fn a_draft_fixup_component_is_not_a_scheduler() {
 
 #[test]
 fn the_right_world_at_another_version_is_refused() {
-    let wit = SCHEDULER_WIT.replace("sluice:plugin@0.1.0", "sluice:plugin@0.2.0");
-    let bytes = componentize(&policy_module("0.2.0", BENIGN, OK, ""), &wit, "scheduler");
+    // A plugin built for the previous version of the interface.
+    let wit = SCHEDULER_WIT.replace(&format!("sluice:plugin@{}", version()), "sluice:plugin@0.1.0");
+    let bytes = componentize(&policy_module("0.1.0", BENIGN, OK, ""), &wit, "scheduler");
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert_eq!(
         error.to_string(),
-        "hostile.wasm: built for sluice:plugin@0.2.0, but this host implements sluice:plugin@0.1.0"
+        "hostile.wasm: built for sluice:plugin@0.1.0, but this host implements sluice:plugin@0.2.0"
     );
 }
 
 #[test]
 fn the_right_names_with_other_types_are_refused() {
     let wit = SCHEDULER_WIT.replace("        decode: list<u32>,\n", "");
-    let module = policy_module("0.1.0", BENIGN, OK, "");
+    let module = policy_module(version(), BENIGN, OK, "");
     let bytes = componentize(&module, &wit, "scheduler");
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert!(matches!(error, LoadError::Mismatch { .. }), "{error:?}");
-    assert!(error.to_string().contains("`sluice:plugin/policy@0.1.0` does not match the host's interface"), "{error}");
+    assert!(error.to_string().contains("`sluice:plugin/policy@0.2.0` does not match the host's interface"), "{error}");
 }
 
 #[test]
 fn a_plugin_that_imports_a_function_is_refused() {
     let wit = SCHEDULER_WIT.replace("world scheduler {", "world scheduler {\n    import log: func(message: string);");
     let import = r#"(import "$root" "log" (func $log (param i32 i32)))"#;
-    let module = policy_module("0.1.0", "(call $log (i32.const 256) (i32.const 4))", OK, import);
+    let module = policy_module(version(), "(call $log (i32.const 256) (i32.const 4))", OK, import);
     let bytes = componentize(&module, &wit, "scheduler");
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
@@ -173,7 +176,7 @@ fn not_wasm_and_core_modules_are_refused() {
     let host = PluginHost::new().expect("host starts");
     let text = load(&host, b"not wasm at all", limits()).err().expect("refused");
     assert!(matches!(text, LoadError::NotWasm { .. }), "{text:?}");
-    let core = wat::parse_str(policy_module("0.1.0", BENIGN, OK, "")).expect("parses");
+    let core = wat::parse_str(policy_module(version(), BENIGN, OK, "")).expect("parses");
     let core = load(&host, &core, limits()).err().expect("refused");
     assert!(matches!(core, LoadError::CoreModule { .. }), "{core:?}");
     let truncated = scheduler(BENIGN);

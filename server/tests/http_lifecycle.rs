@@ -232,9 +232,9 @@ fn aliases_tags_and_the_metrics_switch_follow_llama_server() {
 /// not exist), on every fresh instance too: it faults twice and is
 /// quarantined on the first request.
 fn faulty_policy(dir: &std::path::Path) -> std::path::PathBuf {
-    use sluice_tests::plugin_fixtures::{BENIGN, OK, SCHEDULER_WIT, componentize, policy_module};
+    use sluice_tests::plugin_fixtures::{BENIGN, OK, SCHEDULER_WIT, componentize, policy_module, version};
     let path = dir.join("faulty.wasm");
-    std::fs::write(&path, componentize(&policy_module("0.1.0", BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"))
+    std::fs::write(&path, componentize(&policy_module(version(), BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"))
         .expect("write plugin");
     path
 }

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sluice_tests::binary::sluice_binary;
-use sluice_tests::plugin_fixtures::{BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module};
+use sluice_tests::plugin_fixtures::{
+    BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module, version,
+};
 
 struct Scratch(PathBuf);
 
@@ -46,11 +48,11 @@ fn bad_plugins_stop_the_server_with_path_and_reason() {
     let scratch = Scratch::new("plugins");
     assert_refused(&scratch.0.join("absent.wasm"), "cannot read plugin");
     assert_refused(&scratch.write("text.wasm", b"hello"), "not a WebAssembly file");
-    let core = wat::parse_str(policy_module("0.1.0", BENIGN, OK, "")).expect("core module");
+    let core = wat::parse_str(policy_module(version(), BENIGN, OK, "")).expect("core module");
     assert_refused(&scratch.write("core.wasm", &core), "a core wasm module, not a component");
     let fixup = componentize(&fixup_module(OK), FIXUP_WIT, "draft-fixup");
     assert_refused(&scratch.write("fixup.wasm", &fixup), "is a `draft-fixup` plugin, expected a `scheduler` plugin");
-    let wit = SCHEDULER_WIT.replace("sluice:plugin@0.1.0", "sluice:plugin@1.0.0");
+    let wit = SCHEDULER_WIT.replace(&format!("sluice:plugin@{}", version()), "sluice:plugin@1.0.0");
     let future = componentize(&policy_module("1.0.0", BENIGN, OK, ""), &wit, "scheduler");
     assert_refused(&scratch.write("future.wasm", &future), "built for sluice:plugin@1.0.0");
 }
@@ -58,8 +60,8 @@ fn bad_plugins_stop_the_server_with_path_and_reason() {
 #[test]
 fn a_good_plugin_loads() {
     let scratch = Scratch::new("good");
-    let policy =
-        scratch.write("good.wasm", &componentize(&policy_module("0.1.0", BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"));
+    let policy = scratch
+        .write("good.wasm", &componentize(&policy_module(version(), BENIGN, OK, ""), SCHEDULER_WIT, "scheduler"));
     // The policy loads before the model, which is absent here, so the
     // server reports the policy and then stops on the model.
     let (code, stderr) =

@@ -7,6 +7,15 @@ pub const SCHEDULER_WIT: &str = include_str!("../../plugin-api/wit/scheduler.wit
 /// The draft-fixup world's WIT.
 pub const FIXUP_WIT: &str = include_str!("../../plugin-api/wit/draft-fixup.wit");
 
+/// The package version of the host's WIT (`sluice:plugin@VERSION`).
+pub fn version() -> &'static str {
+    SCHEDULER_WIT
+        .split_once("package sluice:plugin@")
+        .and_then(|(_, rest)| rest.split_once(';'))
+        .map(|(version, _)| version)
+        .expect("the WIT names its package")
+}
+
 /// A `configure` body returning `ok` (a pointer to zeroed memory).
 pub const OK: &str = "(i32.const 0)";
 /// A hostile body that does nothing hostile.
@@ -36,11 +45,13 @@ pub fn policy_module(version: &str, hostile: &str, configure_body: &str, extra: 
     (local.get $ptr))
   (func (export "sluice:plugin/policy@{version}#configure") (param i32 i32) (result i32)
     {configure_body})
-  ;; The view has more than 16 flat values, so it arrives in memory; its
-  ;; first field is the step number.
-  (func (export "sluice:plugin/policy@{version}#step") (param $view i32) (result i32)
+  ;; The view's 9 flat values arrive as parameters, the step number first:
+  ;; step, now-ms, token-budget, the four counts, the words' pointer and
+  ;; length.
+  (func (export "sluice:plugin/policy@{version}#step")
+    (param $step i64) (param i64 i32 i32 i32 i32 i32 i32 i32) (result i32)
     (global.set $calls (i32.add (global.get $calls) (i32.const 1)))
-    (if (i64.eq (i64.load (local.get $view)) (i64.const 1)) (then {hostile}))
+    (if (i64.eq (local.get $step) (i64.const 1)) (then {hostile}))
     ;; decision at 64: admit = [], prefill = [], decode = [calls] (stored at 128)
     (i32.store (i32.const 128) (global.get $calls))
     (i64.store (i32.const 64) (i64.const 0))
@@ -54,12 +65,13 @@ pub fn policy_module(version: &str, hostile: &str, configure_body: &str, extra: 
 /// A fixup whose `fixup` returns the `result<list<edit>, string>` that
 /// `body` leaves a pointer to.
 pub fn fixup_module(body: &str) -> String {
+    let version = version();
     format!(
         r#"(module
   (memory (export "memory") 1)
   (data (i32.const 256) "draft has no rope")
   (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
-  (func (export "sluice:plugin/fixup@0.1.0#fixup")
+  (func (export "sluice:plugin/fixup@{version}#fixup")
     (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
     {body}))"#
     )

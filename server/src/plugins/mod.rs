@@ -23,7 +23,7 @@ mod scheduler;
 mod settings;
 
 pub use builtin::{BUILTIN_FIXUPS, BUILTIN_POLICIES, builtin_fixup, builtin_policy};
-pub use component::{LoadError, PluginSource};
+pub use component::{LoadError, PACKAGE_VERSION, PluginSource};
 pub use fault::PluginFault;
 pub use fixup::{FixupError, WasmFixup};
 pub use host::PluginHost;

@@ -10,7 +10,9 @@ use super::fault::PluginFault;
 use super::host::{self, PluginHost};
 use super::limits::{PluginLimits, StoreState};
 use super::policy_types::Setting;
-use crate::engine::policy::{Admit, Decision, PolicyFault, Prefill, RequestInfo, SchedulingPolicy, StepView};
+use sluice_plugin_api::packed;
+
+use crate::engine::policy::{Admit, Decision, PolicyFault, Prefill, SchedulingPolicy, StepView};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
@@ -27,7 +29,7 @@ use bindings::{Scheduler, SchedulerPre};
 struct Instance {
     store: Store<StoreState>,
     bindings: Scheduler,
-    /// The wire view, kept between steps so its columns reuse their memory.
+    /// The wire view, kept between steps so its words reuse their memory.
     wire_view: wire::StepView,
 }
 
@@ -156,80 +158,29 @@ impl WasmPolicy {
 }
 
 fn empty_wire_view() -> wire::StepView {
-    let table = || wire::RequestTable {
-        id: Vec::new(),
-        prompt_tokens: Vec::new(),
-        prompt_done: Vec::new(),
-        prompt_cached: Vec::new(),
-        generated: Vec::new(),
-        max_tokens: Vec::new(),
-        adapter_group: Vec::new(),
-        priority: Vec::new(),
-        arrival_ms: Vec::new(),
-    };
     wire::StepView {
         step: 0,
         now_ms: 0,
         token_budget: 0,
-        free_slots: Vec::new(),
-        occupied_slots: Vec::new(),
-        occupied_phases: Vec::new(),
-        occupied: table(),
-        waiting: table(),
-        waiting_slot_hints: Vec::new(),
-        ended: Vec::new(),
+        occupied: 0,
+        waiting: 0,
+        free: 0,
+        ended: 0,
+        words: Vec::new(),
     }
 }
 
-/// Write the view into the wire's columns (see `request-table` in the WIT),
-/// reusing their allocations.
+/// Pack the view into the wire's words (see `step-view` in the WIT),
+/// reusing their memory.
 fn fill_wire_view(view: &StepView, wire: &mut wire::StepView) {
-    use sluice_plugin_api::{EndReason, NO_SLOT_HINT, Phase};
+    let counts = packed::pack(view, &mut wire.words);
     wire.step = view.step;
     wire.now_ms = view.now_ms;
     wire.token_budget = view.token_budget;
-    refill(&mut wire.free_slots, view.free_slots.iter().copied());
-    refill(&mut wire.occupied_slots, view.occupied.iter().map(|slot| slot.slot));
-    refill(
-        &mut wire.occupied_phases,
-        view.occupied.iter().map(|slot| match slot.phase {
-            Phase::Prefilling => wire::Phase::Prefilling,
-            Phase::Ready => wire::Phase::Ready,
-            Phase::Decoding => wire::Phase::Decoding,
-        }),
-    );
-    fill_table(&mut wire.occupied, view.occupied.iter().map(|slot| &slot.request));
-    fill_table(&mut wire.waiting, view.waiting.iter().map(|waiting| &waiting.request));
-    refill(&mut wire.waiting_slot_hints, view.waiting.iter().map(|waiting| waiting.slot_hint.unwrap_or(NO_SLOT_HINT)));
-    refill(
-        &mut wire.ended,
-        view.ended.iter().map(|ended| wire::EndedRequest {
-            request_id: ended.request_id,
-            slot: ended.slot,
-            reason: match ended.reason {
-                EndReason::Completed => wire::EndReason::Completed,
-                EndReason::Cancelled => wire::EndReason::Cancelled,
-                EndReason::Failed => wire::EndReason::Failed,
-            },
-        }),
-    );
-}
-
-fn fill_table<'a>(table: &mut wire::RequestTable, requests: impl Iterator<Item = &'a RequestInfo> + Clone) {
-    refill(&mut table.id, requests.clone().map(|request| request.id));
-    refill(&mut table.prompt_tokens, requests.clone().map(|request| request.prompt_tokens));
-    refill(&mut table.prompt_done, requests.clone().map(|request| request.prompt_done));
-    refill(&mut table.prompt_cached, requests.clone().map(|request| request.prompt_cached));
-    refill(&mut table.generated, requests.clone().map(|request| request.generated));
-    refill(&mut table.max_tokens, requests.clone().map(|request| request.max_tokens));
-    refill(&mut table.adapter_group, requests.clone().map(|request| request.adapter_group));
-    refill(&mut table.priority, requests.clone().map(|request| request.priority));
-    refill(&mut table.arrival_ms, requests.map(|request| request.arrival_ms));
-}
-
-fn refill<T>(column: &mut Vec<T>, values: impl Iterator<Item = T>) {
-    column.clear();
-    column.extend(values);
+    wire.occupied = counts.occupied;
+    wire.waiting = counts.waiting;
+    wire.free = counts.free;
+    wire.ended = counts.ended;
 }
 
 fn from_wire(decision: wire::Decision) -> Decision {
