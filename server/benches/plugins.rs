@@ -76,6 +76,7 @@ fn continuous_step_64_occupied_64_waiting(bencher: divan::Bencher) {
         .bench_local_refs(|view| {
             let decision = policy.step(view).expect("continuous never faults");
             rules::validate(view, &decision, 0).expect("continuous decides validly");
+            assert_eq!(decision.decode.len(), 48);
             decision
         });
 }
