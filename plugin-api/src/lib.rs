@@ -1,7 +1,7 @@
 //! Guest SDK for sluice plugins.
 //!
 //! A plugin is a WebAssembly component of one of the worlds in `wit/`
-//! (package `sluice:plugin@0.2.0`). This crate re-exports the generated
+//! (package `sluice:plugin@0.3.0`). This crate re-exports the generated
 //! bindings and wraps them in two plain-Rust traits so that plugin logic is
 //! ordinary code that is unit-tested natively:
 //!
@@ -36,8 +36,8 @@ mod view;
 
 pub use settings::Settings;
 pub use view::{
-    Admit, Decision, EndReason, EndedRequest, NO_SLOT_HINT, OccupiedSlot, Phase, Prefill, RequestInfo, StepView,
-    WaitingRequest,
+    Admit, Decision, EndReason, EndedRequest, NO_SLOT_HINT, OccupiedSlot, Phase, Prefill, RequestInfo, StepCosts,
+    StepView, WaitingRequest,
 };
 
 /// Bindings of the `scheduler` world.
@@ -100,6 +100,14 @@ pub fn unpack_wire(wire: scheduler::exports::sluice::plugin::policy::StepView, v
     view.step = wire.step;
     view.now_ms = wire.now_ms;
     view.token_budget = wire.token_budget;
+    let costs = wire.costs;
+    view.costs = StepCosts {
+        measured_steps: costs.measured_steps,
+        base_ns: costs.base_ns,
+        prefill_token_ns: costs.prefill_token_ns,
+        decode_row_ns: costs.decode_row_ns,
+        attention_kpair_ns: costs.attention_kpair_ns,
+    };
 }
 
 /// Export a [`Policy`] as the component's `scheduler` world.

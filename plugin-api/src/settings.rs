@@ -72,6 +72,14 @@ impl Settings {
         }
     }
 
+    /// An optional float setting within `range` (integers are accepted).
+    pub fn optional_float(&self, key: &str, range: std::ops::RangeInclusive<f64>) -> Result<Option<f64>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(_) => self.float(key, 0.0, range).map(Some),
+        }
+    }
+
     /// A boolean setting, or `default`.
     pub fn boolean(&self, key: &str, default: bool) -> Result<bool, String> {
         match self.get(key) {
@@ -125,6 +133,9 @@ mod tests {
         assert_eq!(settings.optional_integer("absent", 0..=5), Ok(None));
         assert_eq!(settings.float("share", 0.5, 0.0..=1.0), Ok(0.25));
         assert_eq!(settings.float("max_members", 0.5, 0.0..=10.0), Ok(4.0));
+        assert_eq!(settings.optional_float("share", 0.0..=1.0), Ok(Some(0.25)));
+        assert_eq!(settings.optional_float("absent", 0.0..=1.0), Ok(None));
+        assert!(settings.optional_float("share", 0.5..=1.0).is_err());
         assert_eq!(settings.boolean("strict", false), Ok(true));
         assert_eq!(settings.choice("mode", "lifo", &["fifo", "lifo"]), Ok("fifo"));
     }

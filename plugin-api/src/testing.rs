@@ -11,7 +11,7 @@
 //! assert_eq!(view.free_slots, vec![1, 2, 3]);
 //! ```
 
-use crate::{EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepView, WaitingRequest};
+use crate::{EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepCosts, StepView, WaitingRequest};
 
 /// A request with `prompt_tokens` prompt tokens, nothing done, 128 max tokens,
 /// adapter group 0, priority 0, arrival 0.
@@ -78,6 +78,7 @@ impl ViewBuilder {
                 step: 0,
                 now_ms: 0,
                 token_budget,
+                costs: StepCosts::default(),
                 free_slots: Vec::new(),
                 occupied: Vec::new(),
                 waiting: Vec::new(),
@@ -90,6 +91,12 @@ impl ViewBuilder {
     pub fn at(mut self, step: u64, now_ms: u64) -> Self {
         self.view.step = step;
         self.view.now_ms = now_ms;
+        self
+    }
+
+    /// Set the measured step costs.
+    pub fn costs(mut self, costs: StepCosts) -> Self {
+        self.view.costs = costs;
         self
     }
 

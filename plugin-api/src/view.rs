@@ -75,6 +75,20 @@ pub struct EndedRequest {
     pub reason: EndReason,
 }
 
+/// The host's measured model of a step's cost (see `step-costs` in the
+/// WIT): `base + prefill tokens × prefill_token + decode rows × decode_row +
+/// attended pairs / 1000 × attention_kpair`, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct StepCosts {
+    /// Steps behind the fit; 0 (and every cost 0) until measured.
+    pub measured_steps: u32,
+    pub base_ns: u32,
+    pub prefill_token_ns: u32,
+    pub decode_row_ns: u32,
+    pub attention_kpair_ns: u32,
+}
+
 /// Everything a policy sees in one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -82,6 +96,10 @@ pub struct StepView {
     pub step: u64,
     pub now_ms: u64,
     pub token_budget: u32,
+    /// Measured step costs; traces written before they existed read as
+    /// unmeasured.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub costs: StepCosts,
     /// Free slot ids, ascending.
     pub free_slots: Vec<u32>,
     /// Occupied slots, by ascending slot id.

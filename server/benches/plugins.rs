@@ -51,6 +51,7 @@ fn busy_view(step: u64) -> StepView {
         step,
         now_ms: step * 10,
         token_budget: 2048,
+        costs: Default::default(),
         free_slots: Vec::new(),
         occupied,
         waiting,

@@ -1,7 +1,7 @@
 //! The embedded built-in policies run through the real host.
 
 use sluice::engine::policy::{
-    Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
+    Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest,
 };
 use sluice::plugins::policy_types::{Setting, SettingValue};
 use sluice::plugins::{LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
@@ -23,6 +23,7 @@ fn continuous_decides_through_the_sandbox_as_it_does_natively() {
         step: 3,
         now_ms: 1000,
         token_budget: 100,
+        costs: Default::default(),
         free_slots: vec![0, 2],
         occupied: vec![
             OccupiedSlot { slot: 1, phase: Phase::Decoding, request: request(1, 4, 4) },
@@ -54,4 +55,38 @@ fn continuous_refuses_settings_by_name() {
         error.to_string(),
         "built-in plugin `continuous`: settings refused: unknown setting `max_members`: this policy takes no settings"
     );
+}
+
+#[test]
+fn chunked_sizes_its_chunks_from_the_costs_the_host_measured() {
+    let settings = vec![Setting { key: "max_stretch".into(), value: SettingValue::Integer(1000) }];
+    let mut policy = load("chunked", settings).expect("loads");
+    let view = |costs| StepView {
+        step: 7,
+        now_ms: 70,
+        token_budget: 4096,
+        costs,
+        free_slots: Vec::new(),
+        occupied: vec![
+            OccupiedSlot { slot: 0, phase: Phase::Decoding, request: request(1, 10, 10) },
+            OccupiedSlot { slot: 1, phase: Phase::Prefilling, request: request(2, 4000, 0) },
+        ],
+        waiting: Vec::new(),
+        ended: Vec::new(),
+    };
+    // 1 ms the decode row, 2 ms a prefill token: (100 - 1) / 2 tokens fit
+    // the default 100 ms target.
+    let measured = StepCosts {
+        measured_steps: 12,
+        base_ns: 0,
+        prefill_token_ns: 2_000_000,
+        decode_row_ns: 1_000_000,
+        attention_kpair_ns: 0,
+    };
+    let decision = policy.step(&view(measured)).expect("decides");
+    assert_eq!(decision.decode, vec![0]);
+    assert_eq!(decision.prefill, vec![Prefill { slot: 1, tokens: 49 }]);
+    // Twice as fast a machine: twice the chunk, less the decode's share.
+    let faster = StepCosts { prefill_token_ns: 1_000_000, ..measured };
+    assert_eq!(policy.step(&view(faster)).expect("decides").prefill, vec![Prefill { slot: 1, tokens: 99 }]);
 }

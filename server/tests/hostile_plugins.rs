@@ -29,6 +29,7 @@ fn view(step: u64) -> StepView {
         step,
         now_ms: 0,
         token_budget: 512,
+        costs: Default::default(),
         free_slots: vec![0, 1],
         occupied: Vec::new(),
         waiting: Vec::new(),
@@ -144,7 +145,7 @@ fn the_right_world_at_another_version_is_refused() {
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert_eq!(
         error.to_string(),
-        "hostile.wasm: built for sluice:plugin@0.1.0, but this host implements sluice:plugin@0.2.0"
+        "hostile.wasm: built for sluice:plugin@0.1.0, but this host implements sluice:plugin@0.3.0"
     );
 }
 
@@ -156,7 +157,7 @@ fn the_right_names_with_other_types_are_refused() {
     let host = PluginHost::new().expect("host starts");
     let error = load(&host, &bytes, limits()).err().expect("refused");
     assert!(matches!(error, LoadError::Mismatch { .. }), "{error:?}");
-    assert!(error.to_string().contains("`sluice:plugin/policy@0.2.0` does not match the host's interface"), "{error}");
+    assert!(error.to_string().contains("`sluice:plugin/policy@0.3.0` does not match the host's interface"), "{error}");
 }
 
 #[test]
@@ -180,7 +181,9 @@ fn not_wasm_and_core_modules_are_refused() {
     let core = load(&host, &core, limits()).err().expect("refused");
     assert!(matches!(core, LoadError::CoreModule { .. }), "{core:?}");
     let truncated = scheduler(BENIGN);
-    let truncated = load(&host, &truncated[..truncated.len() / 2], limits()).err().expect("refused");
+    // One byte short: the last section ends early. (A cut at a section
+    // boundary would leave a valid, smaller component.)
+    let truncated = load(&host, &truncated[..truncated.len() - 1], limits()).err().expect("refused");
     assert!(matches!(truncated, LoadError::Compile { .. }), "{truncated:?}");
 }
 

@@ -22,7 +22,7 @@ fn a_disconnect_mid_stream_frees_the_slot() {
     let (_, slots) = server.get("/slots");
     assert_eq!(slots[0]["is_processing"], true, "{slots}");
     assert_eq!(slots[0]["phase"], "decoding", "{slots}");
-    assert_eq!(slots[0]["policy"], "continuous", "{slots}");
+    assert_eq!(slots[0]["policy"], "chunked", "{slots}");
     assert!(server.metric("sluice_kv_blocks_used") > 0.0);
     drop(stream);
 
@@ -155,7 +155,7 @@ fn informational_endpoints_answer_like_llama_server() {
     assert!((params["min_p"].as_f64().expect("min_p") - 0.05).abs() < 1e-6);
     assert_eq!(params["repeat_penalty"], 1.0);
     assert_eq!((props["ui"].clone(), props["endpoint_metrics"].clone()), (json!(false), json!(true)), "{props}");
-    assert_eq!(props["policy"]["name"], "continuous");
+    assert_eq!(props["policy"]["name"], "chunked");
     assert_eq!(props["policy"]["health"], "ok");
     assert!(props["chat_template"].as_str().is_some_and(|template| template.contains("im_start")));
     let (status, refused) = server.post("/props", &json!({}));

@@ -158,6 +158,20 @@ fn shadows_compare_without_changing_what_is_served_and_a_replay_reproduces_them(
     assert_eq!(steps_of(&candidate["divergences"])[..shown.len().min(20)], shown[..shown.len().min(20)]);
     assert_eq!(replay(&[&trace], "prefill-first")["decision_hash"], candidate["decision_hash"]);
 
+    // Every view carries the step costs the engine measured: none at first,
+    // then a fit over more and more steps, a prefill token never free.
+    let text = std::fs::read_to_string(&trace).expect("trace");
+    let costs: Vec<Value> = text
+        .lines()
+        .filter_map(|line| {
+            serde_json::from_str::<Value>(line).ok()?.get("step").map(|step| step["view"]["costs"].clone())
+        })
+        .collect();
+    assert_eq!(costs.first().map(|first| &first["measured_steps"]), Some(&json!(0)), "{costs:?}");
+    let last = costs.last().expect("steps recorded");
+    assert!(last["measured_steps"].as_u64().is_some_and(|steps| steps > 1), "{last}");
+    assert!(last["prefill_token_ns"].as_u64().is_some_and(|ns| ns > 0), "{last}");
+
     // The trace is also a lab workload: one request per request served.
     let lab = Command::new(sluice_binary())
         .args(["lab", "--json", "--policy", "continuous", "--trace"])
@@ -244,18 +258,18 @@ fn promotion_swaps_between_steps_and_keeps_the_old_policy_as_a_shadow() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(
         answer,
-        json!({ "success": true, "policy": "cohort", "previous": "continuous", "previous_is_shadow": true })
+        json!({ "success": true, "policy": "cohort", "previous": "chunked", "previous_is_shadow": true })
     );
     let props = props(&server);
     assert_eq!(props["policy"]["name"], "cohort");
     assert_eq!(props["policy"]["settings"], json!({ "max_members": 2 }));
-    assert_eq!(props["policy"]["shadows"], json!(["continuous"]));
+    assert_eq!(props["policy"]["shadows"], json!(["chunked"]));
     let served = mixed_traffic(&server);
     assert_eq!(served.len(), 6);
     wait_idle(&server);
     let promoted = report(&server);
     assert_eq!(promoted["policy"], "cohort");
-    assert!(shadow(&promoted, "continuous")["steps"].as_u64().is_some_and(|steps| steps > 0), "{promoted}");
+    assert!(shadow(&promoted, "chunked")["steps"].as_u64().is_some_and(|steps| steps > 0), "{promoted}");
     let (status, refused) =
         admin(&server, reqwest::Method::POST, "/admin/policy/promote", &json!({ "policy": "priority" }));
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
@@ -264,7 +278,7 @@ fn promotion_swaps_between_steps_and_keeps_the_old_policy_as_a_shadow() {
     let (status, answer) = admin(&server, reqwest::Method::POST, "/admin/policy", &json!({}));
     assert_eq!(status, StatusCode::OK, "{answer}");
     let reloaded = report(&server);
-    assert_eq!(reloaded["policy"], "continuous");
+    assert_eq!(reloaded["policy"], "chunked");
     let shadows: Vec<&Value> = reloaded["shadows"].as_array().expect("shadows").iter().map(|s| &s["policy"]).collect();
     assert_eq!(shadows, [&json!("cohort")]);
     assert_eq!(shadow(&reloaded, "cohort")["steps"], 0, "a fresh record");
@@ -272,7 +286,7 @@ fn promotion_swaps_between_steps_and_keeps_the_old_policy_as_a_shadow() {
         admin(&server, reqwest::Method::POST, "/admin/policy/promote", &json!({ "policy": "cohort" }));
     assert_eq!(status, StatusCode::OK, "{answer}");
     for (body, expected) in [
-        (json!({ "policy": "continuous" }), "a shadow policy `continuous` is already attached"),
+        (json!({ "policy": "chunked" }), "a shadow policy `chunked` is already attached"),
         (json!({ "policy": "fastest" }), "`policy.plugin` = \"fastest\" is neither a built-in policy"),
     ] {
         let (status, refused) = admin(&server, reqwest::Method::POST, "/admin/policy/shadow", &body);

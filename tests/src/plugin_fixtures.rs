@@ -45,11 +45,11 @@ pub fn policy_module(version: &str, hostile: &str, configure_body: &str, extra: 
     (local.get $ptr))
   (func (export "sluice:plugin/policy@{version}#configure") (param i32 i32) (result i32)
     {configure_body})
-  ;; The view's 9 flat values arrive as parameters, the step number first:
-  ;; step, now-ms, token-budget, the four counts, the words' pointer and
-  ;; length.
+  ;; The view's 14 flat values arrive as parameters, the step number first:
+  ;; step, now-ms, token-budget, the five step costs, the four counts, the
+  ;; words' pointer and length.
   (func (export "sluice:plugin/policy@{version}#step")
-    (param $step i64) (param i64 i32 i32 i32 i32 i32 i32 i32) (result i32)
+    (param $step i64) (param i64 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
     (global.set $calls (i32.add (global.get $calls) (i32.const 1)))
     (if (i64.eq (local.get $step) (i64.const 1)) (then {hostile}))
     ;; decision at 64: admit = [], prefill = [], decode = [calls] (stored at 128)

@@ -1,4 +1,5 @@
-//! `continuous`: llama.cpp-like continuous batching, sluice's default policy.
+//! `continuous`: llama.cpp-like continuous batching, the policy a faulted
+//! one falls back to (`policy.on_fault = "fallback"`).
 //!
 //! Every step: decode every ready or decoding slot (in slot order while the
 //! budget lasts), admit waiting requests first-come first-served into free

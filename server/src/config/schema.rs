@@ -422,7 +422,7 @@ pub struct PolicySpec {
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
-            plugin: "continuous".into(),
+            plugin: "chunked".into(),
             on_fault: OnFault::FailClosed,
             stall_steps: 64,
             fuel: PluginLimits::default().fuel,

@@ -8,9 +8,9 @@ use super::*;
 use crate::plugins::{PluginLimits, PluginSource};
 
 #[test]
-fn defaults_select_continuous_and_fail_closed() {
+fn defaults_select_chunked_and_fail_closed() {
     let config = Config::parse("").expect("empty config is valid");
-    assert_eq!(config.policy.source(), Ok(PluginSource::Builtin("continuous")));
+    assert_eq!(config.policy.source(), Ok(PluginSource::Builtin("chunked")));
     assert_eq!(config.policy.on_fault, OnFault::FailClosed);
     assert_eq!(config.policy.stall_steps, 64);
     assert_eq!(config.policy.limits(), PluginLimits::default());
@@ -113,6 +113,7 @@ fn the_shipped_config_is_valid_and_points_at_the_default_model() {
     // default) leave off.
     assert_eq!(config.server, ServerConfig { metrics: true, ..ServerConfig::default() });
     assert_eq!(config.defaults, RequestDefaults::default());
+    assert_eq!(config.policy.plugin, PolicyConfig::default().plugin);
 }
 
 #[test]

@@ -31,6 +31,7 @@ use super::slot::{Active, Waiting, trace_phase};
 use super::slot_store::SlotAction;
 use super::speculative::{DraftState, Speculation};
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
+use super::step_cost::{CostFit, StepWork};
 use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 use super::text::TextStream;
 use super::trace::TraceRecorder;
@@ -71,6 +72,8 @@ pub(super) struct Engine {
     deferred_slot_actions: Vec<(usize, SlotAction)>,
     shadows: Shadows,
     recorder: Option<TraceRecorder>,
+    /// The step-cost model fitted to the steps run, which every view carries.
+    costs: CostFit,
 }
 
 /// The [`Emitter`] over an engine's fields, borrowed one by one so that a
@@ -151,6 +154,7 @@ impl Engine {
             deferred_slot_actions: Vec::new(),
             shadows: Shadows::new(config.shadow_budget, config.faults),
             recorder: None,
+            costs: CostFit::online(),
             model,
             tokenizer,
             supervisor,
@@ -284,6 +288,7 @@ impl Engine {
             step: self.step,
             now_ms: self.now_ms(),
             token_budget: self.config.batch_tokens as u32,
+            costs: self.costs.costs(),
             free_slots,
             occupied,
             waiting,
@@ -351,6 +356,7 @@ impl Engine {
     }
 
     fn apply(&mut self, mut decision: Decision) {
+        let started = Instant::now();
         pinning::pin_slots(
             &mut decision,
             |slot| self.slots.get(slot as usize).is_some_and(Option::is_none),
@@ -392,8 +398,21 @@ impl Engine {
             work.push(Work::Decode { slot, drafts: drafts.remove(&slot).unwrap_or_default() });
         }
         if !work.is_empty() {
+            let measured = self.step_work(&work);
             self.forward(work);
+            self.costs.add(&measured, started.elapsed().as_secs_f64() * 1e3);
         }
+    }
+
+    /// What `work` computes, as the step-cost model sees it.
+    fn step_work(&self, work: &[Work]) -> StepWork {
+        let mut measured = StepWork::default();
+        for item in work {
+            let Some(active) = self.slots[item.slot()].as_ref() else { continue };
+            let decode = matches!(item, Work::Decode { .. });
+            measured.add_rows(active.cells as u64, item.rows() as u32, decode);
+        }
+        measured
     }
 
     fn admit(&mut self, request_id: RequestId, slot: usize) {

@@ -9,8 +9,9 @@
 //! full context, `drafting` talks to the drafter; `slot_store` saves and
 //! restores slots' caches; `delivery` carries each request's events and
 //! keeps the queue's count; `adapters` numbers LoRA configurations and
-//! keys their KV; `shadow` runs candidate policies beside the active one
-//! and `trace` records the steps.
+//! keys their KV; `shadow` runs candidate policies beside the active one,
+//! `trace` records the steps, and `step_cost` fits what a step costs to the
+//! steps run (every view carries the fit).
 
 pub mod adapters;
 mod batch;
@@ -32,6 +33,7 @@ mod slot;
 pub mod slot_store;
 pub mod speculative;
 mod state;
+pub mod step_cost;
 pub mod supervisor;
 pub mod text;
 pub mod trace;

@@ -5,7 +5,8 @@
 //! plugins see too.
 
 pub use sluice_plugin_api::{
-    Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepView, WaitingRequest,
+    Admit, Decision, EndReason, EndedRequest, OccupiedSlot, Phase, Prefill, RequestInfo, StepCosts, StepView,
+    WaitingRequest,
 };
 
 /// Why a policy produced no decision. The supervisor counts faults by

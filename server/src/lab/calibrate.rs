@@ -11,7 +11,7 @@ use sluice_kernels::backend::KvTypes;
 use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
 use crate::model::{ForwardError, Model};
 
-use super::sim::{CostModel, StepWork};
+use crate::engine::step_cost::{CostFit, CostModel, StepWork};
 
 /// One timed step.
 #[derive(Clone, Copy, Debug)]
@@ -82,59 +82,20 @@ pub fn default_grid() -> Vec<(u32, u32, u32)> {
     grid
 }
 
-/// Least squares fit of `ms ≈ base + a·prefill + b·decode + c·kpairs` in
-/// relative terms: each sample's error is divided by its time, so a
-/// one-token decode step weighs as much as a long prefill (an absolute fit
-/// lets the long steps drive the fixed cost negative). `None` when the
-/// samples do not determine the four terms.
+/// The least-squares fit of the samples at equal weights (see
+/// [`CostFit`]); `None` when they do not determine the four terms.
 pub fn fit(samples: &[Sample]) -> Option<CostModel> {
-    let features = |work: &StepWork| {
-        [1.0, f64::from(work.prefill_tokens), f64::from(work.decode_tokens), work.attention_pairs as f64 / 1000.0]
-    };
-    // Normal equations of the weighted problem: row and target scaled by 1/ms.
-    let mut a = [[0.0f64; 5]; 4];
-    for sample in samples.iter().filter(|sample| sample.ms > 0.0) {
-        let x = features(&sample.work).map(|value| value / sample.ms);
-        for i in 0..4 {
-            for j in 0..4 {
-                a[i][j] += x[i] * x[j];
-            }
-            a[i][4] += x[i];
-        }
+    let mut fit = CostFit::new(1.0);
+    for sample in samples {
+        fit.add(&sample.work, sample.ms);
     }
-    let beta = solve(a)?;
-    Some(CostModel {
-        base_ms: beta[0],
-        prefill_token_ms: beta[1],
-        decode_token_ms: beta[2],
-        attention_kpair_ms: beta[3],
-    })
-}
-
-/// Gaussian elimination with partial pivoting on an augmented 4×5 matrix.
-fn solve(mut a: [[f64; 5]; 4]) -> Option<[f64; 4]> {
-    for column in 0..4 {
-        let pivot = (column..4).max_by(|&x, &y| a[x][column].abs().total_cmp(&a[y][column].abs()))?;
-        if a[pivot][column].abs() < 1e-12 {
-            return None;
-        }
-        a.swap(column, pivot);
-        for row in 0..4 {
-            if row != column {
-                let factor = a[row][column] / a[column][column];
-                let pivot_row = a[column];
-                for (value, pivot) in a[row][column..].iter_mut().zip(&pivot_row[column..]) {
-                    *value -= factor * pivot;
-                }
-            }
-        }
-    }
-    Some(std::array::from_fn(|i| a[i][4] / a[i][i]))
+    fit.model()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::step_cost::tests::{assert_close, step};
 
     #[test]
     fn the_fit_recovers_a_known_model() {
@@ -142,23 +103,11 @@ mod tests {
         let samples: Vec<Sample> = default_grid()
             .into_iter()
             .map(|(prefill, decode, context)| {
-                let mut work = StepWork::default();
-                work.add_rows(u64::from(context), prefill, false);
-                for _ in 0..decode {
-                    work.add_rows(u64::from(context), 1, true);
-                }
+                let work = step(prefill, u64::from(context), decode);
                 Sample { work, ms: truth.step_ms(&work) }
             })
             .collect();
-        let fitted = fit(&samples).expect("determined");
-        for (got, want) in [
-            (fitted.base_ms, truth.base_ms),
-            (fitted.prefill_token_ms, truth.prefill_token_ms),
-            (fitted.decode_token_ms, truth.decode_token_ms),
-            (fitted.attention_kpair_ms, truth.attention_kpair_ms),
-        ] {
-            assert!((got - want).abs() < 1e-9, "{got} vs {want}");
-        }
+        assert_close(fit(&samples).expect("determined"), truth);
         assert_eq!(fit(&samples[..2]), None);
     }
 }

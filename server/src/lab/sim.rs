@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use sluice_plugin_api::rules::has_runnable_work;
 
@@ -21,52 +21,9 @@ use super::workload::TraceRequest;
 use crate::engine::policy::{
     Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepView, WaitingRequest,
 };
+use crate::engine::step_cost::CostFit;
+pub use crate::engine::step_cost::{CostModel, StepWork};
 use crate::engine::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
-
-/// Milliseconds one step takes: a fixed part, a part per prefill token, a
-/// part per decode token, and a part per (query, key) pair of attention.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CostModel {
-    pub base_ms: f64,
-    pub prefill_token_ms: f64,
-    pub decode_token_ms: f64,
-    /// Per thousand attended (query, key) pairs.
-    pub attention_kpair_ms: f64,
-}
-
-impl CostModel {
-    pub fn step_ms(&self, work: &StepWork) -> f64 {
-        if work.prefill_tokens == 0 && work.decode_tokens == 0 {
-            return 0.0;
-        }
-        self.base_ms
-            + self.prefill_token_ms * f64::from(work.prefill_tokens)
-            + self.decode_token_ms * f64::from(work.decode_tokens)
-            + self.attention_kpair_ms * work.attention_pairs as f64 / 1000.0
-    }
-}
-
-/// What one forward pass computes, as the cost model sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StepWork {
-    pub prefill_tokens: u32,
-    pub decode_tokens: u32,
-    pub attention_pairs: u64,
-}
-
-impl StepWork {
-    /// A chunk of `tokens` rows starting at cell `start` of a sequence.
-    pub fn add_rows(&mut self, start: u64, tokens: u32, decode: bool) {
-        if decode {
-            self.decode_tokens += tokens;
-        } else {
-            self.prefill_tokens += tokens;
-        }
-        // Row i attends to cells 0..=start+i.
-        let n = u64::from(tokens);
-        self.attention_pairs += n * (start + 1) + n * n.saturating_sub(1) / 2;
-    }
-}
 
 /// The engine being simulated (the policy's fault rules are the
 /// supervisor's).
@@ -123,6 +80,9 @@ struct Simulator<'a> {
     adapter_groups: Vec<u32>,
     shape: EngineShape,
     cost: CostModel,
+    /// What the policy sees of the costs: fitted to the simulated steps as
+    /// the engine fits its own.
+    measured: CostFit,
     now: f64,
     step: u64,
     next_arrival: usize,
@@ -143,6 +103,7 @@ pub fn simulate(supervisor: &mut Supervisor, trace: &[TraceRequest], shape: Engi
         adapter_groups: adapter_groups(trace),
         shape,
         cost,
+        measured: CostFit::online(),
         now: 0.0,
         step: 0,
         next_arrival: 0,
@@ -318,6 +279,7 @@ impl Simulator<'_> {
             step: self.step,
             now_ms: self.now as u64,
             token_budget: self.shape.token_budget,
+            costs: self.measured.costs(),
             free_slots,
             occupied,
             waiting: self
@@ -390,7 +352,9 @@ impl Simulator<'_> {
                 self.set_phase(slot, Phase::Decoding, start);
             }
         }
-        self.now += self.cost.step_ms(&work);
+        let ms = self.cost.step_ms(&work);
+        self.measured.add(&work, ms);
+        self.now += ms;
         for slot in finished_prompts {
             self.set_phase(slot, Phase::Ready, self.now);
         }

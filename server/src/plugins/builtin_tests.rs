@@ -39,6 +39,7 @@ fn every_builtin_loads_with_defaults_and_decides_a_simple_view_validly() {
         step: 1,
         now_ms: 100,
         token_budget: 64,
+        costs: Default::default(),
         free_slots: vec![1, 3],
         occupied: vec![
             OccupiedSlot {
@@ -78,6 +79,7 @@ impl Sim {
             step: self.step,
             now_ms: self.step * 10,
             token_budget: 48,
+            costs: Default::default(),
             free_slots: (0..self.slots).filter(|slot| self.occupied.iter().all(|busy| busy.slot != *slot)).collect(),
             occupied: self.occupied.clone(),
             waiting: self.waiting.clone(),

@@ -11,7 +11,7 @@ use super::fault::PluginFault;
 use super::host::PluginHost;
 
 /// The WIT package version this host implements.
-pub const PACKAGE_VERSION: &str = "0.2.0";
+pub const PACKAGE_VERSION: &str = "0.3.0";
 
 /// Where a plugin's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]

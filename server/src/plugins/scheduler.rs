@@ -162,6 +162,13 @@ fn empty_wire_view() -> wire::StepView {
         step: 0,
         now_ms: 0,
         token_budget: 0,
+        costs: wire::StepCosts {
+            measured_steps: 0,
+            base_ns: 0,
+            prefill_token_ns: 0,
+            decode_row_ns: 0,
+            attention_kpair_ns: 0,
+        },
         occupied: 0,
         waiting: 0,
         free: 0,
@@ -177,6 +184,14 @@ fn fill_wire_view(view: &StepView, wire: &mut wire::StepView) {
     wire.step = view.step;
     wire.now_ms = view.now_ms;
     wire.token_budget = view.token_budget;
+    let costs = &view.costs;
+    wire.costs = wire::StepCosts {
+        measured_steps: costs.measured_steps,
+        base_ns: costs.base_ns,
+        prefill_token_ns: costs.prefill_token_ns,
+        decode_row_ns: costs.decode_row_ns,
+        attention_kpair_ns: costs.attention_kpair_ns,
+    };
     wire.occupied = counts.occupied;
     wire.waiting = counts.waiting;
     wire.free = counts.free;
