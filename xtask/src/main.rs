@@ -4,6 +4,7 @@ mod bench_constrained;
 mod bench_model;
 mod bench_serve;
 mod cuda;
+mod device_bundle;
 mod device_check;
 mod fuzz;
 mod loadtest;
@@ -50,6 +51,10 @@ enum Task {
     /// (a skip fails), and measure the default model's prefill and decode on
     /// the GPU and the CPU (decode also as a share of the HBM roofline).
     DeviceCheck(device_check::DeviceCheckArgs),
+    /// Build the device check's binaries here into target/device/ with a
+    /// script, for a GPU machine without Rust: `bash target/device/run.sh`
+    /// there (docs/cuda.md).
+    DeviceBundle,
     /// Run a benchmark: `plugins` (policy step cost), `model` (decode and
     /// prefill tokens/s of the default model or `--model FILE`s, at
     /// `--depth N`; `--compare-llama BIN` runs llama-bench interleaved and
@@ -91,6 +96,7 @@ fn main() {
         Task::FetchModel => models::fetch_model().map(|path| println!("{}", path.display())),
         Task::CudaKernels => cuda_kernels(),
         Task::DeviceCheck(args) => device_check::device_check(args),
+        Task::DeviceBundle => device_bundle::device_bundle(),
         Task::Bench { suite, args } => bench(&suite, &args),
         Task::PeerSuite(args) => peer_suite::peer_suite(args),
         Task::Fuzz(args) => fuzz::fuzz(args),
