@@ -287,7 +287,7 @@ fn promotion_swaps_between_steps_and_keeps_the_old_policy_as_a_shadow() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     for (body, expected) in [
         (json!({ "policy": "chunked" }), "a shadow policy `chunked` is already attached"),
-        (json!({ "policy": "fastest" }), "`policy.plugin` = \"fastest\" is neither a built-in policy"),
+        (json!({ "policy": "fastest" }), "`policy` = \"fastest\" is neither a built-in policy"),
     ] {
         let (status, refused) = admin(&server, reqwest::Method::POST, "/admin/policy/shadow", &body);
         assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");

@@ -114,7 +114,7 @@ impl Config {
         policy.source().map_err(|message| Invalid::new("policy.plugin", message))?;
         for (index, shadow) in policy.shadow.iter().enumerate() {
             let key = format!("policy.shadow[{index}].plugin");
-            plugin_source(&shadow.plugin, &key).map_err(|message| Invalid::new("policy.shadow.plugin", message))?;
+            policy_source(&shadow.plugin, &key).map_err(|message| Invalid::new("policy.shadow.plugin", message))?;
             if policy.shadow[..index].iter().any(|earlier| earlier.plugin == shadow.plugin) {
                 let message = format!("`{key}` = \"{}\" is listed twice; a plugin runs as one shadow", shadow.plugin);
                 return Err(Invalid::new("policy.shadow.plugin", message));
@@ -277,7 +277,7 @@ impl PolicyConfig {
 
     /// Where the policy comes from: a built-in name or a file path.
     pub fn source(&self) -> Result<PluginSource, String> {
-        plugin_source(&self.plugin, "policy.plugin")
+        policy_source(&self.plugin, "policy.plugin")
     }
 
     /// The configuration of the shadow `shadow`: its plugin and settings
@@ -292,8 +292,9 @@ impl PolicyConfig {
     }
 }
 
-/// A policy plugin named by `key`: a built-in name or a file path.
-fn plugin_source(plugin: &str, key: &str) -> Result<PluginSource, String> {
+/// A policy plugin named by `key` (in errors): a built-in name or a file
+/// path.
+pub fn policy_source(plugin: &str, key: &str) -> Result<PluginSource, String> {
     if looks_like_path(plugin) {
         return Ok(PluginSource::Path(PathBuf::from(plugin)));
     }

@@ -13,7 +13,7 @@ mod schema;
 
 pub use flags::{Overrides, policy_spec};
 pub use llama_args::{LlamaArgs, flag_table, help_epilogue, llama_style_args};
-pub use load::{ConfigError, Invalid, threads_or_cores};
+pub use load::{ConfigError, Invalid, policy_source, threads_or_cores};
 pub use schema::*;
 
 #[cfg(test)]

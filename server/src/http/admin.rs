@@ -15,7 +15,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
 use super::params::{Fields, JsonBody, object, wrong};
-use crate::config::{Config, Overrides, PolicyConfig, PolicySpec};
+use crate::config::{Config, Overrides, PolicyConfig, PolicySpec, policy_source};
 use crate::engine::policy::SchedulingPolicy;
 use crate::engine::shadow::ShadowRecord;
 use crate::plugins::{PluginHost, WasmPolicy};
@@ -127,6 +127,10 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
 fn requested_policy(body: &Value) -> Result<(Option<String>, toml::Table), ApiError> {
     let fields = Fields(object(body)?);
     let plugin = fields.str("policy")?.map(str::to_owned);
+    // Checked here so that a bad name is reported as the field sent.
+    if let Some(plugin) = &plugin {
+        policy_source(plugin, "policy").map_err(ApiError::invalid)?;
+    }
     let settings = match body.get("settings") {
         None | Some(Value::Null) => toml::Table::new(),
         Some(value) => settings_table(value)?,
