@@ -1,6 +1,6 @@
 //! Cost of one policy step through the sandbox at 64 occupied slots and 64
-//! waiting requests: lower the engine's view, call `continuous`, lift its
-//! decision and validate it (the view itself is built outside the timing:
+//! waiting requests: lower the engine's view, call `continuous` or the
+//! default `chunked`, lift its decision and validate it (the view itself is built outside the timing:
 //! the engine builds it whatever the policy); and what 1 or 4 shadow
 //! policies add to a step (each called, validated and compared).
 //! `cargo xtask bench plugins`.
@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use sluice::engine::FaultRules;
-use sluice::engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
+use sluice::engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest};
 use sluice::engine::shadow::Shadows;
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 use sluice_plugin_api::rules;
@@ -51,7 +51,14 @@ fn busy_view(step: u64) -> StepView {
         step,
         now_ms: step * 10,
         token_budget: 2048,
-        costs: Default::default(),
+        // What the engine measured for the default model on 2 cores.
+        costs: StepCosts {
+            measured_steps: 500,
+            base_ns: 4_970_000,
+            prefill_token_ns: 1_560_000,
+            decode_row_ns: 2_080_000,
+            attention_kpair_ns: 1_990_000,
+        },
         free_slots: Vec::new(),
         occupied,
         waiting,
@@ -64,10 +71,10 @@ fn builtin(host: &PluginHost, name: &str) -> WasmPolicy {
     WasmPolicy::load(host, PluginSource::Builtin(name), bytes, Vec::new(), PluginLimits::default()).expect("loads")
 }
 
-#[divan::bench]
-fn continuous_step_64_occupied_64_waiting(bencher: divan::Bencher) {
+#[divan::bench(args = ["continuous", "chunked"])]
+fn policy_step_64_occupied_64_waiting(bencher: divan::Bencher, name: &str) {
     let host = PluginHost::new().expect("host starts");
-    let mut policy = builtin(&host, "continuous");
+    let mut policy = builtin(&host, name);
     let mut step = 0;
     bencher
         .with_inputs(|| {
@@ -75,8 +82,8 @@ fn continuous_step_64_occupied_64_waiting(bencher: divan::Bencher) {
             busy_view(step)
         })
         .bench_local_refs(|view| {
-            let decision = policy.step(view).expect("continuous never faults");
-            rules::validate(view, &decision, 0).expect("continuous decides validly");
+            let decision = policy.step(view).expect("built-ins never fault");
+            rules::validate(view, &decision, 0).expect("built-ins decide validly");
             assert_eq!(decision.decode.len(), 48);
             decision
         });
