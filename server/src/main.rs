@@ -73,6 +73,8 @@ enum BenchCommand {
     Calibrate(cli::WithoutLab),
     /// Decode speed without and with a draft, and how much of it is kept.
     Spec(cli::bench_spec::BenchSpecArgs),
+    /// Time to prepare and encode one image with a projector's vision tower.
+    Vision(cli::bench_vision::BenchVisionArgs),
 }
 
 #[derive(Subcommand)]
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(args) | BenchCommand::Calibrate(args) | BenchCommand::Constrained(args))
         | Command::Lab(args) => args.refuse().map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Spec(args)) => cli::bench_spec::bench_spec(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Vision(args)) => cli::bench_vision::bench_vision(args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "lab")]
         Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),
         Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),

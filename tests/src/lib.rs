@@ -11,6 +11,7 @@ pub mod loadtest;
 pub mod lora;
 pub mod models;
 pub mod plugin_fixtures;
+pub mod projector;
 pub mod shapes;
 
 /// A file of `tests/fixtures/`.

@@ -156,15 +156,21 @@ fn sluice_once(
 /// (prefill, decode) tokens/s from a `sluice bench model` command (`--json`
 /// is added).
 pub fn measure(command: &mut Command) -> anyhow::Result<(f64, f64)> {
-    let output = command.arg("--json").output().context("running sluice bench model")?;
+    let field = json_line(command, "sluice bench model")?;
+    Ok((field("prefill_tps")?, field("decode_tps")?))
+}
+
+/// The numbers of the JSON line a `sluice bench …` command ends with
+/// (`--json` is added), by key.
+pub fn json_line(command: &mut Command, what: &str) -> anyhow::Result<impl Fn(&str) -> anyhow::Result<f64>> {
+    let output = command.arg("--json").output().with_context(|| format!("running {what}"))?;
     if !output.status.success() {
-        bail!("sluice bench model failed: {}", String::from_utf8_lossy(&output.stderr));
+        bail!("{what} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().context("sluice bench model printed nothing")?;
-    let json: serde_json::Value = serde_json::from_str(line).with_context(|| format!("its JSON line `{line}`"))?;
-    let field = |key: &str| json[key].as_f64().with_context(|| format!("no `{key}` in `{line}`"));
-    Ok((field("prefill_tps")?, field("decode_tps")?))
+    let line = stdout.lines().last().with_context(|| format!("{what} printed nothing"))?.to_owned();
+    let json: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("its JSON line `{line}`"))?;
+    Ok(move |key: &str| json[key].as_f64().with_context(|| format!("no `{key}` in `{line}`")))
 }
 
 /// (prefill, decode) tokens/s of one llama-bench repetition of pp512 and

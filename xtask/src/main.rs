@@ -3,6 +3,7 @@
 mod bench_constrained;
 mod bench_model;
 mod bench_serve;
+mod bench_vision;
 mod cuda;
 mod device_bundle;
 mod device_check;
@@ -61,11 +62,13 @@ enum Task {
     /// prints a table of ratios)
     /// `serve` (aggregate tokens/s and latency at 1, 4, 8, 16 streams;
     /// `--llama-server BIN` measures llama-server the same way), `spec`
-    /// (decode tokens/s without and with a draft, and the accepted length)
-    /// or `constrained` (structured outputs: mask time per token, decode
-    /// tokens/s with and without a JSON schema; `--llama-server BIN` too).
+    /// (decode tokens/s without and with a draft, and the accepted length),
+    /// `constrained` (structured outputs: mask time per token, decode
+    /// tokens/s with and without a JSON schema; `--llama-server BIN` too)
+    /// or `vision` (encoding a 448 × 448 image at Qwen2-VL-2B's vision
+    /// shapes; `--compare-llama DIR` runs llama-mtmd-cli interleaved).
     Bench {
-        #[arg(value_parser = ["plugins", "model", "serve", "spec", "constrained"])]
+        #[arg(value_parser = ["plugins", "model", "serve", "spec", "constrained", "vision"])]
         suite: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -226,6 +229,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
         "serve" => bench_serve::bench_serve(args),
         "constrained" => bench_constrained::bench_constrained(args),
         "spec" => bench_spec(args),
+        "vision" => bench_vision::bench_vision(args),
         other => bail!("unknown benchmark suite `{other}`"),
     }
 }

@@ -15,7 +15,7 @@ use super::{
     PassRow, SharedBytes,
 };
 use crate::matmul::{QuantMatrix, matmuls, share};
-use crate::ops::{self, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
+use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
 use crate::quant::{PackedRows, SimdLevel};
 
@@ -347,6 +347,29 @@ impl Backend for CpuBackend {
         for &row in rows {
             out.extend_from_slice(&x[row * width..(row + 1) * width]);
         }
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        resize(out, x.len());
+        let width = weight.len();
+        self.split(out, width, |start, out| {
+            for (input, output) in x[start..].chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+                ops::layer_norm(input, weight, bias, eps, output);
+            }
+        });
+        Ok(())
+    }
+
+    fn gelu(&self, x: &mut Vec<f32>, kind: Gelu) -> Result<(), BackendError> {
+        self.split(x, VECTOR_UNIT, |_, x| ops::gelu(x, kind));
+        Ok(())
     }
 
     fn rope(&self, rope: &Rope, pass: &CpuPass, x: &mut Vec<f32>) {

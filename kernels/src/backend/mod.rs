@@ -23,7 +23,7 @@ mod device;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::ops::{HeadShape, OpsError, Rope, RopePos};
+use crate::ops::{self, Gelu, HeadShape, OpsError, Rope, RopePos};
 use crate::quant::{DType, KernelError};
 
 pub use crate::ops::KvType;
@@ -328,6 +328,27 @@ pub trait Backend: Send + Sync + 'static {
     /// Rows `rows` of `x` (`width` each), in that order.
     fn gather(&self, x: &Self::Rows, rows: &[usize], width: usize, out: &mut Self::Rows);
 
+    /// LayerNorm of every `weight`-long row of `x` into `out`, scaled by
+    /// `weight` and shifted by `bias` (a vision tower's norm).
+    ///
+    /// The encoder-only steps take their parameters from the host; a
+    /// backend without a kernel of its own runs them there, a round trip
+    /// per step (correct, and small beside the encoder's matmuls).
+    fn layer_norm(
+        &self,
+        x: &Self::Rows,
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        host_layer_norm(self, x, weight, bias, eps, out)
+    }
+    /// `x = gelu(x)` element-wise (an encoder's feed-forward).
+    fn gelu(&self, x: &mut Self::Rows, kind: Gelu) -> Result<(), BackendError> {
+        host_gelu(self, x, kind)
+    }
+
     /// Rotate every row of `x` (one per row of the pass) in place.
     fn rope(&self, rope: &Rope, pass: &Self::Pass, x: &mut Self::Rows);
     /// Write row i of `k` and `v` into the pass's row i's KV cell of
@@ -348,9 +369,55 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(), BackendError>;
 }
 
+/// [`Backend::layer_norm`] through the host: the rows downloaded, normed
+/// and uploaded.
+fn host_layer_norm<B: Backend + ?Sized>(
+    backend: &B,
+    x: &B::Rows,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+    out: &mut B::Rows,
+) -> Result<(), BackendError> {
+    let mut values = backend.download(x)?;
+    for row in values.chunks_exact_mut(weight.len().max(1)) {
+        let input = row.to_vec();
+        ops::layer_norm(&input, weight, bias, eps, row);
+    }
+    backend.upload(&values, out)
+}
+
+/// [`Backend::gelu`] through the host.
+fn host_gelu<B: Backend + ?Sized>(backend: &B, x: &mut B::Rows, kind: Gelu) -> Result<(), BackendError> {
+    let mut values = backend.download(x)?;
+    ops::gelu(&mut values, kind);
+    backend.upload(&values, x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_layer_norm_and_gelu_equal_the_cpu_backends_own() {
+        // What a backend without kernels of its own computes (CUDA's
+        // LayerNorm and GELU) is the CPU backend's split version, bit for bit.
+        let backend = cpu::CpuBackend::new(2);
+        let width = 40;
+        let x: Vec<f32> = (0..5 * width).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let weight: Vec<f32> = (0..width).map(|i| 1.0 + i as f32 / 80.0).collect();
+        let bias: Vec<f32> = (0..width).map(|i| i as f32 / 40.0 - 0.5).collect();
+        let (mut own, mut host) = (Vec::new(), Vec::new());
+        backend.layer_norm(&x, &weight, &bias, 1e-6, &mut own).expect("cpu layer norm");
+        host_layer_norm(&backend, &x, &weight, &bias, 1e-6, &mut host).expect("host layer norm");
+        assert_eq!(own, host);
+        for kind in [Gelu::Tanh, Gelu::Quick] {
+            let (mut own, mut host) = (x.clone(), x.clone());
+            backend.gelu(&mut own, kind).expect("cpu gelu");
+            host_gelu(&backend, &mut host, kind).expect("host gelu");
+            assert_eq!(own, host, "{kind:?}");
+        }
+    }
 
     #[test]
     fn slots_follow_the_block_table_and_stop_at_its_end() {

@@ -32,7 +32,9 @@ pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
-pub use row::{add_in_place, f32_to_f16_row, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu};
+pub use row::{
+    Gelu, add_in_place, f32_to_f16_row, gelu, layer_norm, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu,
+};
 
 /// Model parameters or cache layouts the kernels cannot work with.
 #[derive(Debug, thiserror::Error)]

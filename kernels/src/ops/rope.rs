@@ -36,6 +36,13 @@ pub enum RopeKind {
     /// `k % 3 == 2 && k < 3 * sections[2]` → 2, else
     /// `k % 3 == 0 && k < 3 * sections[0]` → 0, else 3.
     IMRope { sections: [u32; 4] },
+    /// A Qwen2-VL vision tower's 2-D rope (llama.cpp's "vision" mode):
+    /// every element rotates (`n_rot = head_dim`, pairs `j` and
+    /// `j + head_dim / 2`); the first half of the pairs follow component 0
+    /// (the patch's row), the second half component 1 (its column), and
+    /// each half's rate starts over at 1 and falls by `base^(-4 / n_rot)`
+    /// per pair (the rate of a rope over half the head).
+    Vision,
 }
 
 /// A token's position as (time, height, width, extra); see [`Rope::text_pos`].
@@ -50,6 +57,9 @@ pub struct Rope {
     freq_scale: f32,
     /// Per rotary pair: the position component that drives it.
     component: Vec<u8>,
+    /// Per rotary pair: its component's rate starts over at 1 here
+    /// ([`RopeKind::Vision`]'s sections).
+    restart: Vec<bool>,
     /// Pairs are adjacent elements ([`RopeKind::Norm`]).
     adjacent: bool,
 }
@@ -86,9 +96,17 @@ impl Rope {
             return bad("multi-section rope needs a non-empty section".into());
         }
         let pairs = n_rot / 2;
-        let ratio = base.powf(-2.0 / n_rot as f32);
-        let component = (0..pairs).map(|j| component(kind, j)).collect();
-        Ok(Self { head_dim, ratio, freq_scale, component, adjacent: kind == RopeKind::Norm })
+        let vision = kind == RopeKind::Vision;
+        if vision && (n_rot != head_dim || !pairs.is_multiple_of(2)) {
+            return bad(format!("vision rope rotates whole heads of a multiple of 4, not {n_rot} of {head_dim}"));
+        }
+        // llama.cpp's vision mode is a rope over half the head run twice.
+        let rate_dims = if vision { pairs } else { n_rot };
+        let ratio = base.powf(-2.0 / rate_dims as f32);
+        let component =
+            (0..pairs).map(|j| if vision { u8::from(j >= pairs / 2) } else { component(kind, j) }).collect();
+        let restart = (0..pairs).map(|j| vision && j % (pairs / 2) == 0).collect();
+        Ok(Self { head_dim, ratio, freq_scale, component, restart, adjacent: kind == RopeKind::Norm })
     }
 
     /// The position of a text token, `[p, p, p, 0]`: what every kind expects
@@ -111,7 +129,10 @@ impl Rope {
         out.cos.clear();
         out.sin.clear();
         let mut theta = pos.map(|p| p as f32);
-        for &c in &self.component {
+        for (&c, &restart) in self.component.iter().zip(&self.restart) {
+            if restart {
+                theta[usize::from(c)] = pos[usize::from(c)] as f32;
+            }
             let angle = self.freq_scale * theta[usize::from(c)];
             out.cos.push(angle.cos());
             out.sin.push(angle.sin());
@@ -159,7 +180,7 @@ fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> [f32; 2] {
 
 fn component(kind: RopeKind, j: usize) -> u8 {
     let (sections, interleaved) = match kind {
-        RopeKind::Norm | RopeKind::Neox => return 0,
+        RopeKind::Norm | RopeKind::Neox | RopeKind::Vision => return 0,
         RopeKind::MRope { sections } => (sections.map(u64::from), false),
         RopeKind::IMRope { sections } => (sections.map(u64::from), true),
     };
@@ -298,6 +319,33 @@ mod tests {
         rope.angles([0, 5, 0, 0], &mut angles);
         let moved: Vec<bool> = angles.sin.iter().map(|&s| s != 0.0).collect();
         assert_eq!(moved, [false, true, true, false, false, false, false, false]);
+    }
+
+    #[test]
+    fn vision_rotates_rows_then_columns_at_restarting_rates() {
+        let (head_dim, base) = (16, 10_000.0f64);
+        let rope = Rope::new(head_dim, head_dim, base as f32, 1.0, RopeKind::Vision).unwrap();
+        let x = noise(2 * head_dim, 9, 2.0);
+        for (row, col) in [(0, 0), (3, 0), (0, 5), (7, 11), (40, 2)] {
+            let y = rotate(&rope, [row, col, row, col], &x);
+            for (xh, yh) in x.chunks(head_dim).zip(y.chunks(head_dim)) {
+                let half = head_dim / 2;
+                for j in 0..half {
+                    // Rows drive pairs 0..4, columns 4..8, each at
+                    // base^(-4k / head_dim) from k = 0.
+                    let (p, k) = if j < half / 2 { (row, j) } else { (col, j - half / 2) };
+                    let angle = f64::from(p) * base.powf(-4.0 * k as f64 / head_dim as f64);
+                    let (x0, x1) = (f64::from(xh[j]), f64::from(xh[j + half]));
+                    let want = [x0 * angle.cos() - x1 * angle.sin(), x0 * angle.sin() + x1 * angle.cos()];
+                    let tol = (x0.abs() + x1.abs()) * (angle * (k + 4) as f64 * 1.2e-7 + 1e-6);
+                    for (got, want) in [yh[j], yh[j + half]].into_iter().zip(want) {
+                        assert!((f64::from(got) - want).abs() <= tol, "({row}, {col}) pair {j}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+        assert!(matches!(Rope::new(16, 8, 1e4, 1.0, RopeKind::Vision), Err(OpsError::Rope(_))));
+        assert!(matches!(Rope::new(6, 6, 1e4, 1.0, RopeKind::Vision), Err(OpsError::Rope(_))));
     }
 
     #[test]

@@ -97,6 +97,56 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     dispatch!(s => update(s, out, [gate, up], #[inline(always)] |_, [g, u]| s.mul(silu_v(s, g), u)))
 }
 
+/// `out = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias` (LayerNorm, a
+/// vision tower's norm); the mean and variance are summed in f64, as GGML
+/// sums them.
+///
+/// # Panics
+/// If `weight`, `bias` or `out` is not as long as `x`.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    assert_same_len("layer_norm weight", x.len(), weight.len());
+    assert_same_len("layer_norm bias", x.len(), bias.len());
+    assert_same_len("layer_norm out", x.len(), out.len());
+    let n = x.len() as f64;
+    let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
+    let variance = (x.iter().map(|&v| f64::from((v - mean) * (v - mean))).sum::<f64>() / n) as f32;
+    let scale = 1.0 / (variance + eps).sqrt();
+    dispatch!(s => {
+        let (mean, scale) = (s.splat(mean), s.splat(scale));
+        update(s, out, [x, weight, bias], #[inline(always)] |_, [x, w, b]| s.add(s.mul(s.mul(s.sub(x, mean), scale), w), b));
+    })
+}
+
+/// The GELU of a feed-forward layer or projector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    /// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+    Tanh,
+    /// `x · sigmoid(1.702 x)` (CLIP's "quick" GELU).
+    Quick,
+}
+
+/// `x · sigmoid(z)` per lane.
+#[inline(always)]
+fn gated_v<S: Simd>(s: S, x: S::V, z: S::V) -> S::V {
+    s.div(x, s.add(s.splat(1.0), exp(s, s.sub(s.splat(0.0), z))))
+}
+
+/// `x = gelu(x)` in place; [`Gelu::Tanh`] as `x · sigmoid(2a)` with `a`
+/// the tanh's argument (the same function).
+pub fn gelu(x: &mut [f32], kind: Gelu) {
+    dispatch!(s => match kind {
+        Gelu::Tanh => {
+            let (k, c) = (s.splat(2.0 * (2.0 / std::f32::consts::PI).sqrt()), s.splat(0.044_715));
+            update(s, x, [], #[inline(always)] |v, []| gated_v(s, v, s.mul(k, s.add(v, s.mul(c, s.mul(v, s.mul(v, v)))))))
+        }
+        Gelu::Quick => {
+            let k = s.splat(1.702);
+            update(s, x, [], #[inline(always)] |v, []| gated_v(s, v, s.mul(k, v)))
+        }
+    })
+}
+
 /// `dst += src`, the residual connection.
 ///
 /// # Panics
@@ -157,6 +207,51 @@ mod tests {
             for i in 0..n {
                 let want = x[i] as f64 * scale * w[i] as f64;
                 assert!(close(got[i], want, 1e-5), "n={n} i={i}: {} vs {want}", got[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_f64_and_every_level() {
+        for (seed, &n) in LENGTHS.iter().enumerate() {
+            let x: Vec<f32> = noise(n, seed as u64, 3.0).iter().map(|v| v + 1.5).collect();
+            let (w, b) = (noise(n, 100 + seed as u64, 1.5), noise(n, 200 + seed as u64, 0.5));
+            let got = same_on_every_level(|| {
+                let mut out = vec![f32::NAN; n];
+                layer_norm(&x, &w, &b, 1e-6, &mut out);
+                out
+            });
+            let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+            let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+            for i in 0..n {
+                let want = (f64::from(x[i]) - mean) / (var + 1e-6).sqrt() * f64::from(w[i]) + f64::from(b[i]);
+                assert!(
+                    (f64::from(got[i]) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "n={n} i={i}: {} vs {want}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gelus_match_their_formulas_on_every_level() {
+        let x: Vec<f32> = noise(1000, 4, 12.0);
+        for kind in [Gelu::Tanh, Gelu::Quick] {
+            let got = same_on_every_level(|| {
+                let mut y = x.clone();
+                gelu(&mut y, kind);
+                y
+            });
+            for (&x, &y) in x.iter().zip(&got) {
+                let v = f64::from(x);
+                let want = match kind {
+                    Gelu::Tanh => {
+                        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+                    }
+                    Gelu::Quick => v / (1.0 + (-1.702 * v).exp()),
+                };
+                assert!((f64::from(y) - want).abs() <= 2e-6 * (1.0 + want.abs()), "{kind:?}({x}) = {y}, not {want}");
             }
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_spec;
+pub mod bench_vision;
 pub mod generate;
 #[cfg(feature = "lab")]
 pub mod lab;

@@ -40,6 +40,9 @@ impl Config {
         if flags.model.is_some() {
             self.model.path.clone_from(&flags.model);
         }
+        if flags.mmproj.is_some() {
+            self.model.mmproj.clone_from(&flags.mmproj);
+        }
         if flags.alias.is_some() {
             self.model.alias.clone_from(&flags.alias);
         }
@@ -226,6 +229,9 @@ pub struct Overrides {
     /// Model file, GGUF (`model.path`).
     #[arg(short = 'm', long, value_name = "FILE")]
     pub model: Option<PathBuf>,
+    /// Vision projector, GGUF (`model.mmproj`): image input.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
     /// Address to listen on, or a comma-separated list (`server.host`).
     #[arg(long)]
     pub host: Option<String>,

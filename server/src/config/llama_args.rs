@@ -259,6 +259,10 @@ mod tests {
     #[test]
     fn readme_lists_every_flag_as_the_table_does() {
         let readme = include_str!("../../../README.md");
-        assert!(readme.contains(&flag_table()), "README's llama-server flag table differs from flag_table()");
+        let table = flag_table();
+        assert!(
+            readme.contains(&table),
+            "README's llama-server flag table differs from flag_table(), which is:\n{table}"
+        );
     }
 }

@@ -73,6 +73,9 @@ impl Config {
         if let Some(draft) = config.speculative.draft_model.as_mut() {
             resolve(draft);
         }
+        if let Some(mmproj) = config.model.mmproj.as_mut() {
+            resolve(mmproj);
+        }
         if let Some(folder) = config.server.slot_save_path.as_mut() {
             resolve(folder);
         }

@@ -155,11 +155,22 @@ pub struct ModelConfig {
     pub threads: usize,
     /// Where the model runs: `cpu`, `cuda` or `cuda:N`.
     pub device: String,
+    /// A vision projector (mmproj GGUF) for image input; relative paths
+    /// are relative to the config file.
+    pub mmproj: Option<PathBuf>,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { path: None, alias: None, tags: None, chat_template: None, threads: 0, device: "cpu".into() }
+        ModelConfig {
+            path: None,
+            alias: None,
+            tags: None,
+            chat_template: None,
+            threads: 0,
+            device: "cpu".into(),
+            mmproj: None,
+        }
     }
 }
 

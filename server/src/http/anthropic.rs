@@ -45,7 +45,7 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
         let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        Ok((Plan { generation, prompts: vec![prompt.tokens] }, reasoning))
+        Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
     })
     .await?;
     // llama-server gives Anthropic messages its chat completion ids.
@@ -87,7 +87,7 @@ pub async fn count_tokens(State(state): State<AppState>, JsonBody(body): JsonBod
     let thinking = state.config().defaults.reasoning;
     let input_tokens = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), false)?;
-        Ok(chat_tokens(&ready, Fields(&chat), thinking)?.tokens.len())
+        Ok(chat_tokens(&ready, Fields(&chat), thinking)?.prompt.tokens.len())
     })
     .await?;
     Ok(axum::Json(json!({ "input_tokens": input_tokens })).into_response())

@@ -25,7 +25,7 @@ pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody)
         let limits = parsing.limits(&defaults);
         let generation = params::generation(fields, &limits)?;
         let value = fields.get("prompt").ok_or_else(|| ApiError::invalid("\"prompt\" must be provided"))?;
-        let prompts = prompt::prompts(value, &parsing.tokenizer, parsing.model.n_vocab)?;
+        let prompts = prompt::prompts(value, parsing.reader())?;
         Ok(Plan { generation, prompts })
     })
     .await?;

@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
 use super::params::Generation;
+use super::prompt::Prompt;
 use crate::engine::EngineHandle;
 use crate::engine::delivery::EventReceiver;
 use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent, TokenProbs};
@@ -54,7 +55,7 @@ impl StreamProgress {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub generation: Generation,
-    pub prompts: Vec<Vec<u32>>,
+    pub prompts: Vec<Prompt>,
 }
 
 impl Plan {
@@ -63,7 +64,7 @@ impl Plan {
     }
 
     pub fn prompt(&self, index: usize) -> &[u32] {
-        self.prompts.get(index / self.generation.n_cmpl.max(1)).map_or(&[], Vec::as_slice)
+        self.prompts.get(index / self.generation.n_cmpl.max(1)).map_or(&[], |prompt| prompt.tokens.as_slice())
     }
 }
 
@@ -134,12 +135,13 @@ pub fn submit(engine: &EngineHandle, plan: &Plan) -> Result<Vec<Submitted>, ApiE
     }
     let mut jobs = Vec::with_capacity(plan.outputs());
     for index in 0..plan.outputs() {
-        let prompt = plan.prompt(index).to_vec();
-        let source = if prompt.is_empty() {
+        let prompt = plan.prompts.get(index / plan.generation.n_cmpl.max(1)).cloned().unwrap_or_default();
+        let source = if prompt.tokens.is_empty() {
             Source::Empty(Some(empty_completion()))
         } else {
             let mut request = plan.generation.request.clone();
-            request.prompt = prompt;
+            request.prompt = prompt.tokens;
+            request.images = prompt.images;
             let (id, events) = engine.submit(request)?;
             Source::Engine { id, events, engine: engine.clone() }
         };

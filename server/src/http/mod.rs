@@ -30,6 +30,7 @@ pub mod ids;
 pub mod info;
 mod listen;
 pub mod lora;
+pub mod media;
 pub mod openai;
 pub mod params;
 pub mod prompt;
@@ -95,12 +96,14 @@ pub struct Ready {
     pub model: ModelInfo,
     /// Structured outputs' grammar compiler over this model's vocabulary.
     pub grammars: structured::Compiler,
+    /// Image input, with a projector.
+    pub vision: Option<media::Vision>,
 }
 
 impl Ready {
     /// What the API serves from a started model.
     pub fn new(serving: Serving, config: &Config) -> Self {
-        let Serving { model, engine, tokenizer, template } = serving;
+        let Serving { model, engine, tokenizer, template, vision } = serving;
         let (hparams, file) = (model.hparams(), model.file());
         let adapters = lora::Adapters::new(&model.adapters(), &config.lora);
         let info = ModelInfo {
@@ -119,7 +122,13 @@ impl Ready {
             tracing::warn!(%error, "constrained decoding is unavailable");
             error.to_string()
         });
-        Ready { engine, adapters, tokenizer, template, model: info, grammars }
+        let vision = vision.map(media::Vision::new);
+        Ready { engine, adapters, tokenizer, template, model: info, grammars, vision }
+    }
+
+    /// What tokenizing a request's prompt needs.
+    pub fn reader(&self) -> prompt::Reader<'_> {
+        prompt::Reader { tokenizer: &self.tokenizer, n_vocab: self.model.n_vocab, vision: self.vision.as_ref() }
     }
 
     /// The limits requests are checked against.

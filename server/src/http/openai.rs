@@ -18,9 +18,10 @@ use super::generate::{
 };
 use super::ids::random_id;
 use super::params::{self, Fields, JsonBody, object, wrong};
+use super::prompt::Prompt;
 use super::reasoning::{self, Parts, Reasoning, Splitter};
 use super::tools::{self, ChatTools, ToolFormat, ToolStream};
-use super::{AppState, Ready, completion, prompt, sse, structured};
+use super::{AppState, Ready, completion, media, prompt, sse, structured};
 use crate::config::Thinking;
 use crate::engine::request::{Completion, Progress, TokenEvent, TokenProbs};
 use crate::model::chat_template::TemplateError;
@@ -91,7 +92,7 @@ pub async fn completions(State(state): State<AppState>, JsonBody(body): JsonBody
         let fields = Fields(object(&body)?);
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
         let value = fields.get("prompt").ok_or_else(|| ApiError::invalid("\"prompt\" must be provided"))?;
-        let prompts = prompt::prompts(value, &parsing.tokenizer, parsing.model.n_vocab)?;
+        let prompts = prompt::prompts(value, parsing.reader())?;
         let top_n = generation.request.n_probs;
         let envelope = Envelope::new(&parsing, fields);
         Ok(Parsed { plan: Plan { generation, prompts }, envelope, top_n, tool_format: None })
@@ -142,7 +143,7 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             ));
         }
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        let plan = Plan { generation, prompts: vec![prompt.tokens] };
+        let plan = Plan { generation, prompts: vec![prompt.prompt] };
         let tool_format = prompt.tools.map(|tools| tools.format);
         Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n, tool_format }, reasoning))
     })
@@ -152,7 +153,7 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
 
 /// A rendered chat prompt, tokenized.
 pub struct ChatPrompt {
-    pub tokens: Vec<u32>,
+    pub prompt: Prompt,
     /// The prompt ends inside a think block, so the reply starts in it.
     pub opens_thinking: bool,
     /// The request's tools, when the reply may call them.
@@ -162,35 +163,46 @@ pub struct ChatPrompt {
 /// The tokens of the rendered chat prompt (special tokens parsed, BOS
 /// added where the vocabulary asks for it).
 pub fn chat_tokens(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<ChatPrompt, ApiError> {
-    let (text, tools) = render(ready, fields, thinking)?;
-    Ok(ChatPrompt {
-        tokens: ready.tokenizer.encode(&text, true, true),
-        opens_thinking: reasoning::opens_thinking(&text),
-        tools,
-    })
+    let Rendered { text, files, tools } = render(ready, fields, thinking)?;
+    let prompt = match &ready.vision {
+        Some(vision) if !files.is_empty() => vision.prompt(&text, &files, &ready.tokenizer, true, "messages")?,
+        _ => ready.tokenizer.encode(&text, true, true).into(),
+    };
+    Ok(ChatPrompt { prompt, opens_thinking: reasoning::opens_thinking(&text), tools })
 }
 
 /// Render `messages` with the model's chat template. `thinking` (the
 /// server's `--reasoning`) sets `enable_thinking` unless the request's
 /// `chat_template_kwargs` or `reasoning_effort` do.
 pub fn chat_prompt(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<String, ApiError> {
-    render(ready, fields, thinking).map(|(text, _)| text)
+    render(ready, fields, thinking).map(|rendered| rendered.text)
 }
 
-/// The rendered prompt, and the request's tools when it may call them.
-fn render(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<(String, Option<ChatTools>), ApiError> {
+/// A conversation rendered by the chat template.
+struct Rendered {
+    /// The prompt, with a media marker where each image goes.
+    text: String,
+    /// The image files, in the order of their markers.
+    files: Vec<Vec<u8>>,
+    /// The request's tools, when the reply may call them.
+    tools: Option<ChatTools>,
+}
+
+fn render(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<Rendered, ApiError> {
     let messages = fields.get("messages").ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
     // An empty conversation renders as the template has it (llama-server
     // accepts one too): usually just the generation prompt.
     // A final assistant message is continued (below): llama-server joins
     // its text parts with a blank line, every other message's with a newline.
+    let mut files = Vec::new();
+    let mut media = Media { marker: ready.vision.as_ref().map(|vision| vision.marker()), files: &mut files };
     let mut messages = messages
         .iter()
         .enumerate()
         .map(|(index, message)| {
             let continued = index + 1 == messages.len() && message["role"] == "assistant";
-            normalize(index, message, if continued { "\n\n" } else { "\n" })
+            normalize(index, message, if continued { "\n\n" } else { "\n" }, &mut media)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
@@ -256,12 +268,19 @@ fn render(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<(Stri
         Some(bos) if ready.tokenizer.adds_bos() => rendered.strip_prefix(bos).map(str::to_owned).unwrap_or(rendered),
         _ => rendered,
     };
-    Ok((rendered, tools))
+    Ok(Rendered { text: rendered, files, tools })
+}
+
+/// Where a conversation's images go: the files, in order, and the marker
+/// that stands for each in the text (none without a projector).
+struct Media<'a> {
+    marker: Option<&'a str>,
+    files: &'a mut Vec<Vec<u8>>,
 }
 
 /// A message as templates expect it: `content` as one string (text parts
-/// joined by `separator`).
-fn normalize(index: usize, message: &Value, separator: &str) -> Result<Value, ApiError> {
+/// joined by `separator`, each image replaced by the media marker).
+fn normalize(index: usize, message: &Value, separator: &str, media: &mut Media<'_>) -> Result<Value, ApiError> {
     let object =
         message.as_object().ok_or_else(|| ApiError::invalid(format!("`messages[{index}]` must be an object")))?;
     if !object.get("role").is_some_and(Value::is_string) {
@@ -282,22 +301,42 @@ fn normalize(index: usize, message: &Value, separator: &str) -> Result<Value, Ap
         }
         None => return Err(ApiError::invalid(format!("`messages[{index}].content` is required"))),
         Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for part in parts {
+            // As llama-server joins them: text parts on their own lines,
+            // but nothing around an image's marker.
+            let mut content = String::new();
+            let mut after_image = false;
+            for (number, part) in parts.iter().enumerate() {
                 match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(text)) => texts.push(text),
+                    (Some("text"), Some(text)) => {
+                        if !after_image && !content.is_empty() {
+                            content.push_str(separator);
+                        }
+                        content.push_str(text);
+                        after_image = false;
+                    }
                     (Some("text"), None) => {
                         return Err(ApiError::invalid(format!("`messages[{index}].content[].text` must be a string")));
+                    }
+                    (Some("image_url"), _) => {
+                        let field = format!("messages[{index}].content[{number}].image_url.url");
+                        let marker = media.marker.ok_or_else(|| prompt::no_vision(&field))?;
+                        let url = part
+                            .pointer("/image_url/url")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| ApiError::invalid(format!("`{field}` must be a string")))?;
+                        media.files.push(media::image_url(url, &field)?);
+                        content.push_str(marker);
+                        after_image = true;
                     }
                     _ => {
                         return Err(ApiError::new(
                             ErrorType::NotSupported,
-                            format!("`messages[{index}].content`: only text parts are supported"),
+                            format!("`messages[{index}].content`: only text and image_url parts are supported"),
                         ));
                     }
                 }
             }
-            object.insert("content".into(), Value::String(texts.join(separator)));
+            object.insert("content".into(), Value::String(content));
         }
         Some(_) => return Err(wrong(&format!("messages[{index}].content"), "a string or an array of parts")),
     }
@@ -593,9 +632,23 @@ mod tests {
     fn text_parts_are_joined() {
         let message =
             json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
-        assert_eq!(normalize(0, &message, "\n").expect("valid")["content"], "a\nb");
-        let image = json!({"role": "user", "content": [{"type": "image_url", "image_url": {}}]});
-        assert_eq!(normalize(0, &image, "\n").unwrap_err().kind, ErrorType::NotSupported);
-        assert!(normalize(1, &json!({"content": "x"}), "\n").unwrap_err().message.contains("messages[1].role"));
+        let mut files = Vec::new();
+        let mut media = Media { marker: None, files: &mut files };
+        assert_eq!(normalize(0, &message, "\n", &mut media).expect("valid")["content"], "a\nb");
+        let image = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]});
+        let error = normalize(0, &image, "\n", &mut media).unwrap_err();
+        assert_eq!(error.kind, ErrorType::InvalidRequest);
+        assert!(error.message.contains("messages[0].content[0].image_url.url") && error.message.contains("--mmproj"));
+        let audio = json!({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]});
+        assert_eq!(normalize(0, &audio, "\n", &mut media).unwrap_err().kind, ErrorType::NotSupported);
+        assert!(
+            normalize(1, &json!({"content": "x"}), "\n", &mut media).unwrap_err().message.contains("messages[1].role")
+        );
+        let mut media = Media { marker: Some("<M>"), files: &mut files };
+        let mixed = json!({"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
+            {"type": "text", "text": "b"}, {"type": "text", "text": "c"}]});
+        assert_eq!(normalize(0, &mixed, "\n", &mut media).expect("valid")["content"], "a<M>b\nc");
+        assert_eq!(files, [b"hi".to_vec()]);
     }
 }

@@ -1,43 +1,85 @@
 //! `prompt` as llama-server reads it: a string, a token array, a mixed array
 //! of tokens and strings, a `{"prompt_string": …}` object, or an array of
 //! these (several prompts). BOS is added only when a prompt is a string or
-//! starts with one, and the vocabulary asks for it.
+//! starts with one, and the vocabulary asks for it. The object form may
+//! carry images (`multimodal_data`, see `media`).
 
 use serde_json::Value;
 
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
+use super::media::{self, Vision};
+use crate::engine::request::ImageInput;
 use crate::model::tokenizer::Tokenizer;
+
+/// A tokenized prompt and the images among its tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    pub images: Vec<ImageInput>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Prompt { tokens, images: Vec::new() }
+    }
+}
+
+/// What tokenizing a prompt needs.
+#[derive(Clone, Copy)]
+pub struct Reader<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub n_vocab: usize,
+    pub vision: Option<&'a Vision>,
+}
+
+/// The 400 for images sent to a model without a projector.
+pub fn no_vision(field: &str) -> ApiError {
+    ApiError::invalid(format!(
+        "`{field}` holds images, but this server has no vision projector (start it with --mmproj FILE)"
+    ))
+}
 
 const SHAPE: &str = "`prompt` must be a string, an array of token ids and strings, or an array of such prompts";
 
 /// The prompts of a request, tokenized. `n_vocab` bounds token ids given
 /// as numbers.
-pub fn prompts(value: &Value, tokenizer: &Tokenizer, n_vocab: usize) -> Result<Vec<Vec<u32>>, ApiError> {
+pub fn prompts(value: &Value, reader: Reader<'_>) -> Result<Vec<Prompt>, ApiError> {
+    let (tokenizer, n_vocab) = (reader.tokenizer, reader.n_vocab);
     match value {
-        Value::Array(items) if items.iter().any(Value::is_number) => Ok(vec![mixed(items, tokenizer, n_vocab)?]),
+        Value::Array(items) if items.iter().any(Value::is_number) => Ok(vec![mixed(items, tokenizer, n_vocab)?.into()]),
         // An empty array is an empty token list, as in llama-server.
-        Value::Array(items) if items.is_empty() => Ok(vec![Vec::new()]),
-        Value::Array(items) => items.iter().map(|item| one(item, tokenizer, n_vocab)).collect(),
-        single => Ok(vec![one(single, tokenizer, n_vocab)?]),
+        Value::Array(items) if items.is_empty() => Ok(vec![Prompt::default()]),
+        Value::Array(items) => items.iter().map(|item| one(item, reader)).collect(),
+        single => Ok(vec![one(single, reader)?]),
     }
 }
 
 /// One prompt (an element of a multi-prompt array, or the whole field).
-fn one(value: &Value, tokenizer: &Tokenizer, n_vocab: usize) -> Result<Vec<u32>, ApiError> {
+fn one(value: &Value, reader: Reader<'_>) -> Result<Prompt, ApiError> {
+    let tokenizer = reader.tokenizer;
     match value {
-        Value::String(text) => Ok(tokenizer.encode(text, true, true)),
-        Value::Array(items) => mixed(items, tokenizer, n_vocab),
+        Value::String(text) => Ok(tokenizer.encode(text, true, true).into()),
+        Value::Array(items) => Ok(mixed(items, tokenizer, reader.n_vocab)?.into()),
         Value::Object(object) => {
-            if object.get("multimodal_data").is_some_and(|data| !data.is_null()) {
-                return Err(ApiError::new(
-                    ErrorType::NotSupported,
-                    "multimodal prompts are not supported by sluice yet",
-                ));
-            }
-            match object.get("prompt_string") {
-                Some(Value::String(text)) => Ok(tokenizer.encode(text, true, true)),
-                _ => Err(ApiError::invalid("`prompt.prompt_string` must be a string")),
-            }
+            let Some(Value::String(text)) = object.get("prompt_string") else {
+                return Err(ApiError::invalid("`prompt.prompt_string` must be a string"));
+            };
+            let field = "prompt.multimodal_data";
+            let files = match object.get("multimodal_data") {
+                None | Some(Value::Null) => return Ok(tokenizer.encode(text, true, true).into()),
+                Some(Value::Array(files)) => files,
+                Some(_) => return Err(ApiError::invalid(format!("`{field}` must be an array of base64 strings"))),
+            };
+            let vision = reader.vision.ok_or_else(|| no_vision(field))?;
+            let files = files
+                .iter()
+                .enumerate()
+                .map(|(index, file)| match file {
+                    Value::String(data) => media::decode_base64(data, &format!("{field}[{index}]")),
+                    _ => Err(ApiError::invalid(format!("`{field}[{index}]` must be a base64 string"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            vision.prompt(text, &files, tokenizer, true, field)
         }
         _ => Err(ApiError::invalid(SHAPE)),
     }

@@ -52,7 +52,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
         let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        Ok((Plan { generation, prompts: vec![prompt.tokens] }, reasoning))
+        Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
     })
     .await?;
     let ids = Ids::new();
@@ -121,7 +121,7 @@ async fn count(
         } else {
             request
         };
-        let n_tokens = chat_tokens(&ready, Fields(chat), thinking)?.tokens.len();
+        let n_tokens = chat_tokens(&ready, Fields(chat), thinking)?.prompt.tokens.len();
         Ok(Json(json!({ "object": "response.input_tokens", "input_tokens": n_tokens })))
     })
     .await

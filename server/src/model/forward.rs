@@ -18,6 +18,7 @@ use super::gguf::GgufFile;
 use super::hparams::HParams;
 use super::lora::{AdapterInfo, PassAdapters, Site};
 use super::transformer::{LoadError, Transformer};
+use super::vision::{Encoder, Projector};
 use super::{Context, Model};
 
 /// Why a forward pass was refused (nothing is computed or written) or
@@ -338,6 +339,10 @@ impl<B: Backend> Model for Transformer<B> {
 
     fn load_sibling(&self, file: GgufFile) -> Result<Arc<dyn Model>, LoadError> {
         Ok(Arc::new(Transformer::lending(file, Arc::clone(&self.backend), Some(self))?))
+    }
+
+    fn load_projector(&self, file: &GgufFile) -> Result<Arc<dyn Encoder>, LoadError> {
+        Ok(Arc::new(Projector::load(file, Arc::clone(&self.backend), self.hparams.n_embd)?))
     }
 
     fn fuse(&self, taps: &[f32], n: usize) -> Result<Vec<f32>, ForwardError> {

@@ -16,6 +16,7 @@ pub mod lora;
 pub mod session;
 pub mod tokenizer;
 pub mod transformer;
+pub mod vision;
 
 use std::sync::Arc;
 
@@ -56,6 +57,10 @@ pub trait Model: Send + Sync {
     /// DFlash draft without an embedding table or LM head of its own uses
     /// this model's.
     fn load_sibling(&self, file: GgufFile) -> Result<Arc<dyn Model>, LoadError>;
+
+    /// A vision tower (projector file) on the same backend and threads,
+    /// its output as wide as this model's embeddings.
+    fn load_projector(&self, file: &GgufFile) -> Result<Arc<dyn vision::Encoder>, LoadError>;
 
     /// A DFlash draft's fused context features for `n` rows of
     /// concatenated target taps.

@@ -188,12 +188,12 @@ fn rope_kind(style: RopeStyle) -> ops::RopeKind {
     }
 }
 
-fn tensor_problem(name: &str, problem: &str) -> LoadError {
+pub(super) fn tensor_problem(name: &str, problem: &str) -> LoadError {
     LoadError::Tensor { name: name.into(), problem: problem.into() }
 }
 
 /// A weight matrix of GGUF shape `[n_in, n_out]`, made resident.
-fn weight<B: Backend>(
+pub(super) fn weight<B: Backend>(
     backend: &B,
     file: &GgufFile,
     name: &str,
@@ -216,7 +216,13 @@ fn weight<B: Backend>(
 }
 
 /// A small f32 (or f16/bf16) vector, dequantized and made resident.
-fn vector<B: Backend>(backend: &B, file: &GgufFile, name: &str, len: usize) -> Result<B::Vector, LoadError> {
+pub(super) fn vector<B: Backend>(backend: &B, file: &GgufFile, name: &str, len: usize) -> Result<B::Vector, LoadError> {
+    let values = host_vector(file, name, len)?;
+    backend.vector(&values).map_err(|error| tensor_problem(name, &error.to_string()))
+}
+
+/// A small f32 (or f16/bf16) vector's values.
+pub(super) fn host_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
     let tensor = file.tensor(name).ok_or_else(|| tensor_problem(name, "missing"))?;
     if tensor.elements() != len as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{len}]", tensor.dims)));
@@ -226,5 +232,5 @@ fn vector<B: Backend>(backend: &B, file: &GgufFile, name: &str, len: usize) -> R
     };
     let mut values = vec![0.0; len];
     dequantize_row(dtype, file.data(tensor), &mut values).map_err(|error| tensor_problem(name, &error.to_string()))?;
-    backend.vector(&values).map_err(|error| tensor_problem(name, &error.to_string()))
+    Ok(values)
 }

@@ -14,7 +14,9 @@ use crate::engine::policy::SchedulingPolicy;
 use crate::engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
 use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
 use crate::model::chat_template::{ChatTemplate, TemplateError};
+use crate::model::gguf::GgufFile;
 use crate::model::tokenizer::Tokenizer;
+use crate::model::vision::Encoder;
 use crate::model::{LoadError, Model, Transformer};
 use crate::plugins::{PluginHost, WasmPolicy};
 
@@ -33,6 +35,8 @@ pub enum StartError {
     Template(String),
     #[error("{}: cannot use the draft model: {error}", path.display())]
     Draft { path: PathBuf, error: String },
+    #[error("{}: cannot use the projector (--mmproj): {error}", path.display())]
+    Projector { path: PathBuf, error: String },
     #[error(transparent)]
     Engine(#[from] EngineStartError),
     #[error("shadow policies: {0}")]
@@ -185,6 +189,8 @@ pub struct Serving {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
+    /// The vision tower, when `model.mmproj` names one.
+    pub vision: Option<Arc<dyn Encoder>>,
 }
 
 /// Load the configured model (paging its weights in), its tokenizer,
@@ -207,6 +213,7 @@ pub fn serve_model(
         .map_err(|error| StartError::Model { path: path.clone(), error: format!("tokenizer: {error}") })?;
     let tokenizer = Arc::new(tokenizer);
     let template = chat_template(config.model.chat_template.as_deref(), model.as_ref(), &tokenizer)?;
+    let vision = config.model.mmproj.as_deref().map(|path| load_projector(path, model.as_ref())).transpose()?;
     let engine_config = engine_config(config, model.hparams().n_ctx_train);
     let speculation = load_speculation(&config.speculative, host, config.policy.limits(), &model, &engine_config)
         .map_err(|(path, error)| StartError::Draft { path, error })?;
@@ -219,7 +226,31 @@ pub fn serve_model(
         speculation,
     )?;
     watch_steps(&engine, config, shadows)?;
-    Ok(Serving { model, engine, tokenizer, template })
+    Ok(Serving { model, engine, tokenizer, template, vision })
+}
+
+/// The projector at `path`, onto the model's backend: only a model with
+/// M-RoPE positions can place an image's rows.
+/// The vision tower of the projector file at `path`, on `model`'s backend.
+pub fn load_projector(path: &Path, model: &dyn Model) -> Result<Arc<dyn Encoder>, StartError> {
+    let error = |error: String| StartError::Projector { path: path.to_owned(), error };
+    if !model.hparams().rope.is_multimodal() {
+        return Err(error(format!(
+            "the model ({}) has no M-RoPE positions for image rows; Qwen2-VL-family models do",
+            model.hparams().arch.name()
+        )));
+    }
+    let file = GgufFile::open(path).map_err(|e| error(e.to_string()))?;
+    let encoder = model.load_projector(&file).map_err(|e| error(e.to_string()))?;
+    let info = encoder.info();
+    tracing::info!(
+        projector = info.kind.name(),
+        blocks = info.n_layer,
+        width = info.n_embd,
+        patch = info.image.patch_size,
+        "vision tower loaded"
+    );
+    Ok(encoder)
 }
 
 /// Attach the configured shadow policies and start the step trace, before
