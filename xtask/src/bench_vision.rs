@@ -100,7 +100,7 @@ fn sluice_once(sluice: &Path, files: &Files, threads: usize) -> anyhow::Result<(
     Ok((field("encode_ms")?, field("first_encode_ms")?))
 }
 
-/// The encode milliseconds llama-mtmd-cli logs for the image (one slice).
+/// The encode milliseconds llama-mtmd-cli logs for the image.
 fn llama_once(mtmd_cli: &Path, files: &Files, threads: usize) -> anyhow::Result<f64> {
     let output = Command::new(mtmd_cli)
         .arg("-m")
@@ -116,12 +116,16 @@ fn llama_once(mtmd_cli: &Path, files: &Files, threads: usize) -> anyhow::Result<
     if !output.status.success() {
         bail!("{} failed: {log}", mtmd_cli.display());
     }
-    encode_ms(&log).with_context(|| format!("no \"slice encoded in N ms\" line in {}'s log", mtmd_cli.display()))
+    encode_ms(&log).with_context(|| format!("no \"encoding done in N ms\" line in {}'s log", mtmd_cli.display()))
 }
 
-/// The milliseconds of mtmd's "… slice encoded in N ms" log line.
+/// The milliseconds of mtmd's "… batch encoding done in N ms" log line
+/// (older builds: "… slice encoded in N ms").
 fn encode_ms(log: &str) -> Option<f64> {
-    log.lines().find_map(|line| line.split("slice encoded in ").nth(1)?.split_whitespace().next()?.parse().ok())
+    log.lines().find_map(|line| {
+        let after = line.split("encoding done in ").nth(1).or_else(|| line.split("slice encoded in ").nth(1))?;
+        after.split_whitespace().next()?.parse().ok()
+    })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

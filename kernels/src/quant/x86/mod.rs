@@ -407,20 +407,42 @@ mod avx512_ops {
 // reference, whatever R and A.
 
 /// A float-weight dot: whole 16-element chunks in vectors, then the tail
-/// into the same lanes and the reference reduction.
+/// into the same lanes and the reference reduction. `$tile` takes R weight
+/// rows against A activation rows with one accumulator per pair, each fed
+/// the same FMAs in the same order as `$name`'s one, so its bits are
+/// `$name`'s; R × A independent chains keep the FMA units busy where one
+/// chain waits out each FMA's latency (3.5× on a vision tower's f32
+/// matrices).
 macro_rules! float_dot {
-    ($features:literal, $name:ident, $bytes:literal, $load:path, $convert:path) => {
+    ($features:literal, $name:ident, $tile:ident, $bytes:literal, $load:path, $convert:path) => {
         #[target_feature(enable = $features)]
         fn $name(w: &[u8], a: &[u8]) -> f32 {
-            let (wv, av) = (w.as_chunks::<{ 16 * $bytes }>().0, a.as_chunks::<64>().0);
-            let mut acc = ops::zero16();
-            for (w, a) in wv.iter().zip(av) {
-                acc = ops::fma16(acc, $load(w), ops::load16_f32(a));
+            let [[value]] = $tile::<1, 1>([w], [a]);
+            value
+        }
+
+        #[target_feature(enable = $features)]
+        fn $tile<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
+            let wv = w.map(|w| w.as_chunks::<{ 16 * $bytes }>().0);
+            let av = a.map(|a| a.as_chunks::<64>().0);
+            let done = wv.iter().map(|w| w.len()).chain(av.iter().map(|a| a.len())).min().unwrap_or(0);
+            let mut acc = [[ops::zero16(); R]; A];
+            for k in 0..done {
+                let x: [_; A] = std::array::from_fn(|i| ops::load16_f32(&av[i][k]));
+                for r in 0..R {
+                    let weights = $load(&wv[r][k]);
+                    for i in 0..A {
+                        acc[i][r] = ops::fma16(acc[i][r], weights, x[i]);
+                    }
+                }
             }
-            let done = wv.len().min(av.len());
-            let mut lanes = ops::lanes16(acc);
-            scalar::accumulate_float(&mut lanes, &w[16 * $bytes * done..], &a[64 * done..], $convert);
-            scalar::reduce_lanes(lanes)
+            std::array::from_fn(|i| {
+                std::array::from_fn(|r| {
+                    let mut lanes = ops::lanes16(acc[i][r]);
+                    scalar::accumulate_float(&mut lanes, &w[r][16 * $bytes * done..], &a[i][64 * done..], $convert);
+                    scalar::reduce_lanes(lanes)
+                })
+            })
         }
     };
 }
@@ -587,14 +609,21 @@ macro_rules! dot_kernels {
                         }
                     };
                 }
-                let float = |one| Dot {
-                    one,
-                    four: None,
-                    four_by_two: None,
-                    four_by_four: None,
-                    four_by_eight: None,
-                    packed: None,
-                };
+                // Four by four needs 16 accumulators: AVX-512's 32 registers
+                // hold them, AVX2's 16 (two per 16-lane vector) would spill.
+                let wide = $features.contains("avx512f");
+                macro_rules! float {
+                    ($one:ident, $tile:ident) => {
+                        Dot {
+                            one: $one,
+                            four: None,
+                            four_by_two: Some($tile::<4, 2>),
+                            four_by_four: if wide { Some($tile::<4, 4>) } else { None },
+                            four_by_eight: None,
+                            packed: None,
+                        }
+                    };
+                }
                 let symmetric = |one, packed| Dot {
                     one,
                     four: None,
@@ -614,9 +643,9 @@ macro_rules! dot_kernels {
                     };
                 }
                 match dtype {
-                    DType::F32 => float(dot_f32),
-                    DType::F16 => float(dot_f16),
-                    DType::BF16 => float(dot_bf16),
+                    DType::F32 => float!(dot_f32, tile_f32),
+                    DType::F16 => float!(dot_f16, tile_f16),
+                    DType::BF16 => float!(dot_bf16, tile_bf16),
                     DType::Q4_0 => symmetric(dot_q4_0, packed!(packed_q4_0)),
                     DType::Q4_1 => legacy!(one_q4_1, four_q4_1, dot_q4_1),
                     DType::Q5_0 => symmetric(dot_q5_0, packed!(packed_q5_0)),
@@ -634,9 +663,9 @@ macro_rules! dot_kernels {
                 }
             }
 
-            float_dot!($features, dot_f32, 4, ops::load16_f32, scalar::f32_value);
-            float_dot!($features, dot_f16, 2, ops::load16_f16, scalar::half_to_f32);
-            float_dot!($features, dot_bf16, 2, ops::load16_bf16, scalar::bf16_value);
+            float_dot!($features, dot_f32, tile_f32, 4, ops::load16_f32, scalar::f32_value);
+            float_dot!($features, dot_f16, tile_f16, 2, ops::load16_f16, scalar::half_to_f32);
+            float_dot!($features, dot_bf16, tile_bf16, 2, ops::load16_bf16, scalar::bf16_value);
             legacy_entries!($features, one_q4_1, four_q4_1, dot_q4_1);
             legacy_entries!($features, one_q5_1, four_q5_1, dot_q5_1);
             kquant_entries!($features, dot_q4_k, one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k);
