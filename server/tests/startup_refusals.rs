@@ -1,13 +1,15 @@
-//! The server refuses to start on a bad plugin or config: it prints the path
-//! and the reason and exits non-zero, without panicking.
+//! The server refuses to start on a bad plugin, config or projector: it
+//! prints the path and the reason and exits non-zero, without panicking.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sluice_tests::binary::sluice_binary;
+use sluice_tests::gguf_writer::TinyModel;
 use sluice_tests::plugin_fixtures::{
     BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module, version,
 };
+use sluice_tests::projector::TinyProjector;
 
 struct Scratch(PathBuf);
 
@@ -91,4 +93,25 @@ fn a_device_this_build_cannot_run_on_stops_the_start_with_the_reason() {
     let (code, stderr) = serve(&["--device", "tpu"]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("`model.device`: \"tpu\" is not a device"), "{stderr}");
+}
+
+#[test]
+fn a_projector_that_does_not_fit_the_model_stops_the_start() {
+    let scratch = Scratch::new("mmproj");
+    let mrope = TinyModel { sections: Some([2, 3, 3, 0]), ..TinyModel::recipe("qwen2vl", 1) };
+    let mrope = scratch.write("qwen2vl.gguf", &mrope.build().build());
+    let text = scratch.write("llama.gguf", &TinyModel::recipe("llama", 1).build().build());
+    let fitting = scratch.write("fits.gguf", &TinyProjector::qwen2vl(64, 2).build().build());
+    let narrow = scratch.write("narrow.gguf", &TinyProjector::qwen2vl(48, 2).build().build());
+    for (model, projector, reason) in [
+        (&text, &fitting, "has no M-RoPE positions"),
+        (&mrope, &narrow, "mm.2.weight"),
+        (&mrope, &PathBuf::from("/nonexistent/mmproj.gguf"), "/nonexistent/mmproj.gguf"),
+    ] {
+        let path = |path: &PathBuf| path.to_str().expect("utf-8 path").to_owned();
+        let (code, stderr) = serve(&["-m", &path(model), "--mmproj", &path(projector), "--port", "0"]);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(&path(projector)) && stderr.contains(reason), "{reason}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
 }

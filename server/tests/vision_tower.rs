@@ -2,7 +2,8 @@
 //! implementation of the Qwen2-VL and Qwen2.5-VL towers written from
 //! their definitions (patches in raster order, attention with an explicit
 //! window mask, the 2 × 2 merge done by hand), reading the synthetic
-//! projector's weights straight from the test's own writer.
+//! projector's weights straight from the test's own writer. And the
+//! projector files that are refused, each naming what is wrong.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use sluice::model::gguf::GgufFile;
 use sluice::model::vision::Projector;
 use sluice::model::vision::image::Prepared;
 use sluice_kernels::backend::CpuBackend;
-use sluice_tests::gguf_writer::{GgufBuilder, Rng};
+use sluice_tests::gguf_writer::{GgufBuilder, Rng, Tensor, Value};
 use sluice_tests::projector::TinyProjector;
 
 struct Weights(HashMap<String, Vec<f32>>);
@@ -210,4 +211,33 @@ fn qwen25vl_tower_with_windows_matches_the_reference() {
     // 48 × 40 pixels: 6 × 5 output rows in windows of 2 × 2, the last
     // windows cut short on both sides.
     check(TinyProjector::qwen25vl(24, 4), 48, 40);
+}
+
+#[test]
+fn bad_projectors_are_refused_naming_the_problem() {
+    let good = TinyProjector::qwen2vl(24, 3);
+    let refusal = |builder: GgufBuilder, n_out: usize| {
+        let file = GgufFile::from_bytes(builder.build()).expect("parses");
+        match Projector::load(&file, Arc::new(CpuBackend::new(1)), n_out) {
+            Ok(_) => panic!("loaded"),
+            Err(error) => error.to_string(),
+        }
+    };
+    let type_named = |name: &str| good.build().meta("clip.projector_type", Value::Str(name.into()));
+    let wrong_shape = good.build().tensor(Tensor::f32("v.blk.0.ffn_up.weight", &[32, 48], &[0.5; 32 * 48]));
+    let cases = [
+        (type_named("qwen3vl_merger"), 24, "\"qwen3vl_merger\" is not supported"),
+        (type_named("gemma3"), 24, "\"gemma3\" is not supported"),
+        (good.build().meta("general.architecture", Value::Str("llama".into())), 24, "is not a projector"),
+        (good.build().meta("clip.vision.spatial_merge_size", Value::U32(3)), 24, "spatial_merge_size"),
+        (TinyProjector::qwen25vl(24, 3).build().without_meta("clip.vision.n_wa_pattern"), 24, "n_wa_pattern"),
+        (good.build().without_tensor("v.blk.1.attn_k.weight"), 24, "v.blk.1.attn_k.weight"),
+        (wrong_shape, 24, "v.blk.0.ffn_up.weight"),
+        // The merger's output must be the text model's embedding width.
+        (good.build(), 32, "mm.2.weight"),
+    ];
+    for (builder, n_out, says) in cases {
+        let message = refusal(builder, n_out);
+        assert!(message.contains(says), "expected {says:?} in {message:?}");
+    }
 }

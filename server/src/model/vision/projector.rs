@@ -201,7 +201,8 @@ impl<B: Backend> Projector<B> {
             (_, Some(true)) => Activation::SwiGlu,
             _ => Activation::Gelu(Gelu::Quick),
         };
-        let loader = Loader { file, backend: &*backend, n_embd, kind };
+        let n_ff = file.opt_u32("clip.vision.feed_forward_length")?.map(|n| n as usize);
+        let loader = Loader { file, backend: &*backend, n_embd, n_ff, kind };
         if file.tensor("v.patch_embd.bias").is_some() || file.tensor("v.class_embd").is_some() {
             return Err(hparam("v.patch_embd.bias", "these towers have no patch bias or class embedding"));
         }
@@ -235,6 +236,8 @@ struct Loader<'a, B: Backend> {
     file: &'a GgufFile,
     backend: &'a B,
     n_embd: usize,
+    /// `clip.vision.feed_forward_length`, which the MLP matrices must match.
+    n_ff: Option<usize>,
     kind: ProjectorKind,
 }
 
@@ -291,7 +294,14 @@ impl<B: Backend> Loader<'_, B> {
         // their shapes tell (llama.cpp swaps them back the same way).
         let swapped = n_ff("ffn_down", 0) == Some(e) && n_ff("ffn_up", 1) == Some(e);
         let (up, down) = if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") };
-        let ff = n_ff(up, 1).ok_or_else(|| tensor_problem(&name(&format!("{up}.weight")), "missing"))?;
+        let up_name = name(&format!("{up}.weight"));
+        let ff = n_ff(up, 1).ok_or_else(|| tensor_problem(&up_name, "missing"))?;
+        if let Some(want) = self.n_ff.filter(|&want| want != ff) {
+            return Err(tensor_problem(
+                &up_name,
+                &format!("{ff} outputs, but clip.vision.feed_forward_length is {want}"),
+            ));
+        }
         let gate =
             self.file.tensor(&name("ffn_gate.weight")).map(|_| self.linear(&name("ffn_gate"), e, ff)).transpose()?;
         match (&gate, activation) {
