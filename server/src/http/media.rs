@@ -16,7 +16,7 @@ use super::error::{ApiError, ErrorType};
 use super::prompt::Prompt;
 use crate::engine::request::ImageInput;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::vision::{Encoded, Encoder, ProjectorKind};
+use crate::model::vision::{Encoder, ProjectorKind};
 
 /// Encoded images kept for reuse: at most this many…
 const CACHED_IMAGES: usize = 16;
@@ -27,7 +27,9 @@ const CACHED_VALUES: usize = 64 << 20;
 pub struct Vision {
     encoder: Arc<dyn Encoder>,
     marker: String,
-    cache: Mutex<VecDeque<([u8; 32], Arc<Encoded>)>>,
+    /// By the SHA-256 of the file: the rows, shared with every request
+    /// that sends the image (`start` is set per prompt).
+    cache: Mutex<VecDeque<([u8; 32], ImageInput)>>,
 }
 
 /// base64 as llama-server accepts it: padding optional.
@@ -104,8 +106,11 @@ impl Vision {
             ProjectorKind::Qwen2Vl | ProjectorKind::Qwen25Vl => ("<|vision_start|>", "<|vision_end|>"),
         };
         let mut prompt = Prompt::default();
-        if add_special && let Some(bos) = tokenizer.encode("", true, true).first() {
-            prompt.tokens.push(*bos);
+        if add_special
+            && tokenizer.adds_bos()
+            && let Some(bos) = tokenizer.bos()
+        {
+            prompt.tokens.push(bos);
         }
         for (index, piece) in pieces.iter().enumerate() {
             prompt.tokens.extend(tokenizer.encode(piece, false, true));
@@ -118,14 +123,9 @@ impl Vision {
                     index + 2
                 )));
             }
-            let encoded = self.encode(bytes, &format!("{field}[{index}]"))?;
+            let image = self.encode(bytes, &format!("{field}[{index}]"))?;
             prompt.tokens.extend(tokenizer.encode(begin, false, true));
-            let image = ImageInput {
-                start: prompt.tokens.len(),
-                nx: encoded.nx,
-                ny: encoded.ny,
-                embeddings: Arc::from(encoded.rows.as_slice()),
-            };
+            let image = ImageInput { start: prompt.tokens.len(), ..image };
             prompt.tokens.extend(image.placeholders());
             prompt.images.push(image);
             prompt.tokens.extend(tokenizer.encode(end, false, true));
@@ -135,12 +135,12 @@ impl Vision {
 
     /// One image file's rows, from the cache when the same bytes were
     /// encoded lately.
-    fn encode(&self, bytes: &[u8], field: &str) -> Result<Arc<Encoded>, ApiError> {
+    fn encode(&self, bytes: &[u8], field: &str) -> Result<ImageInput, ApiError> {
         let key: [u8; 32] = Sha256::digest(bytes).into();
         if let Ok(cache) = self.cache.lock()
             && let Some((_, encoded)) = cache.iter().find(|(cached, _)| *cached == key)
         {
-            return Ok(Arc::clone(encoded));
+            return Ok(encoded.clone());
         }
         let prepared = self
             .encoder
@@ -152,11 +152,12 @@ impl Vision {
             .encoder
             .encode(&prepared)
             .map_err(|error| ApiError::new(ErrorType::Server, format!("`{field}`: {error}")))?;
-        let encoded = Arc::new(encoded);
+        let encoded = ImageInput { start: 0, nx: encoded.nx, ny: encoded.ny, embeddings: Arc::from(encoded.rows) };
         if let Ok(mut cache) = self.cache.lock() {
             cache.retain(|(cached, _)| *cached != key);
-            cache.push_front((key, Arc::clone(&encoded)));
-            while cache.len() > CACHED_IMAGES || cache.iter().map(|(_, e)| e.rows.len()).sum::<usize>() > CACHED_VALUES
+            cache.push_front((key, encoded.clone()));
+            while cache.len() > CACHED_IMAGES
+                || cache.iter().map(|(_, image)| image.embeddings.len()).sum::<usize>() > CACHED_VALUES
             {
                 cache.pop_back();
             }
