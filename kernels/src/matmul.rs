@@ -306,8 +306,20 @@ impl Job<'_> {
         }
     }
 
-    /// Rows `rows` from the file's layout.
+    /// Rows `rows` from the file's layout, for the activation rows in
+    /// blocks of about [`ACT_BLOCK_BYTES`]: a block stays in cache while
+    /// the weight tiles pass over it, so that a long prompt's (or an
+    /// image's) activations are not streamed from memory once per tile.
     fn file_rows(&self, m: usize, rows: std::ops::Range<usize>) {
+        let block = (ACT_BLOCK_BYTES / self.weights.act_row_bytes.max(1)).max(8) / 8 * 8;
+        for start in (0..m).step_by(block) {
+            self.file_block(start..(start + block).min(m), rows.clone());
+        }
+    }
+
+    /// Weight rows `rows` against activation rows `acts`.
+    fn file_block(&self, acts: std::ops::Range<usize>, rows: std::ops::Range<usize>) {
+        let (first, m) = (acts.start, acts.end);
         let (weights, dot) = (self.weights, self.dot);
         // Whole groups of four rows, so that only a share's last rows run one by one.
         let tile = (TILE_BYTES / weights.row_bytes.max(1)).max(4) / 4 * 4;
@@ -320,7 +332,7 @@ impl Job<'_> {
             // The first pass over a tile streams it from memory (the only
             // pass when decoding); later passes find it in cache.
             let first_pass = |i: usize, j: usize| {
-                if i == 0 {
+                if i == first {
                     let group = 4 * weights.row_bytes;
                     prefetch_ahead(weights.data, j * weights.row_bytes..j * weights.row_bytes + group, group);
                 }
@@ -328,8 +340,9 @@ impl Job<'_> {
             // Activation rows in eights, a four, then a pair: each weight
             // block is decoded once for all of them, with the same bits as
             // one row at a time.
-            let eights_end = m - m % 8;
-            for i in (0..eights_end).step_by(8) {
+            let n = m - first;
+            let eights_end = first + n - n % 8;
+            for i in (first..eights_end).step_by(8) {
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(i, j);
                     let values = dot.call4x8(four(j), std::array::from_fn(|a| act(i + a)));
@@ -338,7 +351,7 @@ impl Job<'_> {
                     }
                 }
             }
-            let quads_end = m - m % 4;
+            let quads_end = first + n - n % 4;
             for i in (eights_end..quads_end).step_by(4) {
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(i, j);
@@ -348,7 +361,7 @@ impl Job<'_> {
                     }
                 }
             }
-            if m % 4 >= 2 {
+            if n % 4 >= 2 {
                 let i = quads_end;
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(i, j);
@@ -357,13 +370,13 @@ impl Job<'_> {
                     store(i + 1, j, &v1);
                 }
             }
-            if m % 2 == 1 {
+            if n % 2 == 1 {
                 for j in (tile_rows.start..groups_end).step_by(4) {
                     first_pass(m - 1, j);
                     store(m - 1, j, &dot.call4(four(j), act(m - 1)));
                 }
             }
-            for i in 0..m {
+            for i in acts.clone() {
                 for row in groups_end..tile_rows.end {
                     store(i, row, &[dot.call(weights.row(row), act(i))]);
                 }
@@ -371,6 +384,11 @@ impl Job<'_> {
         }
     }
 }
+
+/// Activation bytes multiplied per pass over a run of weight rows from the
+/// file's layout: a share of a core's L2 cache, so that the block is read
+/// from there while the weight tiles pass.
+const ACT_BLOCK_BYTES: usize = 256 * 1024;
 
 /// How far ahead of the rows being multiplied a thread asks for weights,
 /// at least. A decode step streams every weight once, from memory: the

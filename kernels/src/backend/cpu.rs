@@ -391,6 +391,22 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn attend_within(
+        &self,
+        _kv: &mut CpuKv,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        pass: &CpuPass,
+        heads: HeadShape,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        resize(out, q.len());
+        let seq: Vec<usize> = pass.rows.iter().map(|row| row.seq).collect();
+        Ok(ops::attend_within(q, k, v, &seq, heads, scale, out, &self.pool)?)
+    }
+
     fn attend(
         &self,
         kv: &CpuKv,

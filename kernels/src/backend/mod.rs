@@ -367,6 +367,27 @@ pub trait Backend: Send + Sync + 'static {
         scale: f32,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError>;
+    /// Attention in which each row of the pass sees every row of its own
+    /// sequence and no other (an encoder's bidirectional attention), keys
+    /// and values being the rows' own `k` and `v`; rows' `visible` must be
+    /// their sequence's length. `kv` holds a cell per row of the pass: the
+    /// default stores the rows there and attends as a decoder does; a
+    /// backend with a kernel of its own (the CPU's, in f32) may ignore it.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_within(
+        &self,
+        kv: &mut Self::Kv,
+        q: &Self::Rows,
+        k: &Self::Rows,
+        v: &Self::Rows,
+        pass: &Self::Pass,
+        heads: HeadShape,
+        scale: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        self.store_kv(kv, 0, k, v, pass);
+        self.attend(kv, 0, q, pass, heads, scale, out)
+    }
 }
 
 /// [`Backend::layer_norm`] through the host: the rows downloaded, normed

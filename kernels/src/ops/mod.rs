@@ -21,6 +21,7 @@
 //! has.
 
 mod attention;
+mod dense_attention;
 mod kv;
 mod low_rank;
 mod rope;
@@ -28,6 +29,7 @@ mod row;
 mod simd;
 
 pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
+pub use dense_attention::attend_within;
 pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;

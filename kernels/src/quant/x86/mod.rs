@@ -436,13 +436,18 @@ macro_rules! float_dot {
                     }
                 }
             }
-            std::array::from_fn(|i| {
-                std::array::from_fn(|r| {
+            // Plain loops, not closures, so that the accumulators stay
+            // registers: a closure borrowing them kept them in memory,
+            // stored back on every step of the loop above (half the speed).
+            let mut out = [[0.0; R]; A];
+            for i in 0..A {
+                for r in 0..R {
                     let mut lanes = ops::lanes16(acc[i][r]);
                     scalar::accumulate_float(&mut lanes, &w[r][16 * $bytes * done..], &a[i][64 * done..], $convert);
-                    scalar::reduce_lanes(lanes)
-                })
-            })
+                    out[i][r] = scalar::reduce_lanes(lanes);
+                }
+            }
+            out
         }
     };
 }

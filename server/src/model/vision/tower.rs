@@ -5,10 +5,12 @@
 //!
 //! Patches are taken in merge order — for each 2 × 2 unit, row-major, its
 //! four patches row-major — so each unit's four rows are adjacent and the
-//! merger reads them as one row of four times the width. Attention reuses
-//! the backend's paged KV and attention: a unit is a block of 4 cells, a
-//! window (or the whole image) a sequence of units whose rows see all of
-//! their sequence, as the tower's bidirectional attention does.
+//! merger reads them as one row of four times the width. Attention is the
+//! backend's `attend_within` over a pass whose sequences are the windows
+//! (or the whole image): every row sees all of its sequence, as the
+//! tower's bidirectional attention does. A unit is a block of 4 cells of
+//! the KV store that a backend without a kernel of its own attends
+//! through.
 
 use sluice_kernels::backend::{Backend, BackendError, KvShape, KvTypes, PassLayout, PassRow, PassSequence};
 use sluice_kernels::ops::Gelu;
@@ -137,8 +139,7 @@ impl<B: Backend> Projector<B> {
             }
             b.rope(&self.rope, pass, &mut q);
             b.rope(&self.rope, pass, &mut k);
-            b.store_kv(&mut kv, 0, &k, &v, pass);
-            b.attend(&kv, 0, &q, pass, self.heads, scale, &mut attended)?;
+            b.attend_within(&mut kv, &q, &k, &v, pass, self.heads, scale, &mut attended)?;
             self.linear(&block.output, &attended, n, &mut t);
             b.add(&mut hidden, &t);
 
