@@ -5,8 +5,8 @@
 //! thread count: tiling only changes the order in which elements are
 //! computed, and which thread computes a run of weight rows changes nothing.
 
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::pool::ThreadPool;
 use crate::quant::packed::GROUP_ROWS;

@@ -141,6 +141,36 @@ fn images_reach_the_model_through_both_apis_and_bad_ones_are_refused() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// `--image-min-tokens` and `--image-max-tokens` move the resize bounds
+/// as in llama-server: rows of 8 × 8 pixels here (patches of 4, merged
+/// 2 × 2).
+#[test]
+fn image_token_bounds_resize_images() {
+    let (model, projector) = files();
+    let flags =
+        ["--mmproj", projector.to_str().expect("utf-8"), "--image-min-tokens", "50", "--image-max-tokens", "100"];
+    let server = Server::start_model(&model, &flags, &[]);
+    let (_, props) = server.get("/props");
+    let marker = props["media_marker"].as_str().expect("a media marker").to_owned();
+    for ((width, height), rows) in [
+        // 49 rows grow by √(3200 / 3136) and ceil to 64 × 64.
+        ((56, 56), 64),
+        // 128 rows shrink by √(8192 / 6400) and floor to 112 × 56.
+        ((128, 64), 98),
+        // Within the bounds: as it is.
+        ((80, 64), 80),
+    ] {
+        let (status, response) = server.post(
+            "/completion",
+            &json!({"prompt": {"prompt_string": format!("ab{marker}cd"),
+                               "multimodal_data": [STANDARD.encode(test_png(width, height))]},
+                    "n_predict": 1, "cache_prompt": false}),
+        );
+        assert_eq!(status, StatusCode::OK, "{response}");
+        assert_eq!(response["tokens_evaluated"], 2 + 1 + rows + 1 + 2, "{width} × {height}");
+    }
+}
+
 #[test]
 fn a_model_without_a_projector_refuses_images() {
     let (model, _) = files();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::builder::TypedValueParser;
 use sluice_kernels::backend::KvType;
 
-use super::schema::{Config, LogFormat, LoraConfig, PolicySpec, ReasoningFormat, SpecType, Thinking};
+use super::schema::{Config, IMAGE_TOKENS, LogFormat, LoraConfig, PolicySpec, ReasoningFormat, SpecType, Thinking};
 
 impl Config {
     /// Apply command-line flags (they win over the file), then validate.
@@ -42,6 +42,12 @@ impl Config {
         }
         if flags.mmproj.is_some() {
             self.model.mmproj.clone_from(&flags.mmproj);
+        }
+        if flags.image_min_tokens.is_some() {
+            self.model.image_min_tokens = flags.image_min_tokens;
+        }
+        if flags.image_max_tokens.is_some() {
+            self.model.image_max_tokens = flags.image_max_tokens;
         }
         if flags.alias.is_some() {
             self.model.alias.clone_from(&flags.alias);
@@ -232,6 +238,12 @@ pub struct Overrides {
     /// Vision projector, GGUF (`model.mmproj`): image input.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
+    /// Resize images to at least N output rows (`model.image_min_tokens`).
+    #[arg(long, value_name = "N", value_parser = image_tokens())]
+    pub image_min_tokens: Option<u32>,
+    /// Resize images to at most N output rows (`model.image_max_tokens`).
+    #[arg(long, value_name = "N", value_parser = image_tokens())]
+    pub image_max_tokens: Option<u32>,
     /// Address to listen on, or a comma-separated list (`server.host`).
     #[arg(long)]
     pub host: Option<String>,
@@ -504,4 +516,9 @@ pub fn policy_spec(spec: &str, flag: &str) -> Result<PolicySpec, String> {
         settings.insert(key.trim().to_owned(), value);
     }
     Ok(PolicySpec { plugin: plugin.to_owned(), settings })
+}
+
+/// An image-token bound's range (`model.image_*_tokens`).
+fn image_tokens() -> impl clap::builder::TypedValueParser<Value = u32> {
+    clap::value_parser!(u32).range(i64::from(*IMAGE_TOKENS.start())..=i64::from(*IMAGE_TOKENS.end()))
 }

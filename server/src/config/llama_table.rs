@@ -184,16 +184,8 @@ pub(super) const FLAGS: &[Flag] = &[
         false,
         Ignore("the projector computes on --device with the model"),
     ),
-    flag(
-        &["--image-min-tokens"],
-        true,
-        Ignore("images take the projector's own bounds: 8 to 4096 rows for Qwen2-VL and 2.5-VL"),
-    ),
-    flag(
-        &["--image-max-tokens"],
-        true,
-        Ignore("images take the projector's own bounds: 8 to 4096 rows for Qwen2-VL and 2.5-VL"),
-    ),
+    flag(&["--image-min-tokens"], true, Native),
+    flag(&["--image-max-tokens"], true, Native),
     flag(&["--mtmd-batch-max-tokens"], true, Ignore("an image is encoded in one pass")),
     flag(&["--video-fps"], true, Ignore("video input is not supported")),
     flag(&["--video-timestamp-interval"], true, Ignore("video input is not supported")),

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use sluice_kernels::backend::Device;
 
-use super::schema::{Config, DEFAULT_FIXUP, PolicyConfig, PolicySpec, SpecType, SpeculativeConfig, adapter_names};
+use super::schema::{
+    Config, DEFAULT_FIXUP, IMAGE_TOKENS, PolicyConfig, PolicySpec, SpecType, SpeculativeConfig, adapter_names,
+};
 use crate::plugins::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
 
 /// A configuration error, naming the file and what is wrong.
@@ -149,6 +151,23 @@ impl Config {
         }
         if engine.slots > 1024 {
             return Err(Invalid::new("engine.slots", "`engine.slots` must be at most 1024"));
+        }
+        let model = &self.model;
+        for (key, tokens) in
+            [("model.image_min_tokens", model.image_min_tokens), ("model.image_max_tokens", model.image_max_tokens)]
+        {
+            if tokens.is_some_and(|tokens| !IMAGE_TOKENS.contains(&tokens)) {
+                let (least, most) = (IMAGE_TOKENS.start(), IMAGE_TOKENS.end());
+                return Err(Invalid::new(key, format!("`{key}` must be {least} to {most}")));
+            }
+        }
+        if let (Some(least), Some(most)) = (model.image_min_tokens, model.image_max_tokens)
+            && least > most
+        {
+            return Err(Invalid::new(
+                "model.image_min_tokens",
+                format!("`model.image_min_tokens` ({least}) must not exceed `model.image_max_tokens` ({most})"),
+            ));
         }
         if let Err(error) = self.model.device.parse::<Device>() {
             return Err(Invalid::new("model.device", format!("`model.device`: {error}")));

@@ -12,6 +12,11 @@ use crate::plugins::PluginLimits;
 /// (relative to the working directory; `cargo xtask` fetches it there).
 pub const DEFAULT_MODEL: &str = "target/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// What `model.image_min_tokens` and `model.image_max_tokens` may be: the
+/// rows of one image go into one prompt, and the Qwen2-VL family's own
+/// bound is 4096.
+pub const IMAGE_TOKENS: std::ops::RangeInclusive<u32> = 1..=65536;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +163,12 @@ pub struct ModelConfig {
     /// A vision projector (mmproj GGUF) for image input; relative paths
     /// are relative to the config file.
     pub mmproj: Option<PathBuf>,
+    /// Images are resized to at least this many output rows (tokens);
+    /// unset: the projector's own bound (8 for the Qwen2-VL family).
+    pub image_min_tokens: Option<u32>,
+    /// Images are resized to at most this many output rows; unset: the
+    /// projector's own bound (4096 for the Qwen2-VL family).
+    pub image_max_tokens: Option<u32>,
 }
 
 impl Default for ModelConfig {
@@ -170,6 +181,8 @@ impl Default for ModelConfig {
             threads: 0,
             device: "cpu".into(),
             mmproj: None,
+            image_min_tokens: None,
+            image_max_tokens: None,
         }
     }
 }

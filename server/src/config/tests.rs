@@ -203,6 +203,12 @@ fn validation_errors_name_file_line_and_key() {
         ("[speculative]\nfixups = [\"mrope\"]\n", "`speculative.fixups` entry \"mrope\" is neither"),
         ("[log]\nlevel = \"sluice=loud\"\n", "`log.level`"),
         ("[model]\ndevice = \"gpu\"\n", "`model.device`: \"gpu\" is not a device"),
+        ("[model]\nimage_min_tokens = 0\n", "`model.image_min_tokens` must be 1 to 65536"),
+        ("[model]\nimage_max_tokens = 65537\n", "`model.image_max_tokens` must be 1 to 65536"),
+        (
+            "[model]\nimage_min_tokens = 300\nimage_max_tokens = 200\n",
+            "`model.image_min_tokens` (300) must not exceed `model.image_max_tokens` (200)",
+        ),
     ] {
         let error = Config::parse(text).unwrap_err();
         assert!(error.contains(key), "{text}: {error}");
@@ -289,7 +295,15 @@ fn flags_parse_with_llama_server_names() {
     assert_eq!((flags.model, flags.n_predict, flags.seed), (Some("m.gguf".into()), Some(-1), Some(-1)));
     assert_eq!((flags.temp, flags.no_slots, flags.lora.len()), (Some(0.5), true, 1));
     let args = ["serve", "-np", "0"].map(OsString::from);
-    assert!(command.try_get_matches_from(llama_style_args(args).unwrap().args).is_err(), "at least one slot");
+    assert!(command.clone().try_get_matches_from(llama_style_args(args).unwrap().args).is_err(), "at least one slot");
+    let args = ["serve", "--image-min-tokens", "64", "--image-max-tokens", "1024"].map(OsString::from);
+    let matches = command.clone().try_get_matches_from(llama_style_args(args).unwrap().args).expect("flags parse");
+    let flags = Overrides::from_arg_matches(&matches).expect("flags convert");
+    let mut config = Config::default();
+    config.apply(&flags).expect("valid");
+    assert_eq!((config.model.image_min_tokens, config.model.image_max_tokens), (Some(64), Some(1024)));
+    let args = ["serve", "--image-max-tokens", "0"].map(OsString::from);
+    assert!(command.try_get_matches_from(llama_style_args(args).unwrap().args).is_err(), "at least one row");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use super::error::{ApiError, ErrorType};
 use super::prompt::Prompt;
 use crate::engine::request::ImageInput;
 use crate::model::tokenizer::Tokenizer;
+use crate::model::vision::image::ImageSpec;
 use crate::model::vision::{Encoder, ProjectorKind};
 
 /// Encoded images kept for reuse: at most this many…
@@ -26,6 +27,8 @@ const CACHED_VALUES: usize = 64 << 20;
 /// The vision tower as the API uses it.
 pub struct Vision {
     encoder: Arc<dyn Encoder>,
+    /// The projector's image spec with the configured token bounds.
+    spec: ImageSpec,
     marker: String,
     /// By the SHA-256 of the file: the rows, shared with every request
     /// that sends the image (`start` is set per prompt).
@@ -72,8 +75,11 @@ pub fn image_url(url: &str, field: &str) -> Result<Vec<u8>, ApiError> {
 }
 
 impl Vision {
-    pub fn new(encoder: Arc<dyn Encoder>) -> Self {
-        Vision { encoder, marker: media_marker(), cache: Mutex::new(VecDeque::new()) }
+    /// The tower with images resized within `min_tokens..=max_tokens`
+    /// output rows where given (else within the projector's bounds).
+    pub fn new(encoder: Arc<dyn Encoder>, min_tokens: Option<u32>, max_tokens: Option<u32>) -> Self {
+        let spec = encoder.info().image.clone().with_token_bounds(min_tokens, max_tokens);
+        Vision { encoder, spec, marker: media_marker(), cache: Mutex::new(VecDeque::new()) }
     }
 
     /// The text that stands for an image in a prompt.
@@ -142,12 +148,7 @@ impl Vision {
         {
             return Ok(encoded.clone());
         }
-        let prepared = self
-            .encoder
-            .info()
-            .image
-            .prepare(bytes)
-            .map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))?;
+        let prepared = self.spec.prepare(bytes).map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))?;
         let encoded = self
             .encoder
             .encode(&prepared)

@@ -122,7 +122,8 @@ impl Ready {
             tracing::warn!(%error, "constrained decoding is unavailable");
             error.to_string()
         });
-        let vision = vision.map(media::Vision::new);
+        let (min_tokens, max_tokens) = (config.model.image_min_tokens, config.model.image_max_tokens);
+        let vision = vision.map(|encoder| media::Vision::new(encoder, min_tokens, max_tokens));
         Ready { engine, adapters, tokenizer, template, model: info, grammars, vision }
     }
 

@@ -54,6 +54,19 @@ pub struct Prepared {
 }
 
 impl ImageSpec {
+    /// The spec with its pixel bounds taken from output-row counts where
+    /// given (llama-server's `--image-min-tokens` and `--image-max-tokens`):
+    /// each row is `(patch_size × merge)²` pixels.
+    pub fn with_token_bounds(self, min_tokens: Option<u32>, max_tokens: Option<u32>) -> ImageSpec {
+        let row = u64::from(self.patch_size * self.merge).pow(2);
+        let pixels = |tokens: u32| u32::try_from(u64::from(tokens) * row).unwrap_or(u32::MAX);
+        ImageSpec {
+            min_pixels: min_tokens.map_or(self.min_pixels, pixels),
+            max_pixels: max_tokens.map_or(self.max_pixels, pixels),
+            ..self
+        }
+    }
+
     /// The size an image of `width × height` is resized to: each side
     /// rounded to a multiple of patch × merge, then, if the area is out of
     /// bounds, both sides scaled by the same factor (floor when shrinking,
@@ -158,6 +171,25 @@ mod tests {
         let mut bytes = Vec::new();
         image.write_to(&mut Cursor::new(&mut bytes), ImageFormat::Png).expect("encode");
         bytes
+    }
+
+    #[test]
+    fn token_bounds_set_the_pixel_bounds() {
+        let spec = qwen2vl().with_token_bounds(Some(1024), Some(64));
+        // Rows of 28 × 28 pixels.
+        assert_eq!((spec.min_pixels, spec.max_pixels), (1024 * 784, 64 * 784));
+        let unchanged = qwen2vl().with_token_bounds(None, None);
+        assert_eq!(unchanged, qwen2vl());
+        // 448² at most 64 rows: halved to 224², 8 × 8 rows; 140² (25
+        // rows) at least 50: each side times √2, 198 up to 224, 64 rows.
+        let capped = qwen2vl().with_token_bounds(None, Some(64));
+        assert_eq!(capped.target_size(448, 448), (224, 224));
+        let photo = qwen2vl().with_token_bounds(None, Some(1024));
+        assert_eq!(photo.target_size(4000, 3000), (1008, 756), "36 × 27 rows");
+        let grown = qwen2vl().with_token_bounds(Some(50), None);
+        assert_eq!(grown.target_size(140, 140), (224, 224));
+        let huge = qwen2vl().with_token_bounds(None, Some(u32::MAX));
+        assert_eq!(huge.max_pixels, u32::MAX, "saturates instead of wrapping");
     }
 
     #[test]
