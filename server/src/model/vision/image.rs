@@ -53,13 +53,20 @@ pub struct Prepared {
     pub pixels: Vec<f32>,
 }
 
+/// The pixels of `rows` output rows of patches of `patch_size` merged
+/// `merge × merge` (saturating): how mtmd turns row bounds into pixel
+/// bounds.
+pub fn row_pixels(patch_size: u32, merge: u32, rows: u32) -> u32 {
+    let row = u64::from(patch_size).pow(2) * u64::from(merge).pow(2);
+    u32::try_from(u64::from(rows) * row).unwrap_or(u32::MAX)
+}
+
 impl ImageSpec {
     /// The spec with its pixel bounds taken from output-row counts where
     /// given (llama-server's `--image-min-tokens` and `--image-max-tokens`):
     /// each row is `(patch_size × merge)²` pixels.
     pub fn with_token_bounds(self, min_tokens: Option<u32>, max_tokens: Option<u32>) -> ImageSpec {
-        let row = u64::from(self.patch_size * self.merge).pow(2);
-        let pixels = |tokens: u32| u32::try_from(u64::from(tokens) * row).unwrap_or(u32::MAX);
+        let pixels = |rows| row_pixels(self.patch_size, self.merge, rows);
         ImageSpec {
             min_pixels: min_tokens.map_or(self.min_pixels, pixels),
             max_pixels: max_tokens.map_or(self.max_pixels, pixels),

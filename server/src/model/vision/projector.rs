@@ -8,7 +8,7 @@ use sluice_kernels::backend::{Backend, MatrixSource, SharedBytes};
 use sluice_kernels::ops::{Gelu, HeadShape, Rope, RopeKind};
 use sluice_kernels::quant::{DType, dequantize_row};
 
-use super::image::ImageSpec;
+use super::image::{ImageSpec, row_pixels};
 use crate::model::gguf::GgufFile;
 use crate::model::transformer::{LoadError, Weight, host_vector, tensor_problem, vector, weight};
 
@@ -186,12 +186,11 @@ impl<B: Backend> Projector<B> {
             }
         };
         // Qwen's preprocessor: 8 to 4096 output rows' worth of pixels.
-        let unit = (patch_size * patch_size * 4) as u32;
         let image = ImageSpec {
             patch_size: patch_size as u32,
             merge,
-            min_pixels: 8 * unit,
-            max_pixels: 4096 * unit,
+            min_pixels: row_pixels(patch_size as u32, merge, 8),
+            max_pixels: row_pixels(patch_size as u32, merge, 4096),
             mean: statistic(file, "clip.vision.image_mean", false)?,
             std: statistic(file, "clip.vision.image_std", true)?,
         };
