@@ -3,6 +3,7 @@
 //! [`backend::Backend`] seam that model code computes through (its CPU
 //! implementation is built from the rest of this crate).
 pub mod backend;
+pub mod gemm;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

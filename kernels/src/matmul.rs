@@ -393,7 +393,7 @@ impl Job<'_> {
 /// VM (2 MiB of L2) 1 MiB instead of 256 KiB took a 448 × 448 encode with
 /// Qwen2-VL-2B's tower shapes from 7.8 to 7.2 s: the 5120-wide MLP matrix
 /// had taken eight activation rows per pass.
-fn act_block_bytes() -> usize {
+pub(crate) fn act_block_bytes() -> usize {
     static BYTES: OnceLock<usize> = OnceLock::new();
     *BYTES.get_or_init(|| {
         let (least, most) = (*ACT_BLOCK_BYTES.start(), *ACT_BLOCK_BYTES.end());

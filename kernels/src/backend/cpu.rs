@@ -14,6 +14,7 @@ use super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
     PassRow, SharedBytes,
 };
+use crate::gemm;
 use crate::matmul::{QuantMatrix, matmuls, share};
 use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
@@ -270,6 +271,16 @@ impl Backend for CpuBackend {
         self.split(x, weight.len(), |_, x| {
             x.chunks_exact_mut(weight.len()).for_each(|row| ops::rms_norm_in_place(row, weight, eps));
         });
+    }
+
+    fn matmul_batch(&self, weights: &CpuMatrix, x: &Vec<f32>, m: usize, out: &mut Vec<f32>) {
+        if !gemm::supports(weights.dtype) {
+            return self.matmul(weights, x, m, out);
+        }
+        // gemm writes every element, so stale values need no clearing (a
+        // memset of megabytes on one thread while the others wait).
+        out.resize(m * weights.n_out, 0.0);
+        gemm::gemm(&weights.view(), &x[..m * weights.n_in], m, out, &self.pool);
     }
 
     fn matmuls(&self, x: &Vec<f32>, m: usize, products: &mut [(&CpuMatrix, &mut Vec<f32>)]) {

@@ -310,6 +310,15 @@ pub trait Backend: Send + Sync + 'static {
     fn matmul(&self, weights: &Self::Matrix, x: &Self::Rows, m: usize, out: &mut Self::Rows) {
         self.matmuls(x, m, &mut [(weights, out)]);
     }
+    /// `out = x · weightsᵀ` for rows that are always multiplied together
+    /// (an image's rows through a vision tower), so that a row's bits need
+    /// not equal its product alone or in another batch: a backend may sum
+    /// in whatever fixed order is fastest for the whole batch (the CPU
+    /// backend's float matrices: [`crate::gemm`]). Defaults to
+    /// [`Backend::matmul`].
+    fn matmul_batch(&self, weights: &Self::Matrix, x: &Self::Rows, m: usize, out: &mut Self::Rows) {
+        self.matmul(weights, x, m, out);
+    }
     /// [`Backend::matmul`] of one input with several matrices (q, k and v;
     /// gate and up), each output the same as its own matmul: the input is
     /// prepared once and the work handed out once.

@@ -1,13 +1,18 @@
 //! Attention in f32 among rows that all see each other (an encoder's
-//! bidirectional attention over an image's patches), as two products: the
-//! scores of a few queries against every key at once, a softmax per query,
-//! then those weights against every value.
+//! bidirectional attention over an image's patches), as two matrix
+//! products on the [`crate::gemm`] kernels: the head's keys times a block
+//! of queries (the scores, transposed: a row per key), a softmax down each
+//! query's column, then the weights times the head's values.
 //!
 //! The decoder's kernel (`attention`) walks the keys one position at a
 //! time with an online softmax, as llama.cpp's does; here every key is
-//! visible to every query, so the scores can be computed as a tile of
-//! queries times the transposed keys, which keeps the vector units busy
-//! instead of waiting on one reduction per score. Nothing depends on
+//! visible to every query, so a head's keys and values are packed once into
+//! the layouts the register tiles stream, and every block of queries reuses
+//! them. Scores come out a row per key, which is the layout the second
+//! product reads its left-hand rows in, so nothing is transposed per block,
+//! and the softmax runs down whole vectors of queries. Each score is an
+//! in-order chain over the head's dimensions, each sum and output an
+//! in-order chain over the keys, so nothing depends on the SIMD level or on
 //! which queries share a call: each query's output is the same bits alone
 //! or in any group.
 
@@ -16,23 +21,18 @@ use std::sync::{Mutex, OnceLock};
 
 use super::simd::{LANES, Simd, dispatch, exp};
 use super::{HeadShape, OpsError};
+use crate::gemm::{Grouped, Kernel, Lhs, Packed, multiply};
 use crate::pool::ThreadPool;
 
-/// Keys whose scores one pass of a query tile computes: four vectors.
-const KEY_TILE: usize = 4 * LANES;
-/// Rows of the transposed V dotted with a query tile's weights at once.
-const V_TILE: usize = 4;
-
-/// One head's keys and values over a sequence, laid out for
-/// [`attend_dense`]: keys transposed (one row per dimension, the
-/// positions along it) and values transposed likewise, both zero-padded
-/// to whole key tiles.
-#[derive(Debug, Default)]
+/// One head's keys and values over a sequence, packed for
+/// [`attend_dense`].
 struct DenseHead {
-    kt: Vec<f32>,
-    vt: Vec<f32>,
+    kernel: Kernel,
+    /// `n` rows of `head_dim`.
+    keys: Grouped,
+    /// `n` × `head_dim`: a row per position.
+    values: Packed,
     n: usize,
-    padded: usize,
     head_dim: usize,
 }
 
@@ -45,155 +45,92 @@ impl DenseHead {
         key: impl Fn(usize) -> &'a [f32],
         value: impl Fn(usize) -> &'a [f32],
     ) -> Self {
-        let padded = n.next_multiple_of(KEY_TILE);
-        let mut kt = vec![0.0; head_dim * padded];
-        let mut vt = vec![0.0; head_dim.next_multiple_of(V_TILE) * padded];
-        for i in 0..n {
-            for (d, (&k, &v)) in key(i)[..head_dim].iter().zip(&value(i)[..head_dim]).enumerate() {
-                kt[d * padded + i] = k;
-                vt[d * padded + i] = v;
-            }
+        let kernel = Kernel::current();
+        DenseHead {
+            kernel,
+            keys: Grouped::new(kernel, n, head_dim, key),
+            values: Packed::from_rows(kernel, n, head_dim, value),
+            n,
+            head_dim,
         }
-        DenseHead { kt, vt, n, padded, head_dim }
     }
 }
 
-/// `out` (rows × head_dim) = softmax(scale · q kᵀ) v for the `q` rows
-/// (rows × head_dim) against every position of `head`. `scores` is grown
-/// to a few rows of the sequence's length; reuse it to stay
-/// allocation-free. Panics if `q` or `out` is not a whole number of rows
-/// of the head's width.
-fn attend_dense(head: &DenseHead, q: &[f32], scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
+/// One thread's buffers for [`attend_dense`], kept across calls.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+/// `out` (rows × head_dim) = softmax(scale · q kᵀ) v for the queries
+/// `query(r)` (each head_dim long) against every position of `head`.
+/// Panics if `out` is not a whole number of rows of the head's width.
+fn attend_dense<'a>(
+    head: &DenseHead,
+    query: impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) {
     let d = head.head_dim;
-    assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "q and out: whole rows of {d}");
+    assert!(d > 0 && out.len().is_multiple_of(d), "out: whole rows of {d}");
     if head.n == 0 {
         out.fill(0.0);
         return;
     }
-    dispatch!(s => at_level(s, head, q, scale, out, scores));
-}
-
-#[inline(always)]
-fn at_level<S: Simd>(s: S, head: &DenseHead, q: &[f32], scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
-    // Queries per tile: 4 × 4 accumulators fit beside their operands in
-    // AVX-512's 32 registers (the level that steps four heads' V sums side
-    // by side); AVX2's 16, two per vector, hold 2 × 4.
-    if S::V_HEADS >= 4 {
-        rows_in_tiles::<S, 4>(s, head, q, scale, out, scores)
-    } else {
-        rows_in_tiles::<S, 2>(s, head, q, scale, out, scores)
+    let (rows, n, kernel) = (out.len() / d, head.n, head.kernel);
+    // A row per key with a column per query, wide enough for whole groups
+    // of the second product's rows and whole vectors of the softmax. The
+    // columns past `rows` hold whatever an earlier call left: the rows of
+    // output they make are dropped.
+    let ld = rows.next_multiple_of(kernel.rows()).next_multiple_of(LANES);
+    let Scratch { scores, sums } = scratch;
+    scores.resize(n * ld, 0.0);
+    let queries = Packed::from_columns(kernel, d, rows, query);
+    multiply(&head.keys.lhs(), &queries, scores, ld);
+    sums.resize(ld, 0.0);
+    softmax_columns(scores, ld, scale, sums);
+    multiply(&Lhs::transposed(kernel, scores, rows, n, ld), &head.values, out, d);
+    for (row, &sum) in out.chunks_exact_mut(d).zip(sums.iter()) {
+        row.iter_mut().for_each(|value| *value /= sum);
     }
 }
 
-#[inline(always)]
-fn rows_in_tiles<S: Simd, const R: usize>(
-    s: S,
-    head: &DenseHead,
-    q: &[f32],
-    scale: f32,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    let (d, padded) = (head.head_dim, head.padded);
-    scores.clear();
-    scores.resize(R * padded, 0.0);
-    for (q, out) in q.chunks(R * d).zip(out.chunks_mut(R * d)) {
-        let rows = q.len() / d;
-        let query = |r: usize| &q[r.min(rows - 1) * d..][..d];
-        score_tile::<S, R>(s, head, std::array::from_fn(query), scale, scores);
-        let mut sums = [0.0f32; R];
-        for (r, sum) in sums.iter_mut().enumerate() {
-            *sum = softmax_row(s, &mut scores[r * padded..(r + 1) * padded], head.n);
-        }
-        weigh_tile::<S, R>(s, head, scores, &sums, &mut out[..rows * d]);
-    }
+/// Turns each column of `scores` (rows of `ld`, a multiple of the vector
+/// width) into unnormalised weights e^(scale · x − max), the max and the
+/// sum taken down the column, the sums into `sums`.
+fn softmax_columns(scores: &mut [f32], ld: usize, scale: f32, sums: &mut [f32]) {
+    dispatch!(s => softmax_at(s, scores, ld, scale, sums))
 }
 
-/// `scores[r][j] = scale · (q[r] · k_j)` for every padded position `j`.
 #[inline(always)]
-fn score_tile<S: Simd, const R: usize>(s: S, head: &DenseHead, q: [&[f32]; R], scale: f32, scores: &mut [f32]) {
-    let padded = head.padded;
+fn softmax_at<S: Simd>(s: S, scores: &mut [f32], ld: usize, scale: f32, sums: &mut [f32]) {
     let scale = s.splat(scale);
-    for tile in (0..padded).step_by(KEY_TILE) {
-        let mut acc = [[s.splat(0.0); 4]; R];
-        for (dim, keys) in head.kt.chunks_exact(padded).enumerate() {
-            let keys = &keys[tile..tile + KEY_TILE];
-            let k: [S::V; 4] = std::array::from_fn(|c| s.load(chunk(keys, c)));
-            for r in 0..R {
-                let qv = s.splat(q[r][dim]);
-                for c in 0..4 {
-                    acc[r][c] = s.mul_add(qv, k[c], acc[r][c]);
-                }
-            }
+    for (c, sums) in sums[..ld].as_chunks_mut::<LANES>().0.iter_mut().enumerate() {
+        let mut max = s.splat(f32::NEG_INFINITY);
+        for row in scores.chunks_exact_mut(ld) {
+            let x = &mut row[c * LANES..].as_chunks_mut::<LANES>().0[0];
+            let scaled = s.mul(s.load(x), scale);
+            s.store(scaled, x);
+            max = s.max(max, scaled);
         }
-        for (r, acc) in acc.iter().enumerate() {
-            let row = &mut scores[r * padded + tile..][..KEY_TILE];
-            for (c, &v) in acc.iter().enumerate() {
-                s.store(s.mul(v, scale), chunk_mut(row, c));
-            }
+        let mut sum = s.splat(0.0);
+        for row in scores.chunks_exact_mut(ld) {
+            let x = &mut row[c * LANES..].as_chunks_mut::<LANES>().0[0];
+            let e = exp(s, s.sub(s.load(x), max));
+            sum = s.add(sum, e);
+            s.store(e, x);
         }
+        s.store(sum, sums);
     }
-}
-
-/// Turns a row of scores into unnormalised weights e^(x − max) (the
-/// padding past `n` into zeros) and returns their sum.
-#[inline(always)]
-fn softmax_row<S: Simd>(s: S, row: &mut [f32], n: usize) -> f32 {
-    row[n..].fill(f32::NEG_INFINITY);
-    let (chunks, _) = row.as_chunks_mut::<LANES>();
-    let mut max = s.splat(f32::NEG_INFINITY);
-    for c in chunks.iter() {
-        max = s.max(max, s.load(c));
-    }
-    let max = s.splat(s.reduce_max(max));
-    let mut sum = s.splat(0.0);
-    for c in chunks.iter_mut() {
-        let e = exp(s, s.sub(s.load(c), max));
-        sum = s.add(sum, e);
-        s.store(e, c);
-    }
-    s.reduce_sum(sum)
-}
-
-/// `out[r][dim] = (Σ_j weights[r][j] · v_j[dim]) / sums[r]` for the tile's
-/// `out.len() / head_dim` rows.
-#[inline(always)]
-fn weigh_tile<S: Simd, const R: usize>(s: S, head: &DenseHead, weights: &[f32], sums: &[f32; R], out: &mut [f32]) {
-    let (d, padded) = (head.head_dim, head.padded);
-    let rows = out.len() / d;
-    for dims in (0..d).step_by(V_TILE) {
-        let mut acc = [[s.splat(0.0); V_TILE]; R];
-        for c in 0..padded / LANES {
-            let v: [S::V; V_TILE] = std::array::from_fn(|t| s.load(chunk(&head.vt[(dims + t) * padded..], c)));
-            for r in 0..R {
-                let w = s.load(chunk(&weights[r * padded..], c));
-                for t in 0..V_TILE {
-                    acc[r][t] = s.mul_add(w, v[t], acc[r][t]);
-                }
-            }
-        }
-        for (r, acc) in acc.iter().enumerate().take(rows) {
-            for (t, &v) in acc.iter().enumerate().take(d - dims) {
-                out[r * d + dims + t] = s.reduce_sum(v) / sums[r];
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn chunk(x: &[f32], c: usize) -> &[f32; LANES] {
-    &x[c * LANES..].as_chunks::<LANES>().0[0]
-}
-
-#[inline(always)]
-fn chunk_mut(x: &mut [f32], c: usize) -> &mut [f32; LANES] {
-    &mut x[c * LANES..].as_chunks_mut::<LANES>().0[0]
 }
 
 /// Queries per piece of work in [`attend_within`]: enough to reuse a
-/// head's keys from cache many times, few enough that a small window still
-/// splits between threads.
-const QUERY_BLOCK: usize = 32;
+/// head's keys and values from cache many times, few enough that a small
+/// window still splits between threads, and whole tiles of every kernel's
+/// (4, 6 or 12 rows; 16 or 32 columns).
+const QUERY_BLOCK: usize = 96;
 
 /// Bidirectional attention of the rows of `q`, `k` and `v` (row `i` of
 /// each belongs to sequence `seq[i]`): each row sees every row of its own
@@ -232,7 +169,7 @@ pub fn attend_within(
     let n_kv_head = shape.n_kv_head();
     let group = shape.n_head() / n_kv_head;
     let heads: Vec<OnceLock<DenseHead>> = (0..members.len() * n_kv_head).map(|_| OnceLock::new()).collect();
-    in_parallel(pool, heads.len(), |index| {
+    in_parallel(pool, heads.len(), |_: &mut (), index| {
         let (rows, at) = (&members[index / n_kv_head], (index % n_kv_head) * d);
         let offset = |i: usize| rows[i] * kv_len + at;
         let head = DenseHead::new(rows.len(), d, |i| &k[offset(i)..][..d], |i| &v[offset(i)..][..d]);
@@ -246,13 +183,12 @@ pub fn attend_within(
         })
         .collect();
     let results: Vec<Mutex<Vec<f32>>> = pieces.iter().map(|_| Mutex::default()).collect();
-    in_parallel(pool, pieces.len(), |index| {
+    in_parallel(pool, pieces.len(), |scratch: &mut Scratch, index| {
         let (s, h, start) = pieces[index];
         let rows = &members[s][start..(start + QUERY_BLOCK).min(members[s].len())];
         let Some(head) = heads[s * n_kv_head + h / group].get() else { return };
-        let queries: Vec<f32> = rows.iter().flat_map(|&row| &q[row * q_len + h * d..][..d]).copied().collect();
-        let mut attended = vec![0.0; queries.len()];
-        attend_dense(head, &queries, scale, &mut attended, &mut Vec::new());
+        let mut attended = vec![0.0; rows.len() * d];
+        attend_dense(head, |r| &q[rows[r] * q_len + h * d..][..d], scale, &mut attended, scratch);
         if let Ok(mut result) = results[index].lock() {
             *result = attended;
         }
@@ -266,13 +202,14 @@ pub fn attend_within(
     Ok(())
 }
 
-/// `f(i)` for `i` in `0..n`, the threads of `pool` claiming indices until
-/// none are left.
-fn in_parallel(pool: &ThreadPool, n: usize, f: impl Fn(usize) + Sync) {
+/// `f(state, i)` for `i` in `0..n`, the threads of `pool` claiming
+/// indices until none are left, each with its own `state`.
+fn in_parallel<T: Default>(pool: &ThreadPool, n: usize, f: impl Fn(&mut T, usize) + Sync) {
     let next = AtomicUsize::new(0);
     pool.run(|_, _| {
+        let mut state = T::default();
         while let Some(index) = Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&i| i < n) {
-            f(index);
+            f(&mut state, index);
         }
     });
 }
@@ -318,11 +255,11 @@ mod tests {
 
     #[test]
     fn matches_plain_attention_on_every_level_and_thread_count() {
-        // Two interleaved sequences (windows) of 71 and 36 rows: neither a
-        // whole key tile nor a whole query block; grouped heads of 20
-        // (not a whole vector).
+        // Two interleaved sequences (windows) of 110 and 55 rows: one more
+        // than a query block, one less, neither whole tiles; grouped heads
+        // of 20 (not a whole vector).
         let shape = HeadShape::new(4, 2, 20).unwrap();
-        let seq: Vec<usize> = (0..107).map(|i| usize::from(i % 3 == 1)).collect();
+        let seq: Vec<usize> = (0..165).map(|i| usize::from(i % 3 == 1)).collect();
         let n = seq.len();
         let (q, k, v) =
             (noise(n * shape.q_len(), 1, 2.0), noise(n * shape.kv_len(), 2, 2.0), noise(n * shape.kv_len(), 3, 1.0));
@@ -347,7 +284,7 @@ mod tests {
         };
         for h in 0..2 {
             let mut alone = vec![0.0; 16];
-            attend_dense(&head(h), &q[17 * 32 + h * 16..][..16], 0.3, &mut alone, &mut Vec::new());
+            attend_dense(&head(h), |_| &q[17 * 32 + h * 16..][..16], 0.3, &mut alone, &mut Scratch::default());
             assert_eq!(alone, all[17 * 32 + h * 16..][..16]);
         }
     }

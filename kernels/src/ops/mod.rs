@@ -26,7 +26,7 @@ mod kv;
 mod low_rank;
 mod rope;
 mod row;
-mod simd;
+pub(crate) mod simd;
 
 pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
 pub use dense_attention::attend_within;

@@ -231,15 +231,27 @@ impl fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-map and parse a file.
+    /// Memory-map and parse a file; pages are read as tensors are first used.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
+        Self::map(path, &memmap2::MmapOptions::new())
+    }
+
+    /// Memory-map and parse a file with every page read in now, for files
+    /// whose tensors are all used by every request (a projector): the
+    /// first image then pays no page faults, as with a loader that copies
+    /// the weights into memory.
+    pub fn open_resident(path: &Path) -> Result<Self, GgufError> {
+        Self::map(path, memmap2::MmapOptions::new().populate())
+    }
+
+    fn map(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
         let open_error = |error| GgufError::Open { path: path.to_owned(), error };
         let file = std::fs::File::open(path).map_err(open_error)?;
         // SAFETY: the map is read-only and private to this process; a file
         // changed underneath a running server is outside what we defend
         // against (as with any mmap-based loader), and every read goes
         // through bounds checks against the map's length.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(open_error)?;
+        let map = unsafe { options.map(&file) }.map_err(open_error)?;
         Self::parse(Storage::Mapped(map))
     }
 

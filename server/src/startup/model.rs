@@ -240,7 +240,7 @@ pub fn load_projector(path: &Path, model: &dyn Model) -> Result<Arc<dyn Encoder>
             model.hparams().arch.name()
         )));
     }
-    let file = GgufFile::open(path).map_err(|e| error(e.to_string()))?;
+    let file = GgufFile::open_resident(path).map_err(|e| error(e.to_string()))?;
     let encoder = model.load_projector(&file).map_err(|e| error(e.to_string()))?;
     let info = encoder.info();
     tracing::info!(

@@ -70,7 +70,7 @@ impl<B: Backend> Projector<B> {
         b.upload(&patches, &mut x)?;
         drop(patches);
         let mut hidden = B::Rows::default();
-        b.matmul(&self.patch.matrix, &x, n, &mut hidden);
+        b.matmul_batch(&self.patch.matrix, &x, n, &mut hidden);
         if let Some(norm) = &self.pre_norm {
             self.norm(norm, &hidden, &mut x)?;
             std::mem::swap(&mut hidden, &mut x);
@@ -125,17 +125,8 @@ impl<B: Backend> Projector<B> {
                 _ => &full_pass,
             };
             self.norm(&block.ln1, &hidden, &mut x)?;
-            b.matmuls(
-                &x,
-                n,
-                &mut [
-                    (&block.q.weight.matrix, &mut q),
-                    (&block.k.weight.matrix, &mut k),
-                    (&block.v.weight.matrix, &mut v),
-                ],
-            );
             for (linear, rows) in [(&block.q, &mut q), (&block.k, &mut k), (&block.v, &mut v)] {
-                add_bias(b, linear, rows);
+                self.linear(linear, &x, n, rows);
             }
             b.rope(&self.rope, pass, &mut q);
             b.rope(&self.rope, pass, &mut k);
@@ -186,13 +177,10 @@ impl<B: Backend> Projector<B> {
     }
 
     fn linear(&self, linear: &Linear<B>, x: &B::Rows, m: usize, out: &mut B::Rows) {
-        self.backend.matmul(&linear.weight.matrix, x, m, out);
-        add_bias(&*self.backend, linear, out);
-    }
-}
-
-fn add_bias<B: Backend>(backend: &B, linear: &Linear<B>, rows: &mut B::Rows) {
-    if let Some(bias) = &linear.bias {
-        backend.add_bias(rows, bias);
+        // An image's rows are always multiplied together.
+        self.backend.matmul_batch(&linear.weight.matrix, x, m, out);
+        if let Some(bias) = &linear.bias {
+            self.backend.add_bias(out, bias);
+        }
     }
 }
