@@ -58,6 +58,7 @@ impl Kernel {
     ) {
         let (kc, first) = (ks.len(), ks.start == 0);
         assert!(panel.len() >= kc * self.nr && c.len() >= self.mr * self.nr, "a whole panel and scratch tile");
+        assert_eq!(x.mr(), self.mr, "rows grouped for this kernel");
         let (xs, x_stride) = (x.values(rows.start, &ks), x.k_stride());
         // SAFETY: rows of `out` at the tile's columns (caller's contract).
         let c_at = |i: usize| unsafe { out.ptr.add(i * out.ld + cols.start) };

@@ -13,9 +13,9 @@
 //! vector of weight columns packed for it (an outer product), instead of a
 //! dot tile that reduces lanes and is bound by how fast rows stream from L2.
 //!
-//! The same kernels serve attention's products ([`multiply`]), whose
-//! operands are packed once per head ([`Grouped`], [`Packed`]) or read in
-//! place ([`Lhs::transposed`]).
+//! The same kernels serve attention's products (`multiply`), whose
+//! operands are packed once per head (`Grouped`, `Packed`) or read in
+//! place (`Lhs::transposed`).
 
 mod kernel;
 mod operands;
@@ -129,8 +129,9 @@ fn pack(weights: &QuantMatrix, cols: Range<usize>, ks: Range<usize>, nr: usize, 
 pub(crate) fn multiply(a: &Lhs<'_>, b: &Packed, out: &mut [f32], ldo: usize) {
     let (kernel, m, k) = (b.kernel, a.m(), b.k);
     assert!(a.mr() == kernel.mr && a.k() == k, "operands packed for one kernel, over one k");
+    let needed = m.saturating_sub(1).checked_mul(ldo).and_then(|len| len.checked_add(b.n));
     assert!(
-        ldo >= b.n && out.len() >= m.saturating_sub(1) * ldo + b.n,
+        ldo >= b.n && needed.is_some_and(|needed| out.len() >= needed),
         "out: {m} rows of {} at a stride of {ldo}",
         b.n
     );
@@ -249,7 +250,7 @@ mod tests {
 
     #[test]
     fn products_of_packed_operands_are_the_in_order_fused_sums_on_every_level() {
-        // k across two passes and a partial one; rows and columns off every
+        // k across a whole pass and a partial one; rows and columns off every
         // tile size; the output at a stride wider than its columns.
         let (m, k, n, ldo) = (29, 300, 37, 40);
         let (a, b) = (values(m * k, 5), values(k * n, 6));

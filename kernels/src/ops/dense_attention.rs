@@ -56,7 +56,7 @@ impl DenseHead {
     }
 }
 
-/// One thread's buffers for [`attend_dense`], kept across calls.
+/// One thread's buffers for [`attend_dense`], kept across its pieces.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
@@ -173,7 +173,7 @@ pub fn attend_within(
         let (rows, at) = (&members[index / n_kv_head], (index % n_kv_head) * d);
         let offset = |i: usize| rows[i] * kv_len + at;
         let head = DenseHead::new(rows.len(), d, |i| &k[offset(i)..][..d], |i| &v[offset(i)..][..d]);
-        let _ = heads[index].set(head);
+        assert!(heads[index].set(head).is_ok(), "each head is built once");
     });
     // (sequence, query head, first member) of each piece, and its output.
     let pieces: Vec<(usize, usize, usize)> = (0..members.len())
@@ -186,15 +186,13 @@ pub fn attend_within(
     in_parallel(pool, pieces.len(), |scratch: &mut Scratch, index| {
         let (s, h, start) = pieces[index];
         let rows = &members[s][start..(start + QUERY_BLOCK).min(members[s].len())];
-        let Some(head) = heads[s * n_kv_head + h / group].get() else { return };
+        let head = heads[s * n_kv_head + h / group].get().expect("every head is built before the pieces run");
         let mut attended = vec![0.0; rows.len() * d];
         attend_dense(head, |r| &q[rows[r] * q_len + h * d..][..d], scale, &mut attended, scratch);
-        if let Ok(mut result) = results[index].lock() {
-            *result = attended;
-        }
+        *results[index].lock().expect("a piece's result is written once") = attended;
     });
     for (&(s, h, start), result) in pieces.iter().zip(results) {
-        let result = result.into_inner().unwrap_or_default();
+        let result = result.into_inner().expect("every piece ran");
         for (&row, values) in members[s][start..].iter().zip(result.chunks_exact(d)) {
             out[row * q_len + h * d..][..d].copy_from_slice(values);
         }

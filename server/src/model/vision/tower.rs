@@ -118,7 +118,10 @@ impl<B: Backend> Projector<B> {
         })?;
 
         let scale = 1.0 / (self.heads.head_dim() as f32).sqrt();
-        let [mut q, mut k, mut v, mut attended, mut t] = std::array::from_fn(|_| B::Rows::default());
+        // The MLP has buffers of its own: each keeps one size across the
+        // blocks, so none is regrown (and zero-filled) per block.
+        let [mut q, mut k, mut v, mut attended, mut t, mut up, mut gate, mut gated] =
+            std::array::from_fn(|_| B::Rows::default());
         for (index, block) in self.blocks.iter().enumerate() {
             let pass = match &window_pass {
                 Some((pattern, pass)) if (index + 1) % pattern != 0 => pass,
@@ -135,19 +138,19 @@ impl<B: Backend> Projector<B> {
             b.add(&mut hidden, &t);
 
             self.norm(&block.ln2, &hidden, &mut x)?;
-            self.linear(&block.up, &x, n, &mut q);
+            self.linear(&block.up, &x, n, &mut up);
             let activated = match (&block.gate, self.activation) {
-                (Some(gate), _) => {
-                    self.linear(gate, &x, n, &mut k);
-                    b.swiglu(&k, &q, &mut v);
-                    &v
+                (Some(weights), _) => {
+                    self.linear(weights, &x, n, &mut gate);
+                    b.swiglu(&gate, &up, &mut gated);
+                    &gated
                 }
                 (None, Activation::Gelu(kind)) => {
-                    b.gelu(&mut q, kind)?;
-                    &q
+                    b.gelu(&mut up, kind)?;
+                    &up
                 }
                 // The loader pairs SwiGLU with a gate.
-                (None, Activation::SwiGlu) => &q,
+                (None, Activation::SwiGlu) => &up,
             };
             self.linear(&block.down, activated, n, &mut t);
             b.add(&mut hidden, &t);
