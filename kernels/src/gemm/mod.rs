@@ -46,8 +46,9 @@ pub fn supports(dtype: DType) -> bool {
 /// (`m × n_in`, row-major) into `out` (`m × n_out`), each element summed in
 /// order of k with fused multiply-adds (see the module's docs).
 ///
-/// Threads claim panels of weight columns, pack each (converting f16 and
-/// bf16 to f32) and pass every activation row of the block over it. Panics
+/// Threads claim panels of weight columns (or parts of a panel's rows,
+/// when panels are few for the threads), pack each (converting f16 and
+/// bf16 to f32) and pass the activation rows over it. Panics
 /// if the type is not one [`supports`] names or a length is wrong.
 pub fn gemm(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &ThreadPool) {
     let (n_in, n_out) = (weights.n_in(), weights.n_out());
@@ -69,6 +70,12 @@ pub fn gemm(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &
     let mut rows = 0;
     while rows < m {
         let block = rows..(rows + block_rows).min(m);
+        // Few panels for many threads (a 1280-wide matrix has 40 at
+        // AVX-512): each panel's rows are cut into parts, so that every
+        // thread has work to claim; a part packs its panel itself.
+        let n_groups = block.len().div_ceil(kernel.mr);
+        let parts = (2 * pool.n_threads()).div_ceil(n_panels).clamp(1, n_groups);
+        let groups_per_part = n_groups.div_ceil(parts);
         let mut k = 0;
         while k < n_in {
             let ks = k..(k + KC).min(n_in);
@@ -76,18 +83,22 @@ pub fn gemm(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &
             pool.run(|_, _| {
                 let (mut panel, mut c) = (vec![0.0; KC * kernel.nr], vec![0.0; kernel.mr * kernel.nr]);
                 loop {
-                    let p = next.fetch_add(1, Ordering::Relaxed);
-                    if p >= n_panels {
+                    let item = next.fetch_add(1, Ordering::Relaxed);
+                    if item >= n_panels * parts {
                         break;
                     }
+                    let (p, part) = (item / parts, item % parts);
                     let cols = p * kernel.nr..((p + 1) * kernel.nr).min(n_out);
                     pack(weights, cols.clone(), ks.clone(), kernel.nr, &mut panel);
-                    for first_row in block.clone().step_by(kernel.mr) {
-                        let tile_rows = first_row..(first_row + kernel.mr).min(block.end);
+                    let first = block.start + part * groups_per_part * kernel.mr;
+                    let end = (first + groups_per_part * kernel.mr).min(block.end);
+                    for first_row in (first..end).step_by(kernel.mr) {
+                        let tile_rows = first_row..(first_row + kernel.mr).min(end);
                         // SAFETY: `target` is `out`, which holds `m × n_out`
                         // elements and outlives the run; this thread alone
-                        // writes the columns of the panel it claimed, and the
-                        // runs of the blocks and k ranges follow one another.
+                        // writes the rows and columns of the item it
+                        // claimed, and the runs of the blocks and k ranges
+                        // follow one another.
                         unsafe { kernel.tile(&lhs, tile_rows, ks.clone(), &cols, &panel, &target, &mut c) };
                     }
                 }
@@ -220,7 +231,7 @@ mod tests {
             let w = QuantMatrix::new(dtype, &bytes, n_out, n_in).expect("a whole matrix");
             let x = values(m * n_in, 2);
             let want = reference(&w, &x, m);
-            for threads in [1, 3] {
+            for threads in [1, 3, 8] {
                 let pool = ThreadPool::new(threads);
                 let got = same_on_every_level(|| {
                     let mut out = vec![f32::NAN; m * n_out];
