@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) use kernel::Kernel;
 use kernel::Out;
-use operands::pack_rows;
 pub(crate) use operands::{Grouped, Lhs, Packed};
 
 use crate::matmul::{QuantMatrix, act_block_bytes};
@@ -64,8 +63,8 @@ pub fn gemm(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &
     // Rows per block: the block's KC-wide slice of activations fills the
     // share of L2 the matmul's activation blocks take.
     let block_rows = (act_block_bytes() / (KC * 4)).max(kernel.mr).next_multiple_of(kernel.mr);
-    let groups = pack_rows(kernel, x, m, n_in, pool);
-    let lhs = Lhs::grouped(kernel, &groups, m, n_in);
+    let groups = Grouped::in_parallel(kernel, x, m, n_in, pool);
+    let lhs = groups.lhs();
     let target = Out { ptr: out.as_mut_ptr(), ld: n_out };
     let mut rows = 0;
     while rows < m {

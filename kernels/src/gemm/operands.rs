@@ -34,8 +34,8 @@ impl<'a> Lhs<'a> {
         Lhs { data, mr: kernel.mr, m, k, k_stride: ld, group_stride: kernel.mr }
     }
 
-    /// Rows packed by [`pack_group`] one group after another.
-    pub(super) fn grouped(kernel: Kernel, data: &'a [f32], m: usize, k: usize) -> Lhs<'a> {
+    /// Rows packed by [`pack_groups`] one group after another.
+    fn grouped(kernel: Kernel, data: &'a [f32], m: usize, k: usize) -> Lhs<'a> {
         assert!(data.len() >= m.div_ceil(kernel.mr) * kernel.mr * k, "{m} rows of {k} in groups");
         Lhs { data, mr: kernel.mr, m, k, k_stride: kernel.mr, group_stride: kernel.mr * k }
     }
@@ -76,16 +76,29 @@ pub(crate) struct Grouped {
 impl Grouped {
     /// Row `i` is `row(i)`'s first `k` values, for `i` in `0..m`.
     pub(crate) fn new<'a>(kernel: Kernel, m: usize, k: usize, row: impl Fn(usize) -> &'a [f32]) -> Grouped {
+        Grouped::build(kernel, m, k, |all| pack_groups(kernel.mr, k, 0, all, m, &row))
+    }
+
+    /// `x`'s rows (`m` of `k`), packed by the threads of `pool`.
+    pub(super) fn in_parallel(kernel: Kernel, x: &[f32], m: usize, k: usize, pool: &ThreadPool) -> Grouped {
+        let row = |i: usize| &x[i * k..][..k];
+        let mr = kernel.mr;
+        // Written once, in parallel, instead of zeroed first on one thread.
+        Grouped::build(kernel, m, k, |all| {
+            pool.split_mut(all, mr * k, |start, piece| pack_groups(mr, k, start / k, piece, m, &row));
+        })
+    }
+
+    /// A buffer of whole groups for `m` rows of `k`, which `fill` must
+    /// write completely (it is not called when `k` is zero).
+    fn build(kernel: Kernel, m: usize, k: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Grouped {
         let len = m.div_ceil(kernel.mr) * kernel.mr * k;
         let mut data = Vec::with_capacity(len);
         if k > 0 {
-            for (g, group) in data.spare_capacity_mut()[..len].chunks_exact_mut(kernel.mr * k).enumerate() {
-                let first = g * kernel.mr;
-                pack_group(|i| (first + i < m).then(|| row(first + i)), kernel.mr, group);
-            }
+            fill(&mut data.spare_capacity_mut()[..len]);
         }
-        // SAFETY: the groups cover the first `len` elements (none when
-        // `k` is zero) and `pack_group` wrote every element of each.
+        // SAFETY: `fill` wrote the first `len` elements (there are none
+        // when `k` is zero).
         unsafe { data.set_len(len) };
         Grouped { kernel, data, m, k }
     }
@@ -95,24 +108,21 @@ impl Grouped {
     }
 }
 
-/// `x`'s rows (`m` of `n_in`) in groups of the kernel's rows, packed by
-/// the threads of `pool`.
-pub(super) fn pack_rows(kernel: Kernel, x: &[f32], m: usize, n_in: usize, pool: &ThreadPool) -> Vec<f32> {
-    let (mr, len) = (kernel.mr, m.div_ceil(kernel.mr) * kernel.mr * n_in);
-    // Written once, in parallel, instead of zeroed first on one thread.
-    let mut groups = Vec::with_capacity(len);
-    if n_in > 0 {
-        pool.split_mut(&mut groups.spare_capacity_mut()[..len], mr * n_in, |start, piece| {
-            for (g, group) in piece.chunks_exact_mut(mr * n_in).enumerate() {
-                let first = start / n_in + g * mr;
-                pack_group(|i| x.chunks_exact(n_in).nth(first + i), mr, group);
-            }
-        });
+/// Writes whole groups of rows of `k` into `piece`, the first group
+/// holding rows from `first_row`: row `i` is `row(i)` below `m`, zeros
+/// from `m` on.
+fn pack_groups<'a>(
+    mr: usize,
+    k: usize,
+    first_row: usize,
+    piece: &mut [MaybeUninit<f32>],
+    m: usize,
+    row: &impl Fn(usize) -> &'a [f32],
+) {
+    for (g, group) in piece.chunks_exact_mut(mr * k).enumerate() {
+        let first = first_row + g * mr;
+        pack_group(|i| (first + i < m).then(|| row(first + i)), mr, group);
     }
-    // SAFETY: the pieces cover the first `len` elements, whole groups
-    // each, and `pack_group` wrote every element of every group.
-    unsafe { groups.set_len(len) };
-    groups
 }
 
 /// Writes one group: row `i` of the group is `row(i)` for `i` in `0..mr`
