@@ -3,54 +3,18 @@
 //! answer without a JSON error, or make a client error look like a server
 //! error; and what every client gets when the server stops.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_tests::http::{Server, config_file};
+use sluice_tests::raw::{address, answer_json, post_head, raw, read_until_closed};
 
 fn start(name: &str, toml: &str, args: &[&str]) -> Server {
     let path = config_file(&format!("reliability-{name}"), toml);
     Server::start(&[&["--config", path.to_str().expect("utf-8 path")], args].concat())
-}
-
-fn address(server: &Server) -> SocketAddr {
-    server.url("").trim_start_matches("http://").parse().expect("an address")
-}
-
-/// What the server sends on a raw connection until it closes it (bounded:
-/// `None` if it was still open after `wait`).
-fn read_until_closed(stream: &mut TcpStream, wait: Duration) -> Option<String> {
-    stream.set_read_timeout(Some(wait)).expect("timeout");
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 65536];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return Some(String::from_utf8_lossy(&answer).into_owned()),
-            Ok(n) => answer.extend_from_slice(&buf[..n]),
-            // Still open when the wait ran out.
-            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return None;
-            }
-            // Closed with a reset: it had unread bytes of ours.
-            Err(_) => return Some(String::from_utf8_lossy(&answer).into_owned()),
-        }
-    }
-}
-
-fn raw(server: &Server, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(address(server)).expect("connects");
-    stream.write_all(request).expect("writes");
-    read_until_closed(&mut stream, Duration::from_secs(20)).expect("the server answers and closes")
-}
-
-/// The JSON body of a raw HTTP answer, with its status.
-fn answer_json(answer: &str) -> (u16, Value) {
-    let status = answer.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-    (status, serde_json::from_str(body).unwrap_or_else(|_| panic!("no JSON body in {answer:?}")))
 }
 
 const TIMEOUTS: &str = "[server.timeouts]\nheader_s = 1\nidle_s = 2\nsend_s = 2\n";
@@ -123,6 +87,33 @@ fn answers_hyper_gives_before_routing_carry_json_errors() {
 }
 
 #[test]
+fn a_declared_length_over_the_limit_is_refused_at_once() {
+    let server = start("declared", "[server.limits]\nbody_bytes = 4096\n", &["-np", "1", "-c", "512"]);
+    for length in [1_000_000_000_000u64, 4097] {
+        let mut stream = TcpStream::connect(address(&server)).expect("connects");
+        // A few bytes of the body; the rest never comes.
+        stream
+            .write_all(format!("{}{{\"prompt\":\"a\"}}", post_head("/completion", length, None)).as_bytes())
+            .expect("writes");
+        // Well within the body timeout (60 s), which is what a refusal
+        // that waits for the body would take.
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5)).expect("answered and closed at once");
+        let (status, body) = answer_json(&answer);
+        assert_eq!(status, 413, "{answer}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("4096 bytes")), "{body}");
+    }
+    // A length within the limit is read as before.
+    let body = json!({ "prompt": "Hi", "n_predict": 1 }).to_string();
+    let (status, _) = answer_json(&raw(
+        &server,
+        format!("{}{body}", post_head("/completion", body.len() as u64, None))
+            .replace("HTTP/1.1\r\n", "HTTP/1.1\r\nConnection: close\r\n")
+            .as_bytes(),
+    ));
+    assert_eq!(status, 200);
+}
+
+#[test]
 fn client_mistakes_are_400s_naming_the_field_and_id_slot_pins_the_slot() {
     let server = start("client", "[engine]\nqueue_limit = 2\n", &["-np", "2", "-c", "512"]);
     let chat = |messages: Value| server.post("/v1/chat/completions", &json!({ "messages": messages, "max_tokens": 2 }));
@@ -135,9 +126,22 @@ fn client_mistakes_are_400s_naming_the_field_and_id_slot_pins_the_slot() {
     let (status, answer) = server.post("/apply-template", &json!({ "messages": [{ "role": "user" }] }));
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
 
-    let (status, answer) = server.post("/v1/completions", &json!({ "prompt": "Hi", "logprobs": "x", "max_tokens": 1 }));
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
-    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("logprobs")), "{answer}");
+    let (status, answer) = chat(json!([{ "role": "user", "content": [[[[1]]]] }]));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a malformed part is a mistake, not a missing feature: {answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("messages[0].content[0]")), "{answer}");
+
+    for logprobs in [json!("x"), json!(-1)] {
+        let body = json!({ "prompt": "Hi", "logprobs": logprobs, "max_tokens": 1 });
+        let (status, answer) = server.post("/v1/completions", &body);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("`logprobs`")), "{answer}");
+    }
+    for bias in [json!([[1, "x"]]), json!({ "1": { "x": 1 } }), json!([[1, true]])] {
+        let (status, answer) =
+            server.post("/completion", &json!({ "prompt": "Hi", "logit_bias": bias, "n_predict": 1 }));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "a bias that would do nothing is refused: {answer}");
+        assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("logit_bias")), "{answer}");
+    }
 
     // Three prompts never fit a queue of two: retrying would not help.
     let (status, answer) = server.post("/completion", &json!({ "prompt": ["a", "b", "c"], "n_predict": 1 }));

@@ -212,6 +212,11 @@ impl Server {
         self.child.id()
     }
 
+    /// The server's resident memory (VmRSS) in KiB, while it runs.
+    pub fn rss_kib(&self) -> Option<u64> {
+        rss_kib(self.child.id())
+    }
+
     /// Whether the server process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -256,6 +261,13 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The resident memory (VmRSS) of process `pid` in KiB, while it runs.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|line| line.strip_prefix("VmRSS:"))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// A whole SSE response: status, the JSON of every `data:` event, and
@@ -304,6 +316,11 @@ pub struct SseReader {
 impl SseReader {
     fn new(response: Response) -> Self {
         SseReader { lines: BufReader::new(response).lines() }
+    }
+
+    /// Read the events of a response sent by a client of the caller's own.
+    pub fn from_response(response: Response) -> Self {
+        Self::new(response)
     }
 
     /// The next event's payload, or `None` at the end of the stream.

@@ -1,7 +1,7 @@
 //! Helpers for sluice's end-to-end tests (`server/tests`): the real binary
 //! over HTTP, fixture plugins, synthetic GGUF files (models, LoRA adapters), llama.cpp's outputs
-//! on the default model, the fuzzer of `server/tests/fuzz.rs` and the load
-//! and fault test (`loadtest`).
+//! on the default model, the fuzzer of `server/tests/fuzz.rs`, the load
+//! and fault test (`loadtest`) and the hostile-client battery (`battery`).
 
 pub mod binary;
 pub mod fuzz;
@@ -12,6 +12,7 @@ pub mod lora;
 pub mod models;
 pub mod plugin_fixtures;
 pub mod projector;
+pub mod raw;
 pub mod shapes;
 
 /// A file of `tests/fixtures/`.

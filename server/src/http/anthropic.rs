@@ -214,8 +214,22 @@ fn to_chat_message(index: usize, message: &Value) -> Result<Option<Value>, ApiEr
 fn text_of<'a>(at: &str, block: &'a Value) -> Result<&'a str, ApiError> {
     let object = block.as_object().ok_or_else(|| wrong(at, "a content block object"))?;
     let kind = object.get("type").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{at}.type"), "a string"))?;
-    if kind != "text" {
-        return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
+    match kind {
+        "text" => {}
+        // Blocks the Messages API defines that sluice cannot read yet.
+        "image"
+        | "document"
+        | "tool_use"
+        | "tool_result"
+        | "thinking"
+        | "redacted_thinking"
+        | "search_result"
+        | "server_tool_use"
+        | "web_search_tool_result"
+        | "container_upload" => {
+            return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
+        }
+        _ => return Err(ApiError::invalid(format!("`{at}.type` must be a content block type, not {kind:?}"))),
     }
     object.get("text").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{at}.text"), "a string"))
 }
@@ -447,6 +461,9 @@ mod tests {
         let error = refused(json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}));
         assert_eq!(error.kind, ErrorType::NotSupported);
         assert!(error.message.contains("messages[0].content[0]") && error.message.contains("image"));
+        let error = refused(json!({"messages": [{"role": "user", "content": [{"type": "imgae", "source": {}}]}]}));
+        assert_eq!(error.kind, ErrorType::InvalidRequest, "a type no API has is a mistake: {}", error.message);
+        assert!(error.message.contains("messages[0].content[0].type"), "{}", error.message);
         let error = refused(json!({"messages": user, "max_tokens": -1}));
         assert!(error.message.contains("max_tokens"), "{}", error.message);
         let error = refused(json!({"messages": user, "thinking": {"type": "sometimes"}}));

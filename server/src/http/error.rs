@@ -62,9 +62,14 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
 }
 
+/// The longest message an answer carries. Messages quote what the client
+/// sent so that it can find its mistake; a quoted value of megabytes is
+/// cut here rather than sent back whole.
+const MESSAGE_BYTES: usize = 2048;
+
 impl ApiError {
     pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), status: None, extra: Vec::new(), retry_after: None }
+        ApiError { kind, message: clipped(message.into()), status: None, extra: Vec::new(), retry_after: None }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -161,6 +166,20 @@ impl From<EngineError> for ApiError {
     }
 }
 
+fn clipped(mut message: String) -> String {
+    if message.len() <= MESSAGE_BYTES {
+        return message;
+    }
+    let whole = message.len();
+    let mut end = MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(&format!("… (cut; the message had {whole} bytes)"));
+    message
+}
+
 /// llama-server's error for a prompt that does not fit the context.
 pub fn exceeds_context(n_prompt_tokens: usize, n_ctx: usize) -> ApiError {
     ApiError::new(
@@ -189,5 +208,18 @@ mod tests {
         let full = ApiError::from(SubmitError::QueueFull(3));
         assert_eq!((full.status(), full.retry_after), (StatusCode::SERVICE_UNAVAILABLE, Some(1)));
         assert_eq!(ApiError::too_large(10).body()["error"]["code"], 413);
+    }
+
+    #[test]
+    fn a_message_quoting_megabytes_is_cut() {
+        let message = format!("`x` must be a number, not \"{}é\"", "a".repeat(10 << 20));
+        let error = ApiError::invalid(message.clone());
+        assert!(error.message.len() < MESSAGE_BYTES + 64, "{}", error.message.len());
+        assert!(error.message.starts_with("`x` must be a number, not \"aaa"), "{}", &error.message[..40]);
+        assert!(error.message.ends_with(&format!("(cut; the message had {} bytes)", message.len())));
+        // A cut inside a character stays on its boundary.
+        let wide = "é".repeat(MESSAGE_BYTES);
+        assert!(ApiError::invalid(wide).message.starts_with('é'));
+        assert_eq!(ApiError::invalid("short").message, "short");
     }
 }

@@ -19,9 +19,9 @@ use super::conn::{self, Timeouts};
 
 const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
 
-/// Serve `app` on `listener` until `shutdown` resolves, then wait for the
-/// open connections to finish (the caller bounds that wait). Each
-/// connection keeps `timeouts` (see `conn`).
+/// Serve `app` on `listener` until `shutdown` resolves, then close the
+/// listener and wait for the open connections to finish (the caller
+/// bounds that wait). Each connection keeps `timeouts` (see `conn`).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -60,6 +60,10 @@ pub async fn serve(
             }
         });
     }
+    // Closed now, not when the open connections are done: a client that
+    // connects during the grace is refused at once instead of waiting in
+    // the kernel's backlog for an answer that never comes.
+    drop(listener);
     graceful.shutdown().await;
     Ok(())
 }
@@ -93,6 +97,56 @@ mod tests {
         assert!(response.contains("\r\nAccess-Control-Allow-Origin: *\r\n"), "{response}");
         assert!(response.ends_with("ok"), "{response}");
         let _ = stop.send(());
+        server.await.expect("the loop ran").expect("it ended cleanly");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn new_connections_are_refused_from_the_moment_shutdown_begins() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("a port");
+        let address = listener.local_addr().expect("an address");
+        // A request that stays in flight until released keeps the server
+        // waiting for its connection after the stop.
+        let (entered, mut inside) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let hold = move || {
+            let (entered, mut released) = (entered.clone(), released.clone());
+            async move {
+                let _ = entered.send(());
+                let _ = released.wait_for(|released| *released).await;
+                "done"
+            }
+        };
+        let app = Router::new().route("/hold", get(hold));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, app, Timeouts::default(), async {
+            let _ = stopped.await;
+        }));
+        let held = tokio::task::spawn_blocking(move || {
+            let mut stream = std::net::TcpStream::connect(address).expect("connects");
+            stream.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("writes");
+            let mut response = String::new();
+            stream.read_to_string(&mut response).expect("reads");
+            response
+        });
+        inside.recv().await.expect("the request reached its handler");
+        let _ = stop.send(());
+        let refused = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while std::net::TcpStream::connect(address).is_ok() {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            true
+        })
+        .await
+        .expect("the prober ran");
+        assert!(refused, "a new connection was still accepted after the stop");
+        assert!(!server.is_finished(), "the server waits for the request in flight");
+        let _ = release.send(true);
+        let response = held.await.expect("the held client ran");
+        assert!(response.ends_with("done"), "{response}");
         server.await.expect("the loop ran").expect("it ended cleanly");
     }
 }

@@ -306,7 +306,12 @@ fn normalize(index: usize, message: &Value, separator: &str, media: &mut Media<'
             let mut content = String::new();
             let mut after_image = false;
             for (number, part) in parts.iter().enumerate() {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                let at = format!("messages[{index}].content[{number}]");
+                let kind = match part {
+                    Value::Object(part) => part.get("type").and_then(Value::as_str),
+                    _ => return Err(wrong(&at, "a content part object")),
+                };
+                match (kind, part.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(text)) => {
                         if !after_image && !content.is_empty() {
                             content.push_str(separator);
@@ -314,11 +319,9 @@ fn normalize(index: usize, message: &Value, separator: &str, media: &mut Media<'
                         content.push_str(text);
                         after_image = false;
                     }
-                    (Some("text"), None) => {
-                        return Err(ApiError::invalid(format!("`messages[{index}].content[].text` must be a string")));
-                    }
+                    (Some("text"), None) => return Err(wrong(&format!("{at}.text"), "a string")),
                     (Some("image_url"), _) => {
-                        let field = format!("messages[{index}].content[{number}].image_url.url");
+                        let field = format!("{at}.image_url.url");
                         let marker = media.marker.ok_or_else(|| prompt::no_vision(&field))?;
                         let url = part
                             .pointer("/image_url/url")
@@ -328,12 +331,16 @@ fn normalize(index: usize, message: &Value, separator: &str, media: &mut Media<'
                         content.push_str(marker);
                         after_image = true;
                     }
-                    _ => {
-                        return Err(ApiError::new(
-                            ErrorType::NotSupported,
-                            format!("`messages[{index}].content`: only text and image_url parts are supported"),
-                        ));
+                    // Parts OpenAI defines that sluice cannot read yet.
+                    (Some(kind @ ("input_audio" | "file" | "video_url" | "audio_url")), _) => {
+                        return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
                     }
+                    (Some(kind), _) => {
+                        return Err(ApiError::invalid(format!(
+                            "`{at}.type` must be \"text\" or \"image_url\", not {kind:?}"
+                        )));
+                    }
+                    (None, _) => return Err(wrong(&format!("{at}.type"), "a string")),
                 }
             }
             object.insert("content".into(), Value::String(content));
@@ -641,6 +648,20 @@ mod tests {
         assert!(error.message.contains("messages[0].content[0].image_url.url") && error.message.contains("--mmproj"));
         let audio = json!({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]});
         assert_eq!(normalize(0, &audio, "\n", &mut media).unwrap_err().kind, ErrorType::NotSupported);
+        // Malformed parts are the client's mistake, not a missing feature.
+        for (content, field) in [
+            (json!([[[[1]]]]), "messages[0].content[0]"),
+            (json!(["a"]), "messages[0].content[0]"),
+            (json!([{"text": "a"}]), "messages[0].content[0].type"),
+            (json!([{"type": 1}]), "messages[0].content[0].type"),
+            (json!([{"type": "text", "text": "a"}, {"type": "txet", "text": "b"}]), "messages[0].content[1].type"),
+            (json!([{"type": "text", "text": 1}]), "messages[0].content[0].text"),
+        ] {
+            let message = json!({"role": "user", "content": content});
+            let error = normalize(0, &message, "\n", &mut media).unwrap_err();
+            assert_eq!(error.kind, ErrorType::InvalidRequest, "{content}");
+            assert!(error.message.contains(field), "{content}: {}", error.message);
+        }
         assert!(
             normalize(1, &json!({"content": "x"}), "\n", &mut media).unwrap_err().message.contains("messages[1].role")
         );

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
+use axum::http::header::CONTENT_LENGTH;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -48,6 +49,13 @@ impl FromRequest<AppState> for RawBody {
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         let limit = state.config().server.limits.body_bytes;
+        // A declared length over the limit is refused before any of the
+        // body is awaited: a client that declares a terabyte and sends a
+        // few bytes must not hold the handler until the body timeout.
+        let declared = request.headers().get(CONTENT_LENGTH).and_then(|length| length.to_str().ok());
+        if declared.and_then(|length| length.trim().parse::<u64>().ok()).is_some_and(|length| length > limit as u64) {
+            return Err(ApiError::too_large(limit));
+        }
         let reading = Bytes::from_request(request, state);
         // A client that sends its body slowly must not hold the handler.
         let read = match state.config().server.timeouts.body_s {
@@ -302,7 +310,9 @@ pub fn stage_name(stage: Stage) -> &'static str {
 
 /// `logit_bias`: `[[token|text, bias|false], …]` or `{"token|text": bias|false}`.
 /// Text is tokenized and every token of it biased; `false` bans; ids
-/// outside the vocabulary are dropped, as llama-server drops them.
+/// outside the vocabulary are dropped, as llama-server drops them. A bias
+/// of another type is refused: llama-server skips it, and the client then
+/// never learns that its bias did nothing.
 fn logit_bias(fields: Fields<'_>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(value) = fields.get("logit_bias") else { return Ok(Vec::new()) };
     let shape = "`logit_bias` must be [[token or text, bias or false], …] or {\"token or text\": bias or false}";
@@ -311,8 +321,7 @@ fn logit_bias(fields: Fields<'_>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32
         let bias = match bias {
             Value::Number(number) => number.as_f64().map(|bias| bias as f32).ok_or_else(|| ApiError::invalid(shape))?,
             Value::Bool(false) => f32::NEG_INFINITY,
-            // llama-server skips `true` and other values.
-            _ => return Ok(()),
+            _ => return Err(ApiError::invalid(format!("{shape}; a bias of {bias} is neither"))),
         };
         let tokens = match target {
             Value::Number(_) => vec![integer("logit_bias", target)?],

@@ -35,6 +35,11 @@ impl Api {
         format!("{}{path}", self.base)
     }
 
+    /// The server's listening address, for raw connections.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.base.trim_start_matches("http://").trim_end_matches('/').parse().expect("an address")
+    }
+
     /// GET a JSON answer: its status and body (`Null` when not JSON).
     pub fn get(&self, path: &str) -> Result<(u16, Value), String> {
         let response = self.client.get(self.url(path)).timeout(CONTROL_TIMEOUT).send();
@@ -65,9 +70,7 @@ impl Api {
 
     /// The server's resident memory (VmRSS) in KiB.
     pub fn rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        let line = status.lines().find_map(|line| line.strip_prefix("VmRSS:"))?;
-        line.trim().trim_end_matches("kB").trim().parse().ok()
+        crate::http::rss_kib(self.pid)
     }
 }
 
