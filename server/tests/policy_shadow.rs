@@ -200,13 +200,20 @@ fn write_cost_model(near: &Path) -> PathBuf {
     path
 }
 
+/// The folder of the built plugins, as the server resolves it.
+fn dist() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist")).canonicalize().expect("plugins/dist")
+}
+
 fn chaos_wasm() -> String {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist/chaos.wasm")).display().to_string()
+    dist().join("chaos.wasm").display().to_string()
 }
 
 #[test]
 fn hostile_shadows_are_quarantined_and_serving_goes_on() {
-    let server = Server::start(&["-np", "2", "-b", "32", "--api-key", KEY]);
+    let dist = dist();
+    let plugin_dir = dist.to_str().expect("utf-8 path");
+    let server = Server::start(&["-np", "2", "-b", "32", "--api-key", KEY, "--plugin-dir", plugin_dir]);
     let (status, refused) = server.get("/admin/policy/shadow");
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused}");
     let chaos = chaos_wasm();

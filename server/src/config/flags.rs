@@ -209,6 +209,9 @@ impl Config {
                 .map(|spec| policy_spec(spec, "--policy-shadow"))
                 .collect::<Result<_, _>>()?;
         }
+        if flags.plugin_dir.is_some() {
+            self.policy.plugin_dir.clone_from(&flags.plugin_dir);
+        }
         if flags.record_trace.is_some() {
             self.server.record_trace.clone_from(&flags.record_trace);
         }
@@ -229,6 +232,11 @@ pub struct Overrides {
     /// (`[[policy.shadow]]`; given, it replaces the file's).
     #[arg(long, value_name = "NAME|PATH[,K=V...]")]
     pub policy_shadow: Vec<String>,
+    /// The folder `.wasm` paths sent to the admin API must lie in
+    /// (`policy.plugin_dir`); without it the admin API loads built-in
+    /// policies only.
+    #[arg(long, value_name = "DIR")]
+    pub plugin_dir: Option<PathBuf>,
     /// Record every step's view and decision to FILE (`server.record_trace`).
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,

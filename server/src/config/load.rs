@@ -81,6 +81,9 @@ impl Config {
         if let Some(folder) = config.server.slot_save_path.as_mut() {
             resolve(folder);
         }
+        if let Some(folder) = config.policy.plugin_dir.as_mut() {
+            resolve(folder);
+        }
         if let Some(trace) = config.server.record_trace.as_mut() {
             resolve(trace);
         }

@@ -431,6 +431,11 @@ pub struct PolicyConfig {
     /// Most microseconds all shadows together may take per step; the rest
     /// skip that step.
     pub shadow_budget_us: u64,
+    /// The folder `.wasm` paths sent to the admin API must lie in
+    /// (relative paths there are relative to it); none: the admin API
+    /// loads built-in policies only. The config file's own paths are the
+    /// operator's and may be anywhere.
+    pub plugin_dir: Option<PathBuf>,
 }
 
 /// One `[[policy.shadow]]`.
@@ -455,6 +460,7 @@ impl Default for PolicyConfig {
             settings: toml::Table::new(),
             shadow: Vec::new(),
             shadow_budget_us: 200,
+            plugin_dir: None,
         }
     }
 }

@@ -18,8 +18,8 @@ use super::params::{Fields, JsonBody, object, wrong};
 use crate::config::{Config, Overrides, PolicyConfig, PolicySpec, policy_source};
 use crate::engine::policy::SchedulingPolicy;
 use crate::engine::shadow::ShadowRecord;
-use crate::plugins::{PluginHost, WasmPolicy};
-use crate::startup::{PluginError, load_policy, load_shadows};
+use crate::plugins::{PluginHost, PluginSource, WasmPolicy};
+use crate::startup::{PluginError, confine, load_policy, load_shadows};
 
 /// Longest wait for the engine to take a new policy or shadow (it does so
 /// between two steps, and a step with a long prefill can take seconds on a
@@ -107,6 +107,7 @@ fn install(state: &AppState, policy: WasmPolicy) -> Result<String, PluginError> 
 pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     require_key(&state)?;
     let (requested, settings) = requested_policy(&body)?;
+    let requested = requested.map(|plugin| confined(&state, plugin)).transpose()?;
     let worker = state.clone();
     let name = blocking(move || {
         let policies = worker.policies();
@@ -115,7 +116,7 @@ pub async fn replace_policy(State(state): State<AppState>, JsonBody(body): JsonB
         };
         let policy = policies
             .load(PolicyConfig { plugin, settings, ..policies.active() })
-            .map_err(|error| ApiError::invalid(error.to_string()))?;
+            .map_err(|error| ApiError::invalid(format!("`policy`: {error}")))?;
         install(&worker, policy).map_err(|error| ApiError::new(ErrorType::Unavailable, error.to_string()))
     })
     .await?;
@@ -138,6 +139,18 @@ fn requested_policy(body: &Value) -> Result<(Option<String>, toml::Table), ApiEr
     Ok((plugin, settings))
 }
 
+/// A plugin named in a request: a built-in name as it is, a path only
+/// inside `policy.plugin_dir` (resolved there). Whoever holds the API key
+/// must not be able to make the server read any file it can reach.
+fn confined(state: &AppState, plugin: String) -> Result<String, ApiError> {
+    let PluginSource::Path(path) = policy_source(&plugin, "policy").map_err(ApiError::invalid)? else {
+        return Ok(plugin);
+    };
+    let folder = state.policies().active().plugin_dir;
+    let resolved = confine(&path, folder.as_deref()).map_err(|why| ApiError::invalid(format!("`policy`: {why}")))?;
+    Ok(resolved.display().to_string())
+}
+
 /// `/admin` endpoints are closed unless an API key is configured (the key
 /// itself is checked by the router's middleware).
 fn require_key(state: &AppState) -> Result<(), ApiError> {
@@ -155,13 +168,13 @@ fn require_key(state: &AppState) -> Result<(), ApiError> {
 pub async fn attach_shadow(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     require_key(&state)?;
     let (plugin, settings) = requested_policy(&body)?;
-    let plugin = plugin.ok_or_else(|| ApiError::invalid("`policy` is required"))?;
+    let plugin = confined(&state, plugin.ok_or_else(|| ApiError::invalid("`policy` is required"))?)?;
     let worker = state.clone();
     let name = blocking(move || {
         let policies = worker.policies();
         let spec = PolicySpec { plugin, settings };
         let policy = load_policy(&policies.host, &policies.active().for_shadow(&spec))
-            .map_err(|error| ApiError::invalid(error.to_string()))?;
+            .map_err(|error| ApiError::invalid(format!("`policy`: {error}")))?;
         let name = policy.name().to_owned();
         let ready = worker.ready()?;
         ready.engine.attach_shadow(Box::new(policy), SWAP_WAIT).map_err(ApiError::invalid)?;

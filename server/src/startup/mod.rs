@@ -11,6 +11,6 @@ mod templates;
 pub use draft::{AppliedEdit, DraftKind, PairedDraft, PairingError, load_speculation, model_info, pair};
 pub use model::{Serving, StartError, check_device, engine_config, load_model, load_projector, serve_model};
 pub use plugins::{
-    PluginError, World, fallback, fault_rules, load_fixup, load_fixups, load_policy, load_shadows, read_plugin,
+    PluginError, World, confine, fallback, fault_rules, load_fixup, load_fixups, load_policy, load_shadows, read_plugin,
 };
 pub use templates::builtins as builtin_templates;

@@ -217,8 +217,14 @@ fn fault_counts(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -
     counts
 }
 
+/// The folder of the built plugins: the server's `policy.plugin_dir`, so
+/// that the admin API may load the chaos policy from it.
+pub fn plugin_dir() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist").to_owned()
+}
+
 fn chaos_wasm() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist/chaos.wasm").to_owned()
+    format!("{}/chaos.wasm", plugin_dir())
 }
 
 fn sleep_until(at: Instant) {
