@@ -110,11 +110,31 @@ pub struct ServerLimits {
     /// that the request is ended (a client that stopped reading must not
     /// hold the server's memory); 0 = no bound.
     pub stream_window_kib: usize,
+    /// Most probabilities a request may ask for per token (`n_probs`,
+    /// `logprobs` on `/v1/completions`, `top_logprobs` on chat); more gets
+    /// 400. Each is computed on the engine thread and written out for every
+    /// token, so the vocabulary (49,152 for SmolLM2) per token would cost
+    /// every other request time and the server gigabytes.
+    pub n_probs: usize,
+    /// Most MiB a response that is not streamed may hold for its client
+    /// while it is generated (its text and probabilities as the JSON it
+    /// will send); past that the request is ended with 400; 0 = no bound.
+    pub response_mib: usize,
+    /// Most MiB of text tokenized at once across requests (tokenizing
+    /// holds several times its text); a larger text waits for its turn, up
+    /// to 30 s, then gets 503; texts up to 64 KiB never wait; 0 = no bound.
+    pub tokenizing_mib: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
-        ServerLimits { body_bytes: 16 << 20, stream_window_kib: 16 << 10 }
+        ServerLimits {
+            body_bytes: 16 << 20,
+            stream_window_kib: 16 << 10,
+            n_probs: 100,
+            response_mib: 64,
+            tokenizing_mib: 16,
+        }
     }
 }
 

@@ -129,6 +129,8 @@ slots = false
 sse_ping_interval = 5
 [server.limits]
 body_bytes = 1024
+n_probs = 20
+response_mib = 8
 [model]
 path = "m.gguf"
 alias = "tiny"
@@ -164,6 +166,7 @@ format = "json"
 "#;
     let config = Config::parse(text).expect("valid");
     assert_eq!(config.server.limits.body_bytes, 1024);
+    assert_eq!((config.server.limits.n_probs, config.server.limits.response_mib), (20, 8));
     assert_eq!(config.server.api_key.as_deref(), Some("secret"));
     assert_eq!(config.model.name(), "tiny");
     assert_eq!(config.engine.ctx, 0);

@@ -131,16 +131,18 @@ impl EventReceiver {
     }
 }
 
-/// About what an event holds in memory: its text and probabilities, which
-/// are what a large `n_probs` makes big.
+/// What an event holds in memory: its text and probabilities (a large
+/// `n_probs` is what makes events big), by the buffers allocated for them,
+/// not by what they list: a buffer larger than its contents is held all the
+/// same.
 fn weight(event: &Event) -> usize {
     const BASE: usize = std::mem::size_of::<Event>();
     match event {
         Event::Token(TokenEvent { text, probs, .. }) => {
-            let probs = probs.as_ref().map_or(0, |probs| probs.top.len() * std::mem::size_of_val(&probs.chosen));
-            BASE + text.len() + probs
+            let probs = probs.as_ref().map_or(0, |probs| probs.top.capacity() * std::mem::size_of_val(&probs.chosen));
+            BASE + text.capacity() + probs
         }
-        Event::Done(completion) => BASE + completion.text.len() + completion.stopping_word.len(),
+        Event::Done(completion) => BASE + completion.text.capacity() + completion.stopping_word.capacity(),
         Event::Failed(error) => BASE + error.to_string().len(),
         Event::Started { .. } | Event::Progress(_) => BASE,
     }
@@ -188,6 +190,17 @@ mod tests {
             "{told:?}"
         );
         assert_eq!(receiver.unread.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn an_event_weighs_the_buffers_it_holds_not_only_what_they_list() {
+        let Event::Token(mut event) = token(5) else { unreachable!("a token event") };
+        let listed = weight(&Event::Token(event.clone()));
+        if let Some(probs) = event.probs.as_mut() {
+            probs.top.reserve_exact(49_152);
+        }
+        let held = weight(&Event::Token(event));
+        assert!(held >= listed + 49_152 * std::mem::size_of::<TokenProb>(), "{held} bytes for a 393 KB buffer");
     }
 
     #[test]

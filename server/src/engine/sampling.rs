@@ -180,14 +180,12 @@ impl Sampler {
             if !sorted {
                 sort_descending(&mut self.candidates);
             }
+            let kept = || self.candidates.iter().filter(|candidate| candidate.prob > 0.0).take(n);
+            // Sized exactly: the list travels with the token event and is
+            // counted against the stream window by what it holds.
             out.clear();
-            out.extend(
-                self.candidates
-                    .iter()
-                    .filter(|candidate| candidate.prob > 0.0)
-                    .take(n)
-                    .map(|candidate| TokenProb { token: candidate.token, prob: candidate.prob }),
-            );
+            out.reserve_exact(kept().count());
+            out.extend(kept().map(|candidate| TokenProb { token: candidate.token, prob: candidate.prob }));
         }
         chosen
     }
@@ -230,12 +228,16 @@ pub fn top_probs(logits: &[f32], n: usize) -> Vec<TokenProb> {
     let mut best: Vec<Candidate> =
         logits.iter().enumerate().map(|(token, &logit)| Candidate { token: token as u32, logit, prob: 0.0 }).collect();
     keep_best(&mut best, n);
-    best.into_iter()
-        .map(|candidate| TokenProb {
-            token: candidate.token,
-            prob: ((candidate.logit - max).exp() as f64 / sum) as f32,
-        })
-        .collect()
+    // A list of its own, exactly as long as it is: collected from `best`,
+    // Rust would reuse the vocabulary-sized buffer in place, and every
+    // token event would hold that buffer (590 KB at 49,152 candidates)
+    // for its few probabilities, while the stream window counted only those.
+    let mut top = Vec::with_capacity(best.len());
+    top.extend(best.iter().map(|candidate| TokenProb {
+        token: candidate.token,
+        prob: ((candidate.logit - max).exp() as f64 / sum) as f32,
+    }));
+    top
 }
 
 /// Keep the `n` best candidates, best first: a selection, then a sort of
@@ -537,6 +539,17 @@ mod tests {
             let expected: Vec<u32> = sorted.iter().take(n).map(|&(token, _)| token).collect();
             assert_eq!(tokens, expected, "n = {n}");
         }
+    }
+
+    #[test]
+    fn probability_lists_hold_what_they_list_not_the_vocabulary() {
+        let logits: Vec<f32> = (0..49_152u32).map(|token| (token % 97) as f32 / 10.0).collect();
+        let top = top_probs(&logits, 5);
+        assert_eq!((top.len(), top.capacity()), (5, 5));
+        let mut post = Vec::new();
+        let params = SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, ..SamplingParams::default() };
+        Sampler::new(params).sample(&logits, Some((7, &mut post)));
+        assert_eq!((post.len(), post.capacity()), (7, 7));
     }
 
     #[test]

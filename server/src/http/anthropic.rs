@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Plan, blocking, collect, engine_gone, submit};
+use super::generate::{Keep, Plan, blocking, collect, engine_gone, submit};
 use super::ids::random_id;
 use super::openai::chat_tokens;
 use super::params::{self, Fields, JsonBody, object, wrong};
@@ -43,7 +43,7 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
         let chat = to_chat(Fields(object(&body)?), true)?;
         let fields = Fields(&chat);
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
         Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
     })
@@ -56,7 +56,7 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
         let render = MessageStream::new(id, model, plan.prompt(0).len(), reasoning.splitter());
         return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
-    let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
+    let outcome = collect(jobs, &Keep::new(&ready, &[])).await?.into_iter().next().ok_or_else(engine_gone)?;
     let Parts { reasoning, content: text } = reasoning.split(&outcome.content());
     // Empty blocks are left out, as in llama-server. A local model signs
     // nothing, so the signature Anthropic's clients expect is empty.
@@ -87,7 +87,7 @@ pub async fn count_tokens(State(state): State<AppState>, JsonBody(body): JsonBod
     let thinking = state.config().defaults.reasoning;
     let input_tokens = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), false)?;
-        Ok(chat_tokens(&ready, Fields(&chat), thinking)?.prompt.tokens.len())
+        Ok(chat_tokens(&ready, ready.counter(), Fields(&chat), thinking)?.prompt.tokens.len())
     })
     .await?;
     Ok(axum::Json(json!({ "input_tokens": input_tokens })).into_response())

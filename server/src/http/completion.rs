@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use axum::response::Response;
+use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::generate::{
-    Outcome, Plan, StreamProgress, attach_progress, blocking, collect, probs_json, submit, timings_json,
-};
+use super::generate::{Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, submit, timings_json};
 use super::params::{self, Fields, JsonBody, object, settings_json};
+use super::probs::probs_json;
+use super::spliced::Spliced;
 use super::{AppState, Ready, prompt, sse};
 use crate::engine::request::{Completion, Progress, TokenEvent};
 
@@ -30,32 +30,46 @@ pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody)
     })
     .await?;
     let plan = Arc::new(plan);
+    let n_probs = plan.generation.request.n_probs;
+    let listings: &[usize] = if plan.generation.stream || n_probs == 0 { &[] } else { &[n_probs] };
+    let keep = Keep::new(&ready, listings);
+    keep.check(&plan)?;
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
-        let render = NativeStream::new(ready, plan);
+        let render = NativeStream::new(Arc::clone(&ready), plan);
         return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
-    let outcomes = collect(jobs).await?;
-    let mut results: Vec<Value> = outcomes.iter().map(|outcome| final_json(&ready, &plan, outcome, false)).collect();
+    let outcomes = collect(jobs, &keep).await?;
+    let mut results: Vec<Spliced<'_>> =
+        outcomes.iter().map(|outcome| final_answer(&ready, &plan, &keep, outcome)).collect();
     if !plan.generation.response_fields.is_empty() {
-        results = results.iter().map(|result| project(result, &plan.generation.response_fields)).collect();
+        results = results.iter().map(|result| result.project(&plan.generation.response_fields)).collect();
     }
     // One prompt and one completion answer with an object, more with an
     // array ordered by index.
-    Ok(match <[Value; 1]>::try_from(results) {
-        Ok([single]) => axum::Json(single).into_response(),
-        Err(results) => axum::Json(Value::Array(results)).into_response(),
-    })
+    let answer = if results.len() == 1 { results.remove(0) } else { Spliced::array(results) };
+    Ok(answer.into_response())
 }
 
-/// The native final object. In a stream, `content` is only the held-back
-/// tail and `tokens` and `completion_probabilities` are left out (they
+/// The native final object of a completion that was not streamed, with its
+/// probabilities when asked for.
+pub(super) fn final_answer<'a>(ready: &Ready, plan: &Plan, keep: &Keep<'_>, outcome: &'a Outcome) -> Spliced<'a> {
+    let n_probs = plan.generation.request.n_probs;
+    let mut answer = Spliced::new(final_json(ready, plan, outcome, false));
+    if n_probs > 0 {
+        answer.list(&["completion_probabilities"], keep.probs(outcome, n_probs));
+    }
+    answer
+}
+
+/// The native final object but for its probabilities. In a stream,
+/// `content` is only the held-back tail and `tokens` is left out (they
 /// were streamed).
 pub(super) fn final_json(ready: &Ready, plan: &Plan, outcome: &Outcome, streamed: bool) -> Value {
     let completion = &outcome.completion;
     let content = if streamed { completion.text.clone() } else { outcome.content() };
-    let tokens = if plan.generation.return_tokens && !streamed { outcome.token_ids() } else { Vec::new() };
-    let mut result = json!({
+    let tokens = if plan.generation.return_tokens && !streamed { outcome.token_ids() } else { &[] };
+    json!({
         "index": outcome.index,
         "content": content,
         "tokens": tokens,
@@ -72,30 +86,7 @@ pub(super) fn final_json(ready: &Ready, plan: &Plan, outcome: &Outcome, streamed
         "stopping_word": completion.stopping_word,
         "tokens_cached": completion.tokens_cached,
         "timings": timings_json(&completion.timings),
-    });
-    if plan.generation.request.n_probs > 0
-        && !streamed
-        && let Some(object) = result.as_object_mut()
-    {
-        let n = plan.generation.request.n_probs;
-        let probs: Vec<Value> =
-            outcome.probs(&ready.tokenizer).into_iter().map(|probs| probs_json(&ready.tokenizer, probs, n)).collect();
-        object.insert("completion_probabilities".into(), Value::Array(probs));
-    }
-    result
-}
-
-/// `response_fields`: keep only the listed paths (`a/b` reads nested keys),
-/// each under its full path, as llama-server does.
-fn project(result: &Value, paths: &[String]) -> Value {
-    let mut projected = Map::new();
-    for path in paths {
-        let found = path.split('/').try_fold(result, |value, key| value.get(key));
-        if let Some(value) = found {
-            projected.insert(path.clone(), value.clone());
-        }
-    }
-    Value::Object(projected)
+    })
 }
 
 /// The native stream: one chunk per token, then the final object.
@@ -161,7 +152,7 @@ impl sse::Render for NativeStream {
     }
 
     fn done(&mut self, index: usize, completion: &Completion) -> Vec<Value> {
-        let outcome = Outcome { index, tokens: Vec::new(), completion: completion.clone() };
+        let outcome = Outcome::finished(index, completion.clone());
         let mut result = final_json(&self.ready, &self.plan, &outcome, true);
         if let (Some(progress), Some(object)) = (self.progress.get(index), result.as_object_mut()) {
             let has_new_line = progress.new_line || completion.text.contains('\n');
@@ -176,18 +167,5 @@ impl sse::Render for NativeStream {
 
     fn done_marker(&self) -> bool {
         false
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn response_fields_keep_full_paths() {
-        let result = json!({"content": "x", "generation_settings": {"n_predict": 8}, "prompt": "p"});
-        let projected =
-            project(&result, &["content".into(), "generation_settings/n_predict".into(), "absent/x".into()]);
-        assert_eq!(projected, json!({"content": "x", "generation_settings/n_predict": 8}));
     }
 }

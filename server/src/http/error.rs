@@ -190,6 +190,20 @@ pub fn exceeds_context(n_prompt_tokens: usize, n_ctx: usize) -> ApiError {
     .with("n_ctx", json!(n_ctx))
 }
 
+/// [`exceeds_context`] for a prompt refused before it was tokenized: it
+/// has at least `least` tokens.
+pub fn exceeds_context_untokenized(least: usize, n_ctx: usize) -> ApiError {
+    ApiError::new(
+        ErrorType::ExceedContextSize,
+        format!(
+            "the request exceeds the available context size (at least {least} prompt tokens, found without \
+             tokenizing the whole text; context {n_ctx})"
+        ),
+    )
+    .with("n_prompt_tokens", json!(least))
+    .with("n_ctx", json!(n_ctx))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,16 +2,18 @@
 //! completions to the engine, collecting their results, and the JSON of
 //! probabilities, timings and usage.
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
+use super::Ready;
 use super::error::{ApiError, ErrorType};
 use super::params::Generation;
+use super::probs;
 use super::prompt::Prompt;
 use crate::engine::EngineHandle;
 use crate::engine::delivery::EventReceiver;
-use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent, TokenProbs};
-use crate::engine::sampling::TokenProb;
+use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};
 use crate::model::tokenizer::Tokenizer;
 
 /// Per-completion state of a stream: the slot, tokens so far, and the
@@ -164,57 +166,166 @@ fn empty_completion() -> Completion {
     }
 }
 
+/// What a non-streamed request keeps of its completions until it answers:
+/// their text and token ids, and their probabilities as the JSON text the
+/// answer will hold, once for each listing length it shows (`top_n`); and
+/// the most it may keep (`server.limits.response_mib`).
+pub struct Keep<'a> {
+    tokenizer: &'a Tokenizer,
+    top_n: Vec<usize>,
+    n_ctx: usize,
+    limit_bytes: usize,
+}
+
+/// The shortest a probability entry is written (`{"id":0,"token":"",
+/// "bytes":[],"prob":1.0}`), for the least an answer must hold.
+const LEAST_ENTRY_BYTES: usize = 41;
+
+impl<'a> Keep<'a> {
+    /// Probabilities listed with each of `top_n` alternatives (none when
+    /// empty).
+    pub fn new(ready: &'a Ready, top_n: &[usize]) -> Self {
+        let mut listings = top_n.to_vec();
+        listings.dedup();
+        let limit_bytes = match ready.server_limits.response_mib {
+            0 => usize::MAX,
+            mib => mib.saturating_mul(1 << 20),
+        };
+        Keep { tokenizer: &ready.tokenizer, top_n: listings, n_ctx: ready.engine.config().ctx, limit_bytes }
+    }
+
+    /// Refuse at once a request certain to pass the limit: one that must
+    /// generate its `n_predict` tokens or fill its context (end of
+    /// generation banned, no stop words or grammar to end it sooner) and
+    /// whose probabilities alone, written as tersely as they can be, would
+    /// not fit.
+    pub fn check(&self, plan: &Plan) -> Result<(), ApiError> {
+        let request = &plan.generation.request;
+        let certain = request.ignore_eos && request.stop.is_empty() && request.grammar.is_none();
+        if !certain || request.n_probs == 0 {
+            return Ok(());
+        }
+        let n_predict = request.n_predict.unwrap_or(usize::MAX);
+        // After sampling, only one candidate may be left.
+        let listed = if request.post_sampling_probs { 1 } else { request.n_probs };
+        let per_token: usize = self.top_n.iter().map(|&top_n| (1 + top_n.min(listed)) * LEAST_ENTRY_BYTES).sum();
+        // A request ends, at the latest, when its context is full.
+        let tokens: usize = (0..plan.outputs())
+            .map(|index| n_predict.min(self.n_ctx.saturating_sub(plan.prompt(index).len() + 1)))
+            .sum();
+        let least = tokens.saturating_mul(per_token);
+        if least > self.limit_bytes {
+            return Err(ApiError::invalid(format!(
+                "the answer would hold at least {} MiB of probabilities, more than the {} MiB an answer that is \
+                 not streamed may hold (server.limits.response_mib); stream it (`\"stream\": true`) or ask for \
+                 fewer tokens or probabilities",
+                least.div_ceil(1 << 20),
+                self.limit_bytes >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    /// The probabilities of `outcome` listed with `top_n` alternatives, less
+    /// the tokens of a matched stop word (as llama-server trims them: as
+    /// many as the stop word has tokens). Empty unless `top_n` is one of
+    /// this keep's listings.
+    pub fn probs<'o>(&self, outcome: &'o Outcome, top_n: usize) -> &'o [Box<RawValue>] {
+        let listing = self.top_n.iter().position(|&kept| kept == top_n);
+        let probs = listing.and_then(|listing| outcome.probs.get(listing)).map_or(&[][..], Vec::as_slice);
+        if outcome.completion.stop_type != StopType::Word {
+            return probs;
+        }
+        let stop_tokens = self.tokenizer.encode(&outcome.completion.stopping_word, false, false).len();
+        &probs[..probs.len().saturating_sub(stop_tokens)]
+    }
+
+    /// Keep one token of `outcome`; the bytes that took.
+    fn token(&self, outcome: &mut Outcome, token: TokenEvent) -> usize {
+        let mut held = std::mem::size_of::<u32>() + token.text.len();
+        outcome.tokens.push(token.token);
+        outcome.text.push_str(&token.text);
+        if let Some(probs) = &token.probs {
+            outcome.probs.resize_with(self.top_n.len(), Vec::new);
+            for (&top_n, listing) in self.top_n.iter().zip(&mut outcome.probs) {
+                let entry = probs::Entry { tokenizer: self.tokenizer, probs, top_n }.to_raw();
+                held += entry.get().len() + std::mem::size_of_val(&entry);
+                listing.push(entry);
+            }
+        }
+        held
+    }
+
+    fn passed(&self) -> ApiError {
+        ApiError::invalid(format!(
+            "the answer passed {} MiB, the most an answer that is not streamed may hold \
+             (server.limits.response_mib); stream it (`\"stream\": true`) or ask for fewer tokens or probabilities",
+            self.limit_bytes >> 20
+        ))
+    }
+}
+
 /// A finished completion.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Outcome {
     pub index: usize,
-    pub tokens: Vec<TokenEvent>,
+    tokens: Vec<u32>,
+    /// The generated tokens' text.
+    text: String,
+    /// Each token's probabilities as JSON text, one list per listing of the
+    /// [`Keep`] that collected it.
+    probs: Vec<Vec<Box<RawValue>>>,
     pub completion: Completion,
 }
 
 impl Outcome {
+    /// An outcome with nothing kept but how it ended (a stream's final
+    /// object: its tokens went out as they came).
+    pub fn finished(index: usize, completion: Completion) -> Self {
+        Outcome { index, tokens: Vec::new(), text: String::new(), probs: Vec::new(), completion }
+    }
+
     /// The generated text: every token's text, then the held-back tail.
     pub fn content(&self) -> String {
-        let mut content: String = self.tokens.iter().map(|token| token.text.as_str()).collect();
+        let mut content = self.text.clone();
         content.push_str(&self.completion.text);
         content
     }
 
-    pub fn token_ids(&self) -> Vec<u32> {
-        self.tokens.iter().map(|token| token.token).collect()
-    }
-
-    /// Per-token probabilities, less the tokens of a matched stop word (as
-    /// llama-server trims them: as many as the stop word has tokens).
-    pub fn probs(&self, tokenizer: &Tokenizer) -> Vec<&TokenProbs> {
-        let mut probs: Vec<&TokenProbs> = self.tokens.iter().filter_map(|token| token.probs.as_ref()).collect();
-        if self.completion.stop_type == StopType::Word {
-            let stop_tokens = tokenizer.encode(&self.completion.stopping_word, false, false).len();
-            probs.truncate(probs.len().saturating_sub(stop_tokens));
-        }
-        probs
+    pub fn token_ids(&self) -> &[u32] {
+        &self.tokens
     }
 }
 
-/// Wait for every completion; the first failure is the answer.
-pub async fn collect(jobs: Vec<Submitted>) -> Result<Vec<Outcome>, ApiError> {
-    let mut outcomes = Vec::with_capacity(jobs.len());
-    for mut job in jobs {
-        let mut tokens = Vec::new();
-        loop {
-            match job.next().await {
-                Some(Event::Started { .. } | Event::Progress(_)) => {}
-                Some(Event::Token(token)) => tokens.push(token),
-                Some(Event::Done(completion)) => {
-                    outcomes.push(Outcome { index: job.index, tokens, completion });
-                    break;
+/// Wait for every completion, all at once (the engine runs them together,
+/// and one read after another would leave the later ones' events unread
+/// against their stream windows). The first failure is the answer, and so
+/// is passing the keep's limit; either cancels the rest.
+pub async fn collect(jobs: Vec<Submitted>, keep: &Keep<'_>) -> Result<Vec<Outcome>, ApiError> {
+    let mut outcomes: Vec<(Outcome, bool)> =
+        jobs.iter().map(|job| (Outcome::finished(job.index, empty_completion()), false)).collect();
+    let mut events = futures_util::stream::select_all(jobs.into_iter().map(|job| job.into_stream().boxed()));
+    let mut held = 0usize;
+    while let Some((index, event)) = events.next().await {
+        let Some((outcome, done)) = outcomes.get_mut(index) else { continue };
+        match event {
+            Event::Started { .. } | Event::Progress(_) => {}
+            Event::Token(token) => {
+                held = held.saturating_add(keep.token(outcome, token));
+                if held > keep.limit_bytes {
+                    return Err(keep.passed());
                 }
-                Some(Event::Failed(error)) => return Err(error.into()),
-                None => return Err(engine_gone()),
             }
+            Event::Done(completion) => {
+                outcome.completion = completion;
+                *done = true;
+            }
+            Event::Failed(error) => return Err(error.into()),
         }
     }
-    Ok(outcomes)
+    // Every stream ends after its completion's last event; one that ended
+    // without it was dropped by a stopping engine.
+    outcomes.into_iter().map(|(outcome, done)| if done { Ok(outcome) } else { Err(engine_gone()) }).collect()
 }
 
 /// The engine dropped a request without an answer (it is shutting down).
@@ -229,49 +340,6 @@ pub async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|error| ApiError::new(ErrorType::Server, format!("request handling failed: {error}")))?
-}
-
-/// A token's text for probability entries: its bytes up to the last whole
-/// UTF-8 character (llama-server trims partial characters the same way).
-fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let bytes = tokenizer.token_bytes(id).to_vec();
-    let valid = match std::str::from_utf8(&bytes) {
-        Ok(text) => text.len(),
-        Err(error) => error.valid_up_to(),
-    };
-    (String::from_utf8_lossy(&bytes[..valid]).into_owned(), bytes)
-}
-
-/// ln(p), with ln(0) written as -FLT_MAX as llama-server does (JSON has no
-/// infinity).
-fn logprob(prob: f32) -> f64 {
-    if prob > 0.0 { f64::from(prob.ln()) } else { -f64::from(f32::MAX) }
-}
-
-fn prob_entry(tokenizer: &Tokenizer, prob: &TokenProb, post_sampling: bool) -> Map<String, Value> {
-    let (text, bytes) = token_text(tokenizer, prob.token);
-    let mut entry = Map::new();
-    entry.insert("id".into(), json!(prob.token));
-    entry.insert("token".into(), json!(text));
-    entry.insert("bytes".into(), json!(bytes));
-    if post_sampling {
-        entry.insert("prob".into(), json!(prob.prob));
-    } else {
-        entry.insert("logprob".into(), json!(logprob(prob.prob)));
-    }
-    entry
-}
-
-/// One generated token's probabilities in llama-server's format:
-/// `{id, token, bytes, logprob, top_logprobs}`, or `prob`/`top_probs` after
-/// sampling. At most `top_n` alternatives are listed.
-pub fn probs_json(tokenizer: &Tokenizer, probs: &TokenProbs, top_n: usize) -> Value {
-    let post = probs.post_sampling;
-    let mut entry = prob_entry(tokenizer, &probs.chosen, post);
-    let top: Vec<Value> =
-        probs.top.iter().take(top_n).map(|prob| Value::Object(prob_entry(tokenizer, prob, post))).collect();
-    entry.insert(if post { "top_probs" } else { "top_logprobs" }.into(), Value::Array(top));
-    Value::Object(entry)
 }
 
 /// What a progress chunk carries, into `chunk`: llama-server's
@@ -361,15 +429,8 @@ mod tests {
     #[test]
     fn the_held_back_tail_counts_as_content() {
         let completion = Completion { text: "!".into(), ..empty_completion() };
-        let outcome =
-            Outcome { index: 0, tokens: vec![TokenEvent { token: 1, text: "Hi".into(), probs: None }], completion };
+        let outcome = Outcome { tokens: vec![1], text: "Hi".into(), ..Outcome::finished(0, completion) };
         assert_eq!(outcome.content(), "Hi!");
-        assert_eq!(outcome.token_ids(), vec![1]);
-    }
-
-    #[test]
-    fn zero_probability_is_minus_flt_max() {
-        assert_eq!(logprob(0.0), -f64::from(f32::MAX));
-        assert_eq!(logprob(1.0), 0.0);
+        assert_eq!(outcome.token_ids(), [1]);
     }
 }

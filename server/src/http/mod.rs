@@ -33,14 +33,17 @@ pub mod lora;
 pub mod media;
 pub mod openai;
 pub mod params;
+pub mod probs;
 pub mod prompt;
 pub mod reasoning;
 pub mod responses;
 pub mod server;
 pub mod slot_files;
+pub mod spliced;
 pub mod sse;
 pub mod structured;
 pub mod tokenize;
+pub mod tokenizing;
 pub mod tools;
 pub mod vertex;
 
@@ -57,7 +60,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use tracing::Instrument;
 
-use crate::config::{Config, RequestDefaults};
+use crate::config::{Config, RequestDefaults, ServerLimits};
 use crate::engine::EngineHandle;
 use crate::engine::constraint::Grammars;
 use crate::model::chat_template::ChatTemplate;
@@ -98,6 +101,10 @@ pub struct Ready {
     pub grammars: structured::Compiler,
     /// Image input, with a projector.
     pub vision: Option<media::Vision>,
+    /// `[server.limits]`, which requests are checked against.
+    pub server_limits: ServerLimits,
+    /// The text being tokenized at once.
+    pub tokenizing: tokenizing::Gate,
 }
 
 impl Ready {
@@ -124,12 +131,26 @@ impl Ready {
         });
         let (min_tokens, max_tokens) = (config.model.image_min_tokens, config.model.image_max_tokens);
         let vision = vision.map(|encoder| media::Vision::new(encoder, min_tokens, max_tokens));
-        Ready { engine, adapters, tokenizer, template, model: info, grammars, vision }
+        let server_limits = config.server.limits.clone();
+        let tokenizing = tokenizing::Gate::new(server_limits.tokenizing_mib.saturating_mul(1 << 20));
+        Ready { engine, adapters, tokenizer, template, model: info, grammars, vision, server_limits, tokenizing }
     }
 
-    /// What tokenizing a request's prompt needs.
+    /// What tokenizing a generation's prompt needs: it must fit a slot's
+    /// context.
     pub fn reader(&self) -> prompt::Reader<'_> {
-        prompt::Reader { tokenizer: &self.tokenizer, n_vocab: self.model.n_vocab, vision: self.vision.as_ref() }
+        prompt::Reader { n_ctx: Some(self.engine.config().ctx), ..self.counter() }
+    }
+
+    /// What tokenizing a text only to count or show its tokens needs.
+    pub fn counter(&self) -> prompt::Reader<'_> {
+        prompt::Reader {
+            tokenizer: &self.tokenizer,
+            n_vocab: self.model.n_vocab,
+            vision: self.vision.as_ref(),
+            gate: &self.tokenizing,
+            n_ctx: None,
+        }
     }
 
     /// The limits requests are checked against.
@@ -139,6 +160,7 @@ impl Ready {
             defaults,
             slots: config.slots,
             n_ctx: config.ctx,
+            n_probs: self.server_limits.n_probs,
             tokenizer: &self.tokenizer,
             adapters: &self.adapters,
             grammars: &self.grammars,

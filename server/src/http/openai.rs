@@ -8,18 +8,20 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
 use super::generate::{
-    Outcome, Plan, StreamProgress, attach_progress, blocking, collect, finish_reason, probs_json, submit, timings_json,
+    Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, finish_reason, submit, timings_json,
     usage_json,
 };
 use super::ids::random_id;
 use super::params::{self, Fields, JsonBody, object, wrong};
-use super::prompt::Prompt;
+use super::probs::probs_json;
+use super::prompt::{Prompt, Reader};
 use super::reasoning::{self, Parts, Reasoning, Splitter};
+use super::spliced::{List, Spliced};
 use super::tools::{self, ChatTools, ToolFormat, ToolStream};
 use super::{AppState, Ready, completion, media, prompt, sse, structured};
 use crate::config::Thinking;
@@ -108,14 +110,11 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
     let defaults = state.config().defaults.clone();
     let (parsed, reasoning) = blocking(move || {
         let fields = Fields(object(&body)?);
-        let mut generation = params::generation(fields, &parsing.limits(&defaults))?;
+        let limits = parsing.limits(&defaults);
+        let mut generation = params::generation(fields, &limits)?;
         let top_n = match (fields.bool("logprobs")?, fields.int("top_logprobs")?) {
             (Some(true), top) => {
-                let top = top.unwrap_or(DEFAULT_TOP_LOGPROBS);
-                if top < 0 {
-                    return Err(ApiError::invalid(format!("`top_logprobs` must be 0 or more, not {top}")));
-                }
-                let top = (top as usize).min(parsing.tokenizer.vocab_size());
+                let top = params::probabilities("top_logprobs", top.unwrap_or(DEFAULT_TOP_LOGPROBS), &limits)?;
                 // The engine reports probabilities only when asked for at
                 // least one; the chosen token's logprob is wanted even with
                 // no alternatives.
@@ -125,7 +124,7 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
-        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
         if let Some(source) = prompt.tools.as_ref().and_then(ChatTools::grammar) {
             if generation.request.grammar.is_some() {
                 return Err(ApiError::invalid(
@@ -161,12 +160,21 @@ pub struct ChatPrompt {
 }
 
 /// The tokens of the rendered chat prompt (special tokens parsed, BOS
-/// added where the vocabulary asks for it).
-pub fn chat_tokens(ready: &Ready, fields: Fields<'_>, thinking: Thinking) -> Result<ChatPrompt, ApiError> {
+/// added where the vocabulary asks for it), read by `reader` (which says
+/// whether it must fit the context).
+pub fn chat_tokens(
+    ready: &Ready,
+    reader: Reader<'_>,
+    fields: Fields<'_>,
+    thinking: Thinking,
+) -> Result<ChatPrompt, ApiError> {
     let Rendered { text, files, tools } = render(ready, fields, thinking)?;
     let prompt = match &ready.vision {
-        Some(vision) if !files.is_empty() => vision.prompt(&text, &files, &ready.tokenizer, true, "messages")?,
-        _ => ready.tokenizer.encode(&text, true, true).into(),
+        Some(vision) if !files.is_empty() => {
+            let _turn = reader.admit(&text, 0)?;
+            vision.prompt(&text, &files, &ready.tokenizer, true, "messages")?
+        }
+        _ => reader.encode(&text, 0, true)?.into(),
     };
     Ok(ChatPrompt { prompt, opens_thinking: reasoning::opens_thinking(&text), tools })
 }
@@ -360,6 +368,16 @@ enum Kind {
 
 async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> Result<Response, ApiError> {
     let Parsed { plan, envelope, top_n, tool_format } = parsed;
+    let n_probs = plan.generation.request.n_probs;
+    // `__verbose` lists the native answer's probabilities, with `n_probs`
+    // alternatives.
+    let listings: &[usize] = match (plan.generation.stream, n_probs, plan.generation.verbose) {
+        (true, _, _) | (false, 0, _) => &[],
+        (false, _, false) => &[top_n],
+        (false, _, true) => &[top_n, n_probs],
+    };
+    let keep = Keep::new(&ready, listings);
+    keep.check(&plan)?;
     let jobs = submit(&ready.engine, &plan)?;
     if plan.generation.stream {
         let outputs = plan.outputs();
@@ -368,7 +386,7 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
             Kind::Text => Vec::new(),
         };
         let render = OpenAiStream {
-            ready,
+            ready: Arc::clone(&ready),
             envelope,
             kind,
             top_n,
@@ -382,31 +400,35 @@ async fn run(state: AppState, ready: Arc<Ready>, parsed: Parsed, kind: Kind) -> 
         };
         return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
-    let outcomes = collect(jobs).await?;
-    let choices = outcomes.iter().map(|outcome| choice(&ready, outcome, kind, top_n, tool_format)).collect();
+    let outcomes = collect(jobs, &keep).await?;
     let object_kind = match kind {
         Kind::Text => "text_completion",
         Kind::Chat(_) => "chat.completion",
     };
-    let mut result = envelope.object(object_kind, choices);
-    insert(&mut result, "usage", usage_json(outcomes.iter().map(|outcome| &outcome.completion)));
+    let mut tree = envelope.object(object_kind, vec![Value::Null; outcomes.len()]);
+    insert(&mut tree, "usage", usage_json(outcomes.iter().map(|outcome| &outcome.completion)));
     if let Some(first) = outcomes.first() {
-        insert(&mut result, "timings", timings_json(&first.completion.timings));
-        if plan.generation.verbose {
-            insert(&mut result, "__verbose", completion::final_json(&ready, &plan, first, false));
-        }
+        insert(&mut tree, "timings", timings_json(&first.completion.timings));
     }
-    Ok(axum::Json(result).into_response())
+    let mut answer = Spliced::new(tree);
+    for (index, outcome) in outcomes.iter().enumerate() {
+        answer.absorb(&["choices", &index.to_string()], choice(outcome, kind, keep.probs(outcome, top_n), tool_format));
+    }
+    if let Some(first) = outcomes.first().filter(|_| plan.generation.verbose) {
+        answer.absorb(&["__verbose"], completion::final_answer(&ready, &plan, &keep, first));
+    }
+    Ok(answer.into_response())
 }
 
-fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize, tool_format: Option<ToolFormat>) -> Value {
+/// A choice of an answer that was not streamed, with `probs` (none when
+/// empty) as its `logprobs`.
+fn choice<'a>(outcome: &Outcome, kind: Kind, probs: List<'a>, tool_format: Option<ToolFormat>) -> Spliced<'a> {
     let mut reason = finish_reason(outcome.completion.stop_type);
-    let probs = outcome.probs(&ready.tokenizer);
-    match kind {
-        Kind::Text => {
-            let logprobs = if probs.is_empty() { Value::Null } else { logprobs_json(ready, &probs, top_n) };
-            json!({ "text": outcome.content(), "index": outcome.index, "logprobs": logprobs, "finish_reason": reason })
-        }
+    let logprobs = if probs.is_empty() { Value::Null } else { json!({ "content": null }) };
+    let mut choice = match kind {
+        Kind::Text => Spliced::new(
+            json!({ "text": outcome.content(), "index": outcome.index, "logprobs": logprobs, "finish_reason": reason }),
+        ),
         Kind::Chat(split) => {
             let Parts { reasoning, content } = split.split(&outcome.content());
             let (content, calls) = match tool_format {
@@ -424,11 +446,15 @@ fn choice(ready: &Ready, outcome: &Outcome, kind: Kind, top_n: usize, tool_forma
             }
             let mut choice = json!({ "finish_reason": reason, "index": outcome.index, "message": message });
             if !probs.is_empty() {
-                insert(&mut choice, "logprobs", logprobs_json(ready, &probs, top_n));
+                insert(&mut choice, "logprobs", logprobs);
             }
-            choice
+            Spliced::new(choice)
         }
+    };
+    if !probs.is_empty() {
+        choice.list(&["logprobs", "content"], probs);
     }
+    choice
 }
 
 /// OpenAI streams: `text_completion` or `chat.completion.chunk` chunks,
@@ -605,7 +631,7 @@ impl sse::Render for OpenAiStream {
             return chunks;
         }
         // llama-server puts the native response on the first of them.
-        let outcome = Outcome { index, tokens: Vec::new(), completion: completion.clone() };
+        let outcome = Outcome::finished(index, completion.clone());
         let verbose = completion::final_json(&self.ready, &self.plan, &outcome, true);
         let mut chunks = chunks;
         if let Some(first) = chunks.first_mut() {

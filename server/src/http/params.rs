@@ -79,6 +79,9 @@ pub struct Limits<'a> {
     pub defaults: &'a RequestDefaults,
     pub slots: usize,
     pub n_ctx: usize,
+    /// Most probabilities per token a request may ask for
+    /// (`server.limits.n_probs`).
+    pub n_probs: usize,
     pub tokenizer: &'a Tokenizer,
     pub adapters: &'a Adapters,
     pub grammars: &'a Compiler,
@@ -187,16 +190,18 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         sampling.logit_bias.extend(limits.tokenizer.end_of_generation_ids().iter().map(|&id| (id, f32::NEG_INFINITY)));
     }
 
-    let n_probs = fields.int("n_probs")?.or(match fields.get("logprobs") {
-        // `/v1/completions` spells it `logprobs` (an integer); chat's
-        // boolean `logprobs` is read by the chat handler.
-        Some(Value::Number(_)) => fields.int("logprobs")?,
-        Some(Value::Bool(_)) | None => None,
-        Some(_) => return Err(wrong("logprobs", "an integer (a boolean on chat completions)")),
-    });
+    let n_probs = match fields.int("n_probs")? {
+        Some(n) => Some(("n_probs", n)),
+        None => match fields.get("logprobs") {
+            // `/v1/completions` spells it `logprobs` (an integer); chat's
+            // boolean `logprobs` is read by the chat handler.
+            Some(Value::Number(_)) => fields.int("logprobs")?.map(|n| ("logprobs", n)),
+            Some(Value::Bool(_)) | None => None,
+            Some(_) => return Err(wrong("logprobs", "an integer (a boolean on chat completions)")),
+        },
+    };
     let n_probs = match n_probs {
-        Some(n) if n < 0 => return Err(ApiError::invalid(format!("`n_probs` must be 0 or more, not {n}"))),
-        Some(n) => (n as usize).min(limits.tokenizer.vocab_size()),
+        Some((key, n)) => probabilities(key, n, limits)?,
         None => 0,
     };
     let id_slot = match fields.int("id_slot")? {
@@ -263,6 +268,20 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         response_fields: fields.strings("response_fields")?.unwrap_or_default(),
         n_cmpl,
     })
+}
+
+/// How many probabilities per token a request asks for in `key` (`n_probs`,
+/// `logprobs`, `top_logprobs`): at most the server's cap, and no more than
+/// the vocabulary has.
+pub fn probabilities(key: &str, n: i64, limits: &Limits<'_>) -> Result<usize, ApiError> {
+    let n = usize::try_from(n).map_err(|_| ApiError::invalid(format!("`{key}` must be 0 or more, not {n}")))?;
+    if n > limits.n_probs {
+        return Err(ApiError::invalid(format!(
+            "`{key}` asks for {n} probabilities per token; this server gives at most {} (server.limits.n_probs)",
+            limits.n_probs
+        )));
+    }
+    Ok(n.min(limits.tokenizer.vocab_size()))
 }
 
 /// `samplers`: names (with llama.cpp's aliases) or a string of letters.

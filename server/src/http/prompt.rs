@@ -6,8 +6,9 @@
 
 use serde_json::Value;
 
-use super::error::ApiError;
+use super::error::{ApiError, exceeds_context_untokenized};
 use super::media::{self, Vision};
+use super::tokenizing::{Gate, Pass};
 use crate::engine::request::ImageInput;
 use crate::model::tokenizer::Tokenizer;
 
@@ -30,6 +31,33 @@ pub struct Reader<'a> {
     pub tokenizer: &'a Tokenizer,
     pub n_vocab: usize,
     pub vision: Option<&'a Vision>,
+    /// Where a text waits for its turn at the tokenizer.
+    pub gate: &'a Gate,
+    /// The context a prompt must fit (a generation's); `None` when its
+    /// tokens are only counted or shown.
+    pub n_ctx: Option<usize>,
+}
+
+impl<'a> Reader<'a> {
+    /// The go-ahead to tokenize `text`, which follows `before` tokens of its
+    /// prompt: refused at once (as the engine would refuse the prompt)
+    /// when the fewest tokens it can make cannot fit the context, so that
+    /// a text far too long costs no tokenizing; else its turn at the gate.
+    pub fn admit(&self, text: &str, before: usize) -> Result<Pass<'a>, ApiError> {
+        if let Some(n_ctx) = self.n_ctx {
+            let least = before.saturating_add(self.tokenizer.least_tokens(text));
+            if least >= n_ctx {
+                return Err(exceeds_context_untokenized(least, n_ctx));
+            }
+        }
+        self.gate.enter(text.len())
+    }
+
+    /// `text` tokenized, once [`Self::admit`]ted.
+    pub fn encode(&self, text: &str, before: usize, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        let _turn = self.admit(text, before)?;
+        Ok(self.tokenizer.encode(text, add_special, true))
+    }
 }
 
 /// The 400 for images sent to a model without a projector.
@@ -44,9 +72,8 @@ const SHAPE: &str = "`prompt` must be a string, an array of token ids and string
 /// The prompts of a request, tokenized. `n_vocab` bounds token ids given
 /// as numbers.
 pub fn prompts(value: &Value, reader: Reader<'_>) -> Result<Vec<Prompt>, ApiError> {
-    let (tokenizer, n_vocab) = (reader.tokenizer, reader.n_vocab);
     match value {
-        Value::Array(items) if items.iter().any(Value::is_number) => Ok(vec![mixed(items, tokenizer, n_vocab)?.into()]),
+        Value::Array(items) if items.iter().any(Value::is_number) => Ok(vec![mixed(items, reader)?.into()]),
         // An empty array is an empty token list, as in llama-server.
         Value::Array(items) if items.is_empty() => Ok(vec![Prompt::default()]),
         Value::Array(items) => items.iter().map(|item| one(item, reader)).collect(),
@@ -56,17 +83,16 @@ pub fn prompts(value: &Value, reader: Reader<'_>) -> Result<Vec<Prompt>, ApiErro
 
 /// One prompt (an element of a multi-prompt array, or the whole field).
 fn one(value: &Value, reader: Reader<'_>) -> Result<Prompt, ApiError> {
-    let tokenizer = reader.tokenizer;
     match value {
-        Value::String(text) => Ok(tokenizer.encode(text, true, true).into()),
-        Value::Array(items) => Ok(mixed(items, tokenizer, reader.n_vocab)?.into()),
+        Value::String(text) => Ok(reader.encode(text, 0, true)?.into()),
+        Value::Array(items) => Ok(mixed(items, reader)?.into()),
         Value::Object(object) => {
             let Some(Value::String(text)) = object.get("prompt_string") else {
                 return Err(ApiError::invalid("`prompt.prompt_string` must be a string"));
             };
             let field = "prompt.multimodal_data";
             let files = match object.get("multimodal_data") {
-                None | Some(Value::Null) => return Ok(tokenizer.encode(text, true, true).into()),
+                None | Some(Value::Null) => return Ok(reader.encode(text, 0, true)?.into()),
                 Some(Value::Array(files)) => files,
                 Some(_) => return Err(ApiError::invalid(format!("`{field}` must be an array of base64 strings"))),
             };
@@ -79,14 +105,16 @@ fn one(value: &Value, reader: Reader<'_>) -> Result<Prompt, ApiError> {
                     _ => Err(ApiError::invalid(format!("`{field}[{index}]` must be a base64 string"))),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            vision.prompt(text, &files, tokenizer, true, field)
+            let _turn = reader.admit(text, 0)?;
+            vision.prompt(text, &files, reader.tokenizer, true, field)
         }
         _ => Err(ApiError::invalid(SHAPE)),
     }
 }
 
 /// Token ids and strings in one prompt; only a leading string gets BOS.
-fn mixed(items: &[Value], tokenizer: &Tokenizer, n_vocab: usize) -> Result<Vec<u32>, ApiError> {
+fn mixed(items: &[Value], reader: Reader<'_>) -> Result<Vec<u32>, ApiError> {
+    let n_vocab = reader.n_vocab;
     let mut tokens = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         match item {
@@ -96,7 +124,10 @@ fn mixed(items: &[Value], tokenizer: &Tokenizer, n_vocab: usize) -> Result<Vec<u
                 })?;
                 tokens.push(id as u32);
             }
-            Value::String(text) => tokens.extend(tokenizer.encode(text, index == 0, true)),
+            Value::String(text) => {
+                let encoded = reader.encode(text, tokens.len(), index == 0)?;
+                tokens.extend(encoded);
+            }
             _ => return Err(ApiError::invalid(SHAPE)),
         }
     }

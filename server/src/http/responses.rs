@@ -23,7 +23,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Plan, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json};
+use super::generate::{
+    Keep, Plan, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json,
+};
 use super::ids::random_id;
 use super::openai::chat_tokens;
 use super::params::{self, Fields, JsonBody, object, wrong};
@@ -50,7 +52,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         let chat = to_chat(request)?;
         let fields = Fields(&chat);
         let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        let prompt = chat_tokens(&parsing, fields, defaults.reasoning)?;
+        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
         let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
         Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
     })
@@ -74,7 +76,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
         };
         return sse::respond(jobs, render, state.ping(), state.hold_notice()).await;
     }
-    let outcome = collect(jobs).await?.into_iter().next().ok_or_else(engine_gone)?;
+    let outcome = collect(jobs, &Keep::new(&ready, &[])).await?.into_iter().next().ok_or_else(engine_gone)?;
     let parts = reasoning.split(&outcome.content());
     let now = unix_now();
     Ok(Json(json!({
@@ -121,7 +123,7 @@ async fn count(
         } else {
             request
         };
-        let n_tokens = chat_tokens(&ready, Fields(chat), thinking)?.prompt.tokens.len();
+        let n_tokens = chat_tokens(&ready, ready.counter(), Fields(chat), thinking)?.prompt.tokens.len();
         Ok(Json(json!({ "object": "response.input_tokens", "input_tokens": n_tokens })))
     })
     .await

@@ -3,6 +3,9 @@
 
 use axum::Json;
 use axum::extract::State;
+use axum::response::Response;
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -10,36 +13,73 @@ use super::error::ApiError;
 use super::generate::blocking;
 use super::openai::chat_prompt;
 use super::params::{Fields, JsonBody, object, wrong};
+use super::spliced::json_response;
+use crate::model::tokenizer::Tokenizer;
 
 /// `POST /tokenize`: `content`, `add_special` (false), `parse_special`
-/// (true), `with_pieces` (false).
-pub async fn tokenize(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+/// (true), `with_pieces` (false). The answer is written straight from the
+/// ids: a `Value` per token (and a map per piece) cost tens of times the
+/// text for a large one.
+pub async fn tokenize(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     blocking(move || {
         let fields = Fields(object(&body)?);
         let add_special = fields.bool_or("add_special", false)?;
         let parse_special = fields.bool_or("parse_special", true)?;
         let with_pieces = fields.bool_or("with_pieces", false)?;
-        let Some(content) = fields.str("content")? else { return Ok(Json(json!({ "tokens": [] }))) };
-        let tokens = ready.tokenizer.encode(content, add_special, parse_special);
-        if !with_pieces {
-            return Ok(Json(json!({ "tokens": tokens })));
-        }
-        let pieces: Vec<Value> = tokens
-            .iter()
-            .map(|&id| {
-                // A piece that is not whole UTF-8 is given as its bytes.
-                let bytes = ready.tokenizer.token_bytes(id);
-                let piece = match std::str::from_utf8(bytes) {
-                    Ok(text) => json!(text),
-                    Err(_) => json!(bytes),
-                };
-                json!({ "id": id, "piece": piece })
-            })
-            .collect();
-        Ok(Json(json!({ "tokens": pieces })))
+        let tokens = match fields.str("content")? {
+            Some(content) => {
+                let _turn = ready.counter().admit(content, 0)?;
+                ready.tokenizer.encode(content, add_special, parse_special)
+            }
+            None => Vec::new(),
+        };
+        // About what each token's entry takes, so the body is not regrown.
+        let per_token = if with_pieces { 24 } else { 7 };
+        let answer = Answer { tokens: Tokens { tokenizer: &ready.tokenizer, ids: &tokens, with_pieces } };
+        Ok(json_response(&answer, tokens.len() * per_token + 16))
     })
     .await
+}
+
+/// `{"tokens": …}`.
+#[derive(Serialize)]
+struct Answer<'a> {
+    tokens: Tokens<'a>,
+}
+
+/// Token ids, or `{id, piece}` objects with each piece as text, or as its
+/// bytes when it is not whole UTF-8.
+struct Tokens<'a> {
+    tokenizer: &'a Tokenizer,
+    ids: &'a [u32],
+    with_pieces: bool,
+}
+
+impl Serialize for Tokens<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if !self.with_pieces {
+            return self.ids.serialize(serializer);
+        }
+        serializer.collect_seq(self.ids.iter().map(|&id| Piece { id, bytes: self.tokenizer.token_bytes(id) }))
+    }
+}
+
+struct Piece<'a> {
+    id: u32,
+    bytes: &'a [u8],
+}
+
+impl Serialize for Piece<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("id", &self.id)?;
+        match std::str::from_utf8(self.bytes) {
+            Ok(text) => map.serialize_entry("piece", text)?,
+            Err(_) => map.serialize_entry("piece", self.bytes)?,
+        }
+        map.end()
+    }
 }
 
 /// `POST /detokenize`: `tokens` → `content`.

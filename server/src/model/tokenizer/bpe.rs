@@ -106,8 +106,18 @@ impl Bpe {
         Ok(Bpe { inner })
     }
 
-    /// Appends the tokens of `text` (plain text, no special tokens in it).
+    /// Appends the tokens of `text` (plain text, no special tokens in it),
+    /// a part of about [`PART_BYTES`] at a time: the crate holds tens of
+    /// bytes per byte of what it encodes at once (pieces with offsets and
+    /// alignments, then tokens with their strings), which for a
+    /// many-megabyte text was gigabytes.
     pub fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
+        for part in parts(text, PART_BYTES) {
+            self.encode_part(vocab, part, out);
+        }
+    }
+
+    fn encode_part(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         match self.inner.encode_fast(text, false) {
             Ok(encoding) => out.extend_from_slice(encoding.get_ids()),
             Err(error) => {
@@ -119,6 +129,98 @@ impl Bpe {
                 out.extend(text.bytes().filter_map(|byte| {
                     vocab.token_to_id.get(byte_level::byte_to_char(byte).encode_utf8(&mut [0; 4])).copied()
                 }));
+            }
+        }
+    }
+}
+
+/// About how much text the crate encodes at once.
+const PART_BYTES: usize = 64 << 10;
+
+/// `text` in parts of at least `size` bytes (the last may be shorter), each
+/// cut before a space that has an ASCII letter on either side ("a| b").
+/// Every pre-tokenizer above splits there anyway, and no match of their
+/// regexes can span it (none matches a letter followed by a space) or look
+/// past it (their one lookahead, `\s+(?!\S)`, ends on whitespace, and the
+/// cut follows a letter), so each regex finds in the parts exactly what it
+/// finds in the whole, and BPE, which runs within pieces, gives the same
+/// tokens. A text without such a place (no spaces, or not Latin) is one
+/// part.
+fn parts(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let bytes = rest.as_bytes();
+        let cut = (size.max(1)..bytes.len().saturating_sub(1))
+            .find(|&at| bytes[at] == b' ' && bytes[at - 1].is_ascii_alphabetic() && bytes[at + 1].is_ascii_alphabetic())
+            .unwrap_or(bytes.len());
+        // The cut is at an ASCII space, so a character boundary.
+        let (part, after) = rest.split_at(cut);
+        rest = after;
+        Some(part)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _};
+
+    use super::super::test_gguf::gguf;
+    use super::super::tests::bpe_entries;
+    use super::*;
+
+    const NAMES: [&str; 10] =
+        ["default", "llama3", "dbrx", "qwen2", "smollm", "gpt-2", "falcon", "bloom", "viking", "poro-chat"];
+
+    /// Texts with every kind of character the regexes tell apart, around
+    /// the places the parts are cut.
+    fn texts() -> Vec<String> {
+        let atoms = [
+            "a", "Zq", "é", "日本", " ", "  ", "\n", "\r\n", "\t", "1", "234567", ".", ",", "!?", "'s", "'T", "(", "|",
+            "…", "$", "+=", "\u{a0}", "٣", "x y", "ab cd",
+        ];
+        let mut state = 0x9e37_79b9u32;
+        let mut next = |bound: usize| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as usize % bound
+        };
+        (0..300).map(|_| (0..next(40) + 1).map(|_| atoms[next(atoms.len())]).collect()).collect()
+    }
+
+    fn splits(pre: &PreTokenizerWrapper, text: &str) -> Vec<String> {
+        let mut pieces = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut pieces).expect("pre-tokenized");
+        pieces
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, ..)| piece.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn parts_are_cut_only_between_a_letter_and_a_space_before_a_letter() {
+        let text = "ab cd  e f1 gh";
+        let cut: Vec<&str> = parts(text, 1).collect();
+        assert_eq!(cut, ["ab", " cd  e", " f1 gh"]);
+        assert_eq!(parts("日本 語", 1).collect::<Vec<_>>(), ["日本 語"]);
+        assert_eq!(parts("", 1).count(), 0);
+    }
+
+    #[test]
+    fn every_pre_tokenizer_splits_the_parts_as_it_splits_the_whole() {
+        let file = gguf(bpe_entries(None));
+        let vocab = Vocab::from_gguf(&file).expect("a vocabulary");
+        for name in NAMES {
+            let bpe = Bpe::new(&file, &vocab, &PreTokenizer::named(Some(name)).expect("known")).expect("built");
+            let pre = bpe.inner.get_pre_tokenizer().expect("a pre-tokenizer");
+            for text in texts() {
+                let whole = splits(pre, &text);
+                let joined: Vec<String> = parts(&text, 1).flat_map(|part| splits(pre, part)).collect();
+                assert_eq!(joined, whole, "{name}: {text:?}");
             }
         }
     }

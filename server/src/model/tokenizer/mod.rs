@@ -70,6 +70,11 @@ pub struct Tokenizer {
     special_tokens: Vec<u32>,
     /// Each token's bytes as `/detokenize` renders it.
     pieces: Vec<Vec<u8>>,
+    /// The most bytes of text one token can stand for.
+    longest: usize,
+    /// The bytes the tokenizer always spells (others it may drop: bytes
+    /// without a token of their own, or without a byte-fallback token).
+    spelled: [bool; 256],
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -103,9 +108,37 @@ impl Tokenizer {
             .collect();
         // Longest first, so `<|im_start|>` wins over any shorter token inside it.
         special_tokens.sort_by_key(|&id| std::cmp::Reverse(vocab.texts[id as usize].len()));
-        let pieces = (0u32..).take(vocab.len()).map(|id| vocab.piece_bytes(id)).collect();
+        let pieces: Vec<Vec<u8>> = (0u32..).take(vocab.len()).map(|id| vocab.piece_bytes(id)).collect();
+        // A token stands for its piece (byte-level BPE, SentencePiece
+        // pieces), or for its text (special tokens split out of the text;
+        // SentencePiece's `▁` is longer than the space it stands for).
+        let longest = vocab.texts.iter().map(String::len).chain(pieces.iter().map(Vec::len)).max().unwrap_or(1).max(1);
+        let spelled = std::array::from_fn(|byte| {
+            let byte = byte as u8;
+            match vocab.model {
+                Model::Bpe => vocab.token_to_id.contains_key(byte_level::byte_to_char(byte).encode_utf8(&mut [0; 4])),
+                Model::Spm => spm::byte_token(&vocab, byte).is_some(),
+            }
+        });
+        Ok(Tokenizer {
+            vocab,
+            engine,
+            add_bos: flags.add_bos,
+            add_eos: flags.add_eos,
+            special_tokens,
+            pieces,
+            longest,
+            spelled,
+        })
+    }
 
-        Ok(Tokenizer { vocab, engine, add_bos: flags.add_bos, add_eos: flags.add_eos, special_tokens, pieces })
+    /// The fewest tokens `text` encodes to, with any flags, found without
+    /// encoding it: every token stands for at most the longest token's
+    /// bytes of the text, and every byte the tokenizer always spells is in
+    /// some token. A text too long for a context can be refused so before
+    /// the tokenizer spends memory on it.
+    pub fn least_tokens(&self, text: &str) -> usize {
+        text.bytes().filter(|&byte| self.spelled[usize::from(byte)]).count().div_ceil(self.longest)
     }
 
     /// Text to token ids.

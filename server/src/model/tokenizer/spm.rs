@@ -120,7 +120,7 @@ pub(super) fn encode(vocab: &Vocab, fragment: &str, space_prefix: bool, out: &mu
 
 /// The token for one byte: `<0xXX>`, else the byte as a one-character token,
 /// else the unknown token. (llama.cpp throws when neither token exists.)
-fn byte_token(vocab: &Vocab, byte: u8) -> Option<u32> {
+pub(super) fn byte_token(vocab: &Vocab, byte: u8) -> Option<u32> {
     let hex = format!("<0x{byte:02X}>");
     vocab
         .token_to_id

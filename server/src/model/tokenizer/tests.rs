@@ -129,7 +129,7 @@ fn spm_space_prefix_follows_special_tokens_and_metadata() {
 
 /// A byte-level BPE vocabulary: the 256 byte characters, a few merges, and
 /// special tokens of each type.
-fn bpe_entries(pre: Option<&'static str>) -> Vec<(&'static str, Meta)> {
+pub(super) fn bpe_entries(pre: Option<&'static str>) -> Vec<(&'static str, Meta)> {
     let mut tokens: Vec<String> = (0..=255u8).map(|byte| byte_level::byte_to_char(byte).to_string()).collect();
     let mut types = vec![NORMAL; 256];
     for (text, kind) in [
@@ -272,4 +272,20 @@ fn stream_decoder_holds_back_partial_characters() {
     streamed.push_str(&stream.finish());
     assert_eq!(streamed, tokenizer.decode(&sequence));
     assert_eq!(streamed, "\u{FFFD}A\u{FFFD}\u{FFFD}");
+}
+
+#[test]
+fn least_tokens_is_a_lower_bound_found_without_encoding() {
+    for tokenizer in [bpe(Some("smollm")), spm(&[("▁hi", 2.0), ("hi", 1.0)])] {
+        let long = "hi hi, <|im_start|>日本 ".repeat(50);
+        for text in ["", "hi", "hi hi hi", "<|im_start|>hi", "\u{4}\u{6}", "日本語 hi", long.as_str()] {
+            let least = tokenizer.least_tokens(text);
+            for (add_special, parse_special) in [(false, false), (true, true)] {
+                let tokens = tokenizer.encode(text, add_special, parse_special).len();
+                assert!(least <= tokens, "{text:?}: at least {least}, encoded to {tokens}");
+            }
+        }
+        // Every byte is spelled here, so the bound is the text over the longest token.
+        assert_eq!(tokenizer.least_tokens(&long), long.len().div_ceil(tokenizer.longest));
+    }
 }
