@@ -124,6 +124,11 @@ pub struct ServerLimits {
     /// holds several times its text); a larger text waits for its turn, up
     /// to 30 s, then gets 503; texts up to 64 KiB never wait; 0 = no bound.
     pub tokenizing_mib: usize,
+    /// Most MiB of request bodies over 64 KiB held at once, as bytes and
+    /// then as parsed JSON (which holds up to tens of times its text); a
+    /// larger body waits for its turn, up to 30 s, then gets 503; 0 = no
+    /// bound.
+    pub bodies_mib: usize,
 }
 
 impl Default for ServerLimits {
@@ -134,6 +139,7 @@ impl Default for ServerLimits {
             n_probs: 100,
             response_mib: 64,
             tokenizing_mib: 16,
+            bodies_mib: 32,
         }
     }
 }

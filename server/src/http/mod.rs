@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod anthropic;
 pub mod auth;
+mod bodies;
 pub mod completion;
 mod conn;
 mod cors;
@@ -180,11 +181,14 @@ struct Inner {
     rate_window: Mutex<info::RateWindow>,
     started: SystemTime,
     next_request: AtomicU64,
+    /// The large request bodies held at once.
+    bodies: bodies::Gate,
 }
 
 impl AppState {
     pub fn new(config: Config, policies: Policies) -> Self {
         let api_key = config.server.api_key.as_deref().map(ApiKey::new);
+        let bodies = bodies::Gate::new(config.server.limits.bodies_mib.saturating_mul(1 << 20));
         AppState(Arc::new(Inner {
             config,
             api_key,
@@ -193,6 +197,7 @@ impl AppState {
             rate_window: Mutex::new(info::RateWindow::default()),
             started: SystemTime::now(),
             next_request: AtomicU64::new(1),
+            bodies,
         }))
     }
 
@@ -210,6 +215,10 @@ impl AppState {
 
     pub fn started(&self) -> SystemTime {
         self.0.started
+    }
+
+    fn bodies(&self) -> &bodies::Gate {
+        &self.0.bodies
     }
 
     fn rate_window(&self) -> &Mutex<info::RateWindow> {

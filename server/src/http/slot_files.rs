@@ -27,7 +27,7 @@ pub async fn action(
     State(state): State<AppState>,
     UrlPath(id_slot): UrlPath<String>,
     RawQuery(query): RawQuery,
-    RawBody(body): RawBody,
+    RawBody(body, _turn): RawBody,
 ) -> Result<Json<Value>, ApiError> {
     let Some(folder) = state.config().server.slot_save_path.clone() else {
         return Err(ApiError::new(

@@ -127,7 +127,10 @@ pub fn add_routes(routes: Router<AppState>, settings: &Settings, api: Router) ->
     let dispatch = Arc::new(Dispatch::new(api));
     let predict = post(move |uri: Uri, headers: HeaderMap, JsonBody(body): JsonBody| {
         let dispatch = Arc::clone(&dispatch);
-        async move { dispatch.predict(&uri, &headers, body).await }
+        async move {
+            let (body, _turn) = body.into_parts();
+            dispatch.predict(&uri, &headers, body).await
+        }
     });
     let routes = routes.route(&settings.predict_route, predict);
     match &settings.health_route {
