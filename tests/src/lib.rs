@@ -3,6 +3,7 @@
 //! on the default model, the fuzzer of `server/tests/fuzz.rs`, the load
 //! and fault test (`loadtest`) and the hostile-client battery (`battery`).
 
+pub mod battery;
 pub mod binary;
 pub mod fuzz;
 pub mod gguf_writer;

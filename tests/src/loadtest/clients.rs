@@ -16,8 +16,14 @@ use serde_json::{Value, json};
 
 use super::api::Api;
 use super::report::{Class, Tally};
-use super::{Mode, QUEUE_LIMIT};
+use super::{API_KEY, Mode, N_PROBS, QUEUE_LIMIT, SEND_TIMEOUT_S, SLOT_CTX};
 use crate::gguf_writer::Rng;
+use crate::raw::{post_head, read_until_closed, unread_connection};
+
+/// One client in this many opens streams it never reads.
+const UNREAD_EVERY: usize = 32;
+/// One request in this many asks for token probabilities.
+const PROBS_EVERY: usize = 5;
 
 /// Words prompts are made of; ordinary ones, about a token each.
 const WORDS: [&str; 40] = [
@@ -61,6 +67,12 @@ impl Workload<'_> {
         let mut tally = Tally::default();
         // Spread the first arrivals over half a second rather than one burst.
         std::thread::sleep(Duration::from_millis(between(&mut rng, 0, 500) as u64));
+        if index % UNREAD_EVERY == UNREAD_EVERY / 2 {
+            while Instant::now() < self.load_end {
+                tally.count(self.unread_stream(), true);
+            }
+            return tally;
+        }
         while Instant::now() < self.load_end {
             let plan = Plan::draw(&mut rng, streaming);
             let answer = self.send(&plan);
@@ -85,7 +97,30 @@ impl Workload<'_> {
         if response.status() != StatusCode::OK {
             return self.refusal(response);
         }
-        if plan.stream { self.read_stream(response, plan) } else { read_answer(response, plan.endpoint) }
+        if plan.stream { self.read_stream(response, plan) } else { read_answer(response, plan) }
+    }
+
+    /// A stream with the most probabilities a token, on a connection
+    /// with a small receive buffer whose client never reads: the server
+    /// must cut it by its send timeout (or its stream window) rather than
+    /// hold its tokens. After a while the client reads what arrived, which
+    /// must end in the connection being closed.
+    fn unread_stream(&self) -> Answer {
+        let body = json!({ "prompt": "Once upon a time", "stream": true, "n_predict": SLOT_CTX,
+                           "ignore_eos": true, "n_probs": N_PROBS })
+        .to_string();
+        let request = format!("{}{body}", post_head("/completion", body.len() as u64, Some(API_KEY)));
+        let mut stream = match unread_connection(self.api.address(), request.as_bytes(), 4096) {
+            Ok(stream) => stream,
+            Err(error) => return Answer::new(Class::Transport, format!("an unread stream: {error}")),
+        };
+        std::thread::sleep(Duration::from_secs(SEND_TIMEOUT_S + 2));
+        // Whatever the server sent before it stopped, then the end: a
+        // connection still open is a stream the server still holds.
+        match read_until_closed(&mut stream, Duration::from_secs(2 * SEND_TIMEOUT_S)) {
+            Some(_) => Answer::new(Class::Unread, String::new()),
+            None => Answer::new(Class::UnreadHeld, format!("open {} s after it was sent", 3 * SEND_TIMEOUT_S + 2)),
+        }
     }
 
     /// A non-200 answer: a full queue (503 with Retry-After) or a refusal
@@ -189,17 +224,23 @@ impl Workload<'_> {
     }
 }
 
-/// A whole non-streamed answer must carry the generated text.
-fn read_answer(response: Response, endpoint: Endpoint) -> Answer {
+/// A whole non-streamed answer must carry the generated text, and the
+/// probabilities when it asked for them.
+fn read_answer(response: Response, plan: &Plan) -> Answer {
     let text = match response.text() {
         Ok(text) => text,
         Err(error) => return Answer::new(Class::Transport, format!("reading the body: {error}")),
     };
     let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let answered = match endpoint {
-        Endpoint::Completion => body["content"].is_string() && body["stop"] == true,
-        Endpoint::Chat => body["choices"][0]["message"]["content"].is_string(),
+    let (answered, probs) = match plan.endpoint {
+        Endpoint::Completion => {
+            (body["content"].is_string() && body["stop"] == true, &body["completion_probabilities"])
+        }
+        Endpoint::Chat => {
+            (body["choices"][0]["message"]["content"].is_string(), &body["choices"][0]["logprobs"]["content"])
+        }
     };
+    let answered = answered && (!plan.probs || probs.as_array().is_some_and(|probs| !probs.is_empty()));
     if answered {
         Answer::new(Class::Completed, String::new())
     } else {
@@ -250,6 +291,8 @@ struct Plan {
     stream: bool,
     /// Drop the stream after this many events.
     disconnect_after: Option<usize>,
+    /// Whether it asks for token probabilities.
+    probs: bool,
     body: Value,
 }
 
@@ -259,8 +302,9 @@ impl Plan {
         let n_predict = between(rng, 8, 48);
         let ignore_eos = between(rng, 0, 1) == 0;
         let disconnect_after = (stream && between(rng, 1, 5) == 1).then(|| between(rng, 1, 3));
+        let probs = (between(rng, 1, PROBS_EVERY) == 1).then(|| between(rng, 1, N_PROBS));
         let prompt = prompt(rng);
-        let body = match endpoint {
+        let mut body = match endpoint {
             Endpoint::Completion => json!({
                 "prompt": prompt, "n_predict": n_predict, "ignore_eos": ignore_eos, "stream": stream,
             }),
@@ -269,7 +313,16 @@ impl Plan {
                 "ignore_eos": ignore_eos, "stream": stream,
             }),
         };
-        Plan { endpoint, stream, disconnect_after, body }
+        match (probs, endpoint) {
+            (Some(n), Endpoint::Completion) => body["n_probs"] = json!(n),
+            // OpenAI's bound on chat's `top_logprobs`.
+            (Some(n), Endpoint::Chat) => {
+                body["logprobs"] = json!(true);
+                body["top_logprobs"] = json!(n.min(20));
+            }
+            (None, _) => {}
+        }
+        Plan { endpoint, stream, disconnect_after, probs: probs.is_some(), body }
     }
 }
 

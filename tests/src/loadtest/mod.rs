@@ -1,8 +1,10 @@
 //! The load and fault test (`cargo xtask loadtest`, and its 60 s form in
 //! `server/tests/loadtest.rs`): many clients on loopback — half of them
-//! streaming, a fifth of the streams dropped part way, prompts from a few
-//! words to a few hundred tokens — against a server with a small queue, so
-//! that it fills, while the `chaos` policy commits each of its faults in
+//! streaming, a fifth of the streams dropped part way, a fifth of the
+//! requests asking for token probabilities (up to the server's cap), a few
+//! clients opening streams they never read, prompts from a few words to a
+//! few hundred tokens — against a server with a small queue, so that it
+//! fills, while the `chaos` policy commits each of its faults in
 //! turn with a reload after each. It runs once per `on_fault` mode, on a
 //! server of its own each time: the mode is read at start, and a reload
 //! does not change it.
@@ -10,8 +12,9 @@
 //! Afterwards every request must have been answered as the rules say
 //! (`clients` classifies them), the server must be back to idle with no
 //! slot, KV block or queue place left held, still serve a full queue's
-//! worth of requests, and its resident memory must be within
-//! [`RSS_BOUND_MIB`] of what it was after the warm-up (`idle`).
+//! worth of requests, and its resident memory — sampled through the load
+//! and read at the end — must be within [`RSS_BOUND_MIB`] of what it was
+//! after the warm-up (`idle`).
 
 mod api;
 mod clients;
@@ -22,7 +25,7 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use report::{Class, ModeReport, Report};
+pub use report::{Class, Load, ModeReport, Report};
 
 use crate::http::Server;
 use api::Api;
@@ -44,6 +47,12 @@ pub const QUEUE_LIMIT: usize = 12;
 /// `memory` fault (two per fault, each up to `policy.memory_mb`, 64 MiB)
 /// pass it by the second such fault, which the longer runs reach.
 pub const RSS_BOUND_MIB: u64 = 192;
+/// Seconds a response write may wait for its client (`server.timeouts.send_s`):
+/// the clients that never read their streams are cut after this.
+pub const SEND_TIMEOUT_S: u64 = 5;
+/// The most probabilities a token the server gives (`server.limits.n_probs`,
+/// its default): some requests ask for all of them.
+pub const N_PROBS: usize = 100;
 /// Steps without a grant that count as a stall: low, so a `stall` fault
 /// is quarantined within a few dozen milliseconds.
 const STALL_STEPS: u32 = 16;
@@ -114,8 +123,10 @@ fn run_mode(options: &Options, mode: Mode, budget: Duration) -> ModeReport {
         &config,
         format!(
             "[engine]\nqueue_limit = {QUEUE_LIMIT}\n[policy]\nplugin = \"continuous\"\non_fault = \"{}\"\n\
-             stall_steps = {STALL_STEPS}\nfuel = {FUEL}\ndeadline_ms = {DEADLINE_MS}\n",
-            mode.name()
+             stall_steps = {STALL_STEPS}\nfuel = {FUEL}\ndeadline_ms = {DEADLINE_MS}\nplugin_dir = {:?}\n\
+             [server.timeouts]\nsend_s = {SEND_TIMEOUT_S}\n",
+            mode.name(),
+            faults::plugin_dir()
         ),
     )
     .expect("config");
@@ -143,14 +154,26 @@ fn run_mode(options: &Options, mode: Mode, budget: Duration) -> ModeReport {
     let baseline = idle::warm_up(&api, &server);
     let load_end = started + budget.saturating_sub(RESERVE);
     let workload = clients::Workload { api: &api, mode, clients: options.clients, seed: options.seed, load_end };
-    let (tally, faults) = std::thread::scope(|scope| {
+    let load = std::thread::scope(|scope| {
         let faults = scope.spawn(|| faults::schedule(&api, &server, mode, load_end));
+        let peak = scope.spawn(|| peak_rss(&api, load_end));
         let tally = workload.run(scope);
-        (tally, faults.join().expect("the fault schedule ran"))
+        let (faults, rss_peak_kib) = (faults.join().expect("the fault schedule ran"), peak.join().ok().flatten());
+        Load { tally, faults, rss_peak_kib }
     });
     let idle = idle::check(&api, &baseline);
     let log = server.log();
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
-    ModeReport::new(mode, tally, faults, idle, &log, started.elapsed())
+    ModeReport::new(mode, load, idle, &log, started.elapsed())
+}
+
+/// The most resident memory read, every 50 ms, until `until`.
+fn peak_rss(api: &Api, until: Instant) -> Option<u64> {
+    let mut peak = None;
+    while Instant::now() < until {
+        peak = peak.max(api.rss_kib());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    peak
 }

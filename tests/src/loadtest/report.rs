@@ -19,6 +19,7 @@ pub enum Class {
     RefusedClosed,
     StreamFailedClosed,
     Disconnected,
+    Unread,
     WrappedQueue,
     QueueOverLimit,
     NoRetryAfter,
@@ -28,15 +29,17 @@ pub enum Class {
     Truncated,
     Malformed,
     Transport,
+    UnreadHeld,
 }
 
 impl Class {
-    pub const ALL: [Class; 14] = [
+    pub const ALL: [Class; 16] = [
         Class::Completed,
         Class::QueueFull,
         Class::RefusedClosed,
         Class::StreamFailedClosed,
         Class::Disconnected,
+        Class::Unread,
         Class::WrappedQueue,
         Class::QueueOverLimit,
         Class::NoRetryAfter,
@@ -46,6 +49,7 @@ impl Class {
         Class::Truncated,
         Class::Malformed,
         Class::Transport,
+        Class::UnreadHeld,
     ];
 
     pub fn is_failure(self) -> bool {
@@ -59,6 +63,7 @@ impl Class {
             Class::RefusedClosed => "503 while failed closed",
             Class::StreamFailedClosed => "stream ended by a failed-closed error event",
             Class::Disconnected => "stream dropped by its client part way",
+            Class::Unread => "stream never read, closed by the server (send timeout or stream window)",
             Class::WrappedQueue => "FAILURE: 503 queue full naming more waiting requests than there are clients",
             Class::QueueOverLimit => "FAILURE: 503 queue full naming more waiting requests than queue_limit",
             Class::NoRetryAfter => "FAILURE: 503 queue full without Retry-After",
@@ -68,6 +73,7 @@ impl Class {
             Class::Truncated => "FAILURE: a stream ended without its final event",
             Class::Malformed => "FAILURE: a malformed answer or SSE framing",
             Class::Transport => "FAILURE: a connection error or a hang past the timeout",
+            Class::UnreadHeld => "FAILURE: a stream never read was still open well past the send timeout",
         }
     }
 }
@@ -119,6 +125,14 @@ impl Tally {
     }
 }
 
+/// What one mode's load produced: the clients' answers, the faults, and
+/// the most resident memory sampled meanwhile.
+pub struct Load {
+    pub tally: Tally,
+    pub faults: Vec<FaultRecord>,
+    pub rss_peak_kib: Option<u64>,
+}
+
 /// One `on_fault` mode's run.
 #[derive(Debug, Clone)]
 pub struct ModeReport {
@@ -126,6 +140,8 @@ pub struct ModeReport {
     pub tally: Tally,
     pub faults: Vec<FaultRecord>,
     pub idle: Idle,
+    /// The most resident memory sampled during the load, in KiB.
+    pub rss_peak_kib: Option<u64>,
     pub elapsed: Duration,
     /// The server's warnings and errors (the first few), and how many.
     pub log_excerpt: Vec<String>,
@@ -136,10 +152,11 @@ pub struct ModeReport {
 const LOG_LINES: usize = 12;
 
 impl ModeReport {
-    pub fn new(mode: Mode, tally: Tally, faults: Vec<FaultRecord>, idle: Idle, log: &str, elapsed: Duration) -> Self {
+    pub fn new(mode: Mode, load: Load, idle: Idle, log: &str, elapsed: Duration) -> Self {
         let noted: Vec<&str> = log.lines().filter(|line| line.contains(" WARN ") || line.contains(" ERROR ")).collect();
         let log_excerpt = noted.iter().take(LOG_LINES).map(|line| (*line).to_owned()).collect();
-        ModeReport { mode, tally, faults, idle, elapsed, log_excerpt, log_problems: noted.len() }
+        let Load { tally, faults, rss_peak_kib } = load;
+        ModeReport { mode, tally, faults, idle, rss_peak_kib, elapsed, log_excerpt, log_problems: noted.len() }
     }
 
     /// Every broken rule, one line each; none when the mode passed.
@@ -215,13 +232,18 @@ impl ModeReport {
                 idle.probe_failures.iter().take(SAMPLES).collect::<Vec<_>>()
             ));
         }
-        match idle.rss_kib {
-            (Some(warm), Some(end)) if end > warm + RSS_BOUND_MIB * 1024 => problems.push(format!(
-                "{mode}: resident memory grew from {} to {} (bound +{RSS_BOUND_MIB} MiB)",
-                mib(warm),
-                mib(end)
-            )),
-            (Some(_), Some(_)) => {}
+        match (idle.rss_kib, self.rss_peak_kib) {
+            ((Some(warm), Some(end)), Some(peak)) => {
+                for (when, kib) in [("at its peak during the load", peak), ("at the end", end)] {
+                    if kib > warm + RSS_BOUND_MIB * 1024 {
+                        problems.push(format!(
+                            "{mode}: resident memory grew from {} to {} {when} (bound +{RSS_BOUND_MIB} MiB)",
+                            mib(warm),
+                            mib(kib)
+                        ));
+                    }
+                }
+            }
             _ => problems.push(format!("{mode}: the server's VmRSS could not be read")),
         }
         problems
@@ -303,7 +325,8 @@ impl fmt::Display for ModeReport {
             "  slots busy {}, KV blocks {}/{}, /health {}, then {}/{QUEUE_LIMIT} requests at once answered 200",
             idle.busy_slots, idle.kv_blocks.0, idle.kv_blocks.1, idle.health, idle.probe_ok
         )?;
-        let most = self.faults.iter().filter_map(|record| record.rss_kib).chain(idle.rss_kib.1).max();
+        let most =
+            self.faults.iter().filter_map(|record| record.rss_kib).chain(idle.rss_kib.1).chain(self.rss_peak_kib).max();
         let show = |kib: Option<u64>| kib.map_or_else(|| "?".to_owned(), mib);
         writeln!(
             f,
