@@ -53,11 +53,13 @@ pub fn answer_json(answer: &str) -> (u16, Value) {
     (status_of(answer), serde_json::from_str(body).unwrap_or_else(|_| panic!("no JSON body in {answer:?}")))
 }
 
-/// A POST head for a JSON body of `length` bytes, with the API key if any.
+/// A POST head for a JSON body of `length` bytes, with the API key if any;
+/// the connection is to close after the answer.
 pub fn post_head(path: &str, length: u64, key: Option<&str>) -> String {
     let auth = key.map(|key| format!("Authorization: Bearer {key}\r\n")).unwrap_or_default();
     format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n"
     )
 }
 

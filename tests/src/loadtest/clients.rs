@@ -5,7 +5,7 @@
 //! prompt and the token limit are drawn per request from the client's own
 //! seeded generator.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,11 @@ use crate::raw::{post_head, read_until_closed, unread_connection};
 
 /// One client in this many opens streams it never reads.
 const UNREAD_EVERY: usize = 32;
+/// How long an unread stream's client waits for the status line, and for
+/// a refusal's end.
+const STATUS_WAIT: Duration = Duration::from_secs(10);
+/// How long after the send timeout an unread stream may still be open.
+const UNREAD_WAIT: Duration = Duration::from_secs(30);
 /// One request in this many asks for token probabilities.
 const PROBS_EVERY: usize = 5;
 
@@ -69,7 +74,13 @@ impl Workload<'_> {
         std::thread::sleep(Duration::from_millis(between(&mut rng, 0, 500) as u64));
         if index % UNREAD_EVERY == UNREAD_EVERY / 2 {
             while Instant::now() < self.load_end {
-                tally.count(self.unread_stream(), true);
+                let answer = self.unread_stream();
+                // Back soon after a refusal: the others wait about the
+                // second Retry-After says, and these must reach a slot now
+                // and then to test anything while the queue stays full.
+                let pause = if answer.class == Class::UnreadRefused { between(&mut rng, 50, 150) } else { 0 };
+                tally.count(answer, true);
+                std::thread::sleep(Duration::from_millis(pause as u64));
             }
             return tally;
         }
@@ -101,10 +112,11 @@ impl Workload<'_> {
     }
 
     /// A stream with the most probabilities a token, on a connection
-    /// with a small receive buffer whose client never reads: the server
-    /// must cut it by its send timeout (or its stream window) rather than
-    /// hold its tokens. After a while the client reads what arrived, which
-    /// must end in the connection being closed.
+    /// with a small receive buffer whose client reads its status line and
+    /// then nothing: the server must cut it by its send timeout (or its
+    /// stream window) rather than hold its tokens. After a while the client
+    /// reads what arrived, which must end in the connection being closed.
+    /// A refusal (the queue is full) is read like any other.
     fn unread_stream(&self) -> Answer {
         let body = json!({ "prompt": "Once upon a time", "stream": true, "n_predict": SLOT_CTX,
                            "ignore_eos": true, "n_probs": N_PROBS })
@@ -114,12 +126,29 @@ impl Workload<'_> {
             Ok(stream) => stream,
             Err(error) => return Answer::new(Class::Transport, format!("an unread stream: {error}")),
         };
+        let mut status = [0u8; 12];
+        let read = stream.set_read_timeout(Some(STATUS_WAIT)).and_then(|()| stream.read_exact(&mut status));
+        if let Err(error) = read {
+            return Answer::new(Class::Transport, format!("an unread stream's status line: {error}"));
+        }
+        match &status {
+            b"HTTP/1.1 200" => {}
+            b"HTTP/1.1 503" => {
+                let rest = read_until_closed(&mut stream, STATUS_WAIT).unwrap_or_default();
+                return Answer::new(Class::UnreadRefused, rest);
+            }
+            other => return Answer::new(Class::OtherStatus, String::from_utf8_lossy(other).into_owned()),
+        }
         std::thread::sleep(Duration::from_secs(SEND_TIMEOUT_S + 2));
         // Whatever the server sent before it stopped, then the end: a
-        // connection still open is a stream the server still holds.
-        match read_until_closed(&mut stream, Duration::from_secs(2 * SEND_TIMEOUT_S)) {
+        // connection still open is a stream the server still holds (after
+        // it waited its turn in the queue, which takes a few seconds).
+        match read_until_closed(&mut stream, UNREAD_WAIT) {
             Some(_) => Answer::new(Class::Unread, String::new()),
-            None => Answer::new(Class::UnreadHeld, format!("open {} s after it was sent", 3 * SEND_TIMEOUT_S + 2)),
+            None => Answer::new(
+                Class::UnreadHeld,
+                format!("open {} s after it was sent", SEND_TIMEOUT_S + 2 + UNREAD_WAIT.as_secs()),
+            ),
         }
     }
 

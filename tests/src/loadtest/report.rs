@@ -20,6 +20,7 @@ pub enum Class {
     StreamFailedClosed,
     Disconnected,
     Unread,
+    UnreadRefused,
     WrappedQueue,
     QueueOverLimit,
     NoRetryAfter,
@@ -33,13 +34,14 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 16] = [
+    pub const ALL: [Class; 17] = [
         Class::Completed,
         Class::QueueFull,
         Class::RefusedClosed,
         Class::StreamFailedClosed,
         Class::Disconnected,
         Class::Unread,
+        Class::UnreadRefused,
         Class::WrappedQueue,
         Class::QueueOverLimit,
         Class::NoRetryAfter,
@@ -63,7 +65,8 @@ impl Class {
             Class::RefusedClosed => "503 while failed closed",
             Class::StreamFailedClosed => "stream ended by a failed-closed error event",
             Class::Disconnected => "stream dropped by its client part way",
-            Class::Unread => "stream never read, closed by the server (send timeout or stream window)",
+            Class::Unread => "stream never read, cut by the server (send timeout or stream window)",
+            Class::UnreadRefused => "stream never read, refused (503) and closed",
             Class::WrappedQueue => "FAILURE: 503 queue full naming more waiting requests than there are clients",
             Class::QueueOverLimit => "FAILURE: 503 queue full naming more waiting requests than queue_limit",
             Class::NoRetryAfter => "FAILURE: 503 queue full without Retry-After",
@@ -173,6 +176,9 @@ impl ModeReport {
         // What the run is for: if these did not happen it tested nothing.
         if self.tally.get(Class::QueueFull) == 0 {
             problems.push(format!("{mode}: the queue never filled"));
+        }
+        if self.tally.get(Class::Unread) == 0 {
+            problems.push(format!("{mode}: no stream that was never read ran to be cut"));
         }
         // Failing closed every few seconds may end every request on a slow
         // machine; on the fallback they all go on. (That a fail-closed
