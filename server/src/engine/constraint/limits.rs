@@ -59,6 +59,11 @@ pub enum LimitError {
          most that many items per step)"
     )]
     Alternatives { rule: String, count: usize },
+    #[error(
+        "the schema holds the number {0}, at or below -2^63: llguidance's integer bounds are 64-bit and it \
+         recurses without end on one there"
+    )]
+    Number(String),
     #[error("the `%json` schema at line {line}: {error}")]
     Embedded { line: usize, error: Box<LimitError> },
 }
@@ -389,6 +394,9 @@ fn skip_special(bytes: &[u8], at: usize) -> usize {
 /// Check a JSON schema.
 pub fn schema(root: &Value) -> Result<(), LimitError> {
     let document = Document::walk(root);
+    if let Some(number) = document.too_low {
+        return Err(LimitError::Number(number.to_string()));
+    }
     // Cheap first: every `$ref` followed in one chain, each into the
     // deepest schema it can point to.
     let total = document
@@ -425,6 +433,12 @@ struct Document<'a> {
     /// cannot be told (a remote one, or one llguidance may resolve through
     /// an `$id` or an anchor), as the root holds everything.
     refs: Vec<(&'a str, usize)>,
+    /// A number llguidance cannot take as an integer bound: it converts
+    /// bounds to `i64` through `f64`, so these become `i64::MIN`, and
+    /// negating that to build the range's regular expression gives
+    /// `i64::MIN` again, forever. Anywhere in the schema, as a `const` or
+    /// `enum` value is such a bound too.
+    too_low: Option<&'a serde_json::Number>,
 }
 
 impl<'a> Document<'a> {
@@ -436,6 +450,7 @@ impl<'a> Document<'a> {
         let mut ids: HashMap<&'a str, usize> = HashMap::new();
         let mut uris = Vec::new();
         let mut relocates = false;
+        let mut too_low = None;
         let mut pending = vec![(root, usize::MAX)];
         while let Some((value, up)) = pending.pop() {
             let index = parent.len();
@@ -459,6 +474,9 @@ impl<'a> Document<'a> {
                     pending.extend(map.values().rev().map(|child| (child, index)));
                 }
                 Value::Array(items) => pending.extend(items.iter().rev().map(|child| (child, index))),
+                Value::Number(number) if number.as_f64().is_some_and(|value| value <= i64::MIN as f64) => {
+                    too_low = too_low.or(Some(number));
+                }
                 _ => {}
             }
         }
@@ -487,7 +505,7 @@ impl<'a> Document<'a> {
             .zip(targets)
             .map(|(uri, target)| (uri, target.and_then(|address| found.get(&address).copied()).unwrap_or(0)))
             .collect();
-        Document { height, size, uses, refs }
+        Document { height, size, uses, refs, too_low }
     }
 
     /// Node 0 is the root, node `i + 1` the `i`th distinct `$ref`; each

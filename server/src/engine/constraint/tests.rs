@@ -328,6 +328,44 @@ fn a_dead_end_exhausts_the_row() {
     assert_eq!(constraint.apply(&mut logits), Err(ConstraintEnd::Exhausted));
 }
 
+/// llguidance turns integer bounds into `i64` through `f64` and then
+/// negates them: at -2^63 it recursed without end (found by the fuzz
+/// target), and a 32 MiB stack is as good as none.
+#[test]
+fn numbers_at_the_bottom_of_i64_are_refused() {
+    let (_, grammars) = grammars();
+    for schema in [
+        json!({"const": -9_223_372_036_854_775_806i64}),
+        json!({"type": "object", "properties": {"a": {"enum": [1, {"x": i64::MIN}]}}}),
+        json!({"type": "integer", "minimum": -1e19, "maximum": -1e19}),
+    ] {
+        let error = grammars.compile(&GrammarSource::JsonSchema(schema.clone())).expect_err("refused");
+        assert!(matches!(error, GrammarError::Limit(LimitError::Number(_))), "{schema}: {error:?}");
+    }
+    let lark = "start: %json {\"const\": -9223372036854775807}\n";
+    let error = grammars.compile(&GrammarSource::Lark(lark.into())).expect_err("refused");
+    assert!(error.to_string().starts_with("the `%json` schema at line 1: the schema holds the number"), "{error}");
+    for fine in [json!({"const": -4_611_686_018_427_387_904i64}), json!({"const": i64::MIN + 1024})] {
+        grammars.compile(&GrammarSource::JsonSchema(fine)).expect("within i64 through f64");
+    }
+}
+
+/// llguidance's message about a value of the wrong type cuts the value's
+/// text at byte 100, and panics when that is inside a character: it
+/// catches the panic, and the client gets an error id, not the panic.
+#[test]
+fn a_panic_llguidance_catches_is_an_internal_error() {
+    let (_, grammars) = grammars();
+    let schema = json!({"type": "array", "minItems": ["a".repeat(96) + "🙂"]});
+    let error = grammars.compile(&GrammarSource::JsonSchema(schema)).expect_err("refused");
+    let GrammarError::Internal { id } = &error else { panic!("{error:?}") };
+    assert!(id.starts_with("grammar-"), "{id}");
+    assert_eq!(
+        error.to_string(),
+        format!("the grammar compiler failed (error id {id}; the detail is in the server log)")
+    );
+}
+
 #[test]
 fn client_messages_are_first_lines_and_never_panics() {
     assert_eq!(client_message("bad rule\n<state>\nTokens: …</state>"), Some("bad rule".into()));
