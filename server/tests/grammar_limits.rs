@@ -2,8 +2,9 @@
 //! ("Limits"), on every endpoint that takes one: deep ones within the
 //! limits compile (a 700-rule chain once overflowed the handler thread's
 //! stack and aborted the server), deeper and wider ones are 400s naming
-//! the limit, no answer carries a panic, a backtrace or a parser dump, and
-//! the server goes on serving.
+//! the limit, and so is a schema with a number at -2^63 (which once sent
+//! llguidance into endless recursion), no answer carries a panic, a
+//! backtrace or a parser dump, and the server goes on serving.
 
 use reqwest::StatusCode;
 use serde_json::{Map, Value, json};
@@ -169,6 +170,9 @@ fn grammars_past_the_limits_are_400s_naming_them() {
         answers(&server, &GRAMMAR_ENDPOINTS, &json!(gbnf_chain(40_000, link)), StatusCode::BAD_REQUEST, depth);
     }
     answers(&server, &SCHEMA_ENDPOINTS, &ref_chain(2_000), StatusCode::BAD_REQUEST, depth);
+    // One number was enough: llguidance recursed without end on it.
+    let bottom = json!({"type": "object", "properties": {"n": {"const": -9_223_372_036_854_775_807i64}}});
+    answers(&server, &SCHEMA_ENDPOINTS, &bottom, StatusCode::BAD_REQUEST, "at or below -2^63");
     let wide = "alternatives; at most 2000";
     for (prefix, choices) in [("", 2_001), ("\"x\" ", 2_001), ("", 20_001)] {
         let grammar = json!(alternatives(prefix, choices));
