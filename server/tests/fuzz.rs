@@ -14,6 +14,8 @@ mod decision;
 mod endpoints;
 #[path = "fuzz/gguf.rs"]
 mod gguf;
+#[path = "fuzz/grammar.rs"]
+mod grammar;
 #[path = "fuzz/tokenizer.rs"]
 mod tokenizer;
 
@@ -43,6 +45,11 @@ fn decision() {
 #[test]
 fn endpoints() {
     endpoints::run();
+}
+
+#[test]
+fn grammar() {
+    grammar::run();
 }
 
 /// A regression test beside the target: the reader once reserved room for

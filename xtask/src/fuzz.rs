@@ -10,15 +10,15 @@ use clap::Args;
 use crate::{cargo, models, run};
 
 /// The targets, named as their tests.
-const TARGETS: [&str; 5] = ["gguf", "tokenizer", "chat_template", "decision", "endpoints"];
+const TARGETS: [&str; 6] = ["gguf", "tokenizer", "chat_template", "decision", "endpoints", "grammar"];
 
 #[derive(Args)]
 pub struct FuzzArgs {
     /// Seconds per target.
     #[arg(long, default_value_t = 300.0)]
     seconds: f64,
-    /// One target (gguf, tokenizer, chat_template, decision, endpoints);
-    /// all when left out.
+    /// One target (gguf, tokenizer, chat_template, decision, endpoints,
+    /// grammar); all when left out.
     #[arg(long)]
     target: Option<String>,
     /// The base seed; a new one (printed) when left out, so that a long run
@@ -33,7 +33,8 @@ pub fn fuzz(args: FuzzArgs) -> anyhow::Result<()> {
     {
         bail!("unknown fuzz target `{target}` (the targets: {})", TARGETS.join(", "));
     }
-    // The tokenizer, template and endpoint targets read the default model.
+    // The tokenizer, template, endpoint and grammar targets read the
+    // default model.
     models::fetch_model()?;
     let seed = args
         .seed

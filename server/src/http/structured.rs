@@ -5,9 +5,9 @@
 
 use serde_json::{Value, json};
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorType};
 use super::fields::{Fields, wrong};
-use crate::engine::constraint::{Grammar, GrammarSource, Grammars};
+use crate::engine::constraint::{Grammar, GrammarError, GrammarSource, Grammars};
 
 /// The grammar compiler, or why this model has none.
 pub type Compiler = Result<Grammars, String>;
@@ -25,7 +25,10 @@ pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Resu
             "`{field}` cannot be used: constrained decoding is unavailable for this model ({reason})"
         ))
     })?;
-    grammars.compile(source).map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))
+    grammars.compile(source).map_err(|error| match error {
+        GrammarError::Internal { .. } => ApiError::new(ErrorType::Server, format!("`{field}`: {error}")),
+        error => ApiError::invalid(format!("`{field}`: {error}")),
+    })
 }
 
 /// Which field asks for what, if any does.
