@@ -18,21 +18,29 @@ pub fn address(server: &Server) -> SocketAddr {
 /// What the server sends on a raw connection until it closes it (bounded:
 /// `None` if it was still open after `wait`).
 pub fn read_until_closed(stream: &mut TcpStream, wait: Duration) -> Option<String> {
+    let (answer, closed) = read_for(stream, wait);
+    closed.then_some(answer)
+}
+
+/// What the server sends on a raw connection within `wait`, and whether
+/// it closed the connection by then.
+pub fn read_for(stream: &mut TcpStream, wait: Duration) -> (String, bool) {
     stream.set_read_timeout(Some(wait)).expect("timeout");
     let mut answer = Vec::new();
     let mut buf = [0u8; 65536];
-    loop {
+    let closed = loop {
         match stream.read(&mut buf) {
-            Ok(0) => return Some(String::from_utf8_lossy(&answer).into_owned()),
+            Ok(0) => break true,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
             // Still open when the wait ran out.
             Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return None;
+                break false;
             }
             // Closed with a reset: it had unread bytes of ours.
-            Err(_) => return Some(String::from_utf8_lossy(&answer).into_owned()),
+            Err(_) => break true,
         }
-    }
+    };
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
 }
 
 /// Send `request` on a new connection and read until the server closes it.

@@ -5,9 +5,9 @@
 
 use serde_json::{Value, json};
 
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
 use super::fields::{Fields, wrong};
-use crate::engine::constraint::{Grammar, GrammarError, GrammarSource, Grammars};
+use crate::engine::constraint::{Grammar, GrammarSource, Grammars};
 
 /// The grammar compiler, or why this model has none.
 pub type Compiler = Result<Grammars, String>;
@@ -25,10 +25,11 @@ pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Resu
             "`{field}` cannot be used: constrained decoding is unavailable for this model ({reason})"
         ))
     })?;
-    grammars.compile(source).map_err(|error| match error {
-        GrammarError::Internal { .. } => ApiError::new(ErrorType::Server, format!("`{field}`: {error}")),
-        error => ApiError::invalid(format!("`{field}`: {error}")),
-    })
+    // A compiler failure that names nothing (a panic llguidance caught) is
+    // still the grammar's: compiling is a function of it alone, so the
+    // same request fails the same way every time. The client gets the id
+    // of the logged detail.
+    grammars.compile(source).map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))
 }
 
 /// Which field asks for what, if any does.

@@ -378,6 +378,18 @@ fn grammars() -> Vec<(String, &'static str, Value, Expect)> {
             Expect::Any,
         ),
         (
+            n("a rule chain 700 deep, responses"),
+            "/v1/responses",
+            json!({ "input": "hi", "max_output_tokens": 1, "grammar": chain(700, " ") }),
+            Expect::Any,
+        ),
+        (
+            n("a rule chain 40,000 deep, responses"),
+            "/v1/responses",
+            json!({ "input": "hi", "max_output_tokens": 1, "grammar": chain(40_000, " ") }),
+            Expect::Refused,
+        ),
+        (
             n("a $ref chain 700 deep, responses"),
             "/v1/responses",
             json!({ "input": "hi", "max_output_tokens": 1, "text": { "format": { "type": "json_schema", "name": "deep", "schema": schema } } }),

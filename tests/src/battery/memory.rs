@@ -70,16 +70,17 @@ fn within(report: &mut Report, category: &str, what: &str, base_kib: u64, peak_k
     eprintln!("battery: {what}: resident memory +{grew} MiB (bound {bound_mib} MiB)");
 }
 
-/// Every memory category, with the bounds asserted.
+/// Every memory category, with the bounds asserted: each against the
+/// memory when it starts (what an earlier one left to the allocator is not
+/// its own), and what is left at the end against the start of all.
 pub fn memory(target: &Target<'_>, bounds: &MemoryBounds, report: &mut Report) {
-    let pid = target.server.pid();
-    let base = rss_kib(pid).unwrap_or(0);
-    parsing(target, bounds, report, base);
-    oversized(target, bounds, report, base);
-    probabilities(target, bounds, report, base);
-    unread(target, bounds, report, base);
-    let settled = rss_kib(pid).unwrap_or(0);
-    within(report, "memory", "after every memory category", base, settled, bounds.retained);
+    let rss = || rss_kib(target.server.pid()).unwrap_or(0);
+    let base = rss();
+    parsing(target, bounds, report, rss());
+    oversized(target, bounds, report, rss());
+    probabilities(target, bounds, report, rss());
+    unread(target, bounds, report, rss());
+    within(report, "memory", "after every memory category", base, rss(), bounds.retained);
     still_serving(target, report, "memory");
 }
 
@@ -92,14 +93,14 @@ fn oversized_text(target: &Target<'_>) -> String {
 fn oversized(target: &Target<'_>, bounds: &MemoryBounds, report: &mut Report, base: u64) {
     let category = "oversized prompts";
     let text = oversized_text(target);
-    const CONTEXT: &[&str] = &["exceed_context_size_error"];
+    let context = Expect::Kind(400, "exceed_context_size_error");
     let kinds: [(&str, &str, Value, Expect); 3] = [
-        ("a prompt", "/completion", json!({ "prompt": text, "n_predict": 1 }), Expect::Status(400, CONTEXT)),
+        ("a prompt", "/completion", json!({ "prompt": text, "n_predict": 1 }), context.clone()),
         (
             "a chat message",
             "/v1/chat/completions",
             json!({ "messages": [{ "role": "user", "content": text }], "max_tokens": 1 }),
-            Expect::Status(400, CONTEXT),
+            context.clone(),
         ),
         ("a tokenization with pieces", "/tokenize", json!({ "content": text, "with_pieces": true }), Expect::Any),
     ];

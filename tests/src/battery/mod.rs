@@ -183,6 +183,8 @@ pub enum Expect {
     Refused,
     /// This status, with a message that contains each of the words.
     Status(u16, &'static [&'static str]),
+    /// This status, with an error of this `type`.
+    Kind(u16, &'static str),
 }
 
 /// Words an error message must not carry: Rust panics and backtraces,
@@ -217,16 +219,14 @@ fn check(report: &mut Report, category: &str, what: &str, answer: &Answer, expec
         Expect::Any => {}
         Expect::Refused if (400..500).contains(&status) || status == 501 => {}
         Expect::Refused => fail(format!("expected a refusal, got {status}: {}", clip(body))),
-        Expect::Status(expected, _) if *expected != status => {
+        Expect::Status(expected, _) | Expect::Kind(expected, _) if *expected != status => {
             fail(format!("expected {expected}, got {status}: {}", clip(body)));
         }
-        Expect::Status(..) => {}
+        Expect::Status(..) | Expect::Kind(..) => {}
     }
     if status >= 400 {
-        let message = match serde_json::from_str::<Value>(body) {
-            Ok(json) => json["error"]["message"].as_str().map(str::to_owned),
-            Err(_) => None,
-        };
+        let error = serde_json::from_str::<Value>(body).map(|json| json["error"].clone()).unwrap_or_default();
+        let message = error["message"].as_str().map(str::to_owned);
         let Some(message) = message else {
             return fail(format!("status {status} without a JSON error message: {}", clip(body)));
         };
@@ -240,6 +240,11 @@ fn check(report: &mut Report, category: &str, what: &str, answer: &Answer, expec
             && let Some(word) = words.iter().find(|word| !message.contains(**word))
         {
             fail(format!("the message does not name {word:?}: {}", clip(&message)));
+        }
+        if let Expect::Kind(_, kind) = expect
+            && error["type"] != *kind
+        {
+            fail(format!("expected an error of type {kind}: {}", clip(body)));
         }
     } else if *stream {
         check_stream(&mut fail, body);

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use super::{Answer, Expect, Report, Target, check, send, still_serving};
-use crate::raw::{address, post_head, read_until_closed};
+use crate::raw::{address, post_head, read_for};
 
 /// Longest wait for an answer that must come at once (a refusal that
 /// waits for bytes that never come is the failure this finds).
@@ -28,17 +28,19 @@ fn exchange(target: &Target<'_>, request: &[u8]) -> Answer {
         scope.spawn(move || {
             let _ = writer.write_all(request);
         });
-        let read = read_until_closed(&mut stream, PROMPT);
+        let read = read_for(&mut stream, PROMPT);
         // A writer the server never read from is stopped so.
         let _ = stream.shutdown(std::net::Shutdown::Both);
         read
     });
+    // A whole answer counts, closed or not: after refusing a chunked body
+    // the server may read the rest of it and keep the connection.
     match read {
-        Some(answer) => {
+        (answer, _) if answer.contains("\r\n\r\n") => {
             let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body).to_owned();
             Answer { status: crate::raw::status_of(&answer), body, stream: false }
         }
-        None => Answer { status: 0, body: format!("nothing within {} s", PROMPT.as_secs()), stream: false },
+        _ => Answer { status: 0, body: format!("nothing within {} s", PROMPT.as_secs()), stream: false },
     }
 }
 
