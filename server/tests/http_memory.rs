@@ -24,13 +24,7 @@ fn start(name: &str, toml: &str, args: &[&str]) -> Server {
 
 /// The server's resident memory, in bytes.
 fn rss(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).expect("/proc status");
-    let kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS");
-    kib * 1024
+    server.rss_kib().expect("VmRSS") * 1024
 }
 
 /// Run `work` while sampling the server's memory every 10 ms; what it
@@ -237,4 +231,26 @@ fn tokenizing_a_large_text_costs_about_its_answer() {
         assert_eq!(joined, text);
         assert!(pieces.iter().zip(ids).all(|(piece, id)| piece["id"] == *id));
     }
+}
+
+#[test]
+fn tokenizer_answers_past_the_answer_limit_are_refused() {
+    let server = start("tokenizer-answers", "[server.limits]\nresponse_mib = 1\n", &["-np", "1", "-c", "512"]);
+    // 200,000 single characters of punctuation: about a token each.
+    let text = "!?".repeat(100_000);
+    let (status, answer) = server.post("/tokenize", &json!({ "content": text, "with_pieces": true }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", short(&answer));
+    assert!(message(&answer).contains("server.limits.response_mib"), "{}", short(&answer));
+    // Without pieces, a few bytes a token: within the megabyte.
+    let (status, answer) = server.post("/tokenize", &json!({ "content": text }));
+    assert_eq!(status, StatusCode::OK, "{}", short(&answer));
+    let ids = answer["tokens"].as_array().expect("ids").clone();
+    // Their text, ten times over: 2 MB.
+    let many: Vec<Value> = ids.iter().cycle().take(ids.len() * 10).cloned().collect();
+    let (status, answer) = server.post("/detokenize", &json!({ "tokens": many }));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{}", short(&answer));
+    assert!(message(&answer).contains("server.limits.response_mib"), "{}", short(&answer));
+    let (status, answer) = server.post("/detokenize", &json!({ "tokens": ids }));
+    assert_eq!(status, StatusCode::OK, "{}", short(&answer));
+    assert_eq!(answer["content"], text);
 }

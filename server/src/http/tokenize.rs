@@ -8,12 +8,12 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::{Value, json};
 
-use super::AppState;
 use super::error::ApiError;
 use super::generate::blocking;
 use super::openai::chat_prompt;
 use super::params::{Fields, JsonBody, object, wrong};
 use super::spliced::json_response;
+use super::{AppState, Ready};
 use crate::model::tokenizer::Tokenizer;
 
 /// `POST /tokenize`: `content`, `add_special` (false), `parse_special`
@@ -36,10 +36,33 @@ pub async fn tokenize(State(state): State<AppState>, JsonBody(body): JsonBody) -
         };
         // About what each token's entry takes, so the body is not regrown.
         let per_token = if with_pieces { 24 } else { 7 };
+        let pieces = if with_pieces { piece_bytes(&ready.tokenizer, &tokens) } else { 0 };
+        let size = (tokens.len() * per_token).saturating_add(pieces).saturating_add(16);
+        answer_fits(&ready, size, "tokenize less text at once, or without `with_pieces`")?;
         let answer = Answer { tokens: Tokens { tokenizer: &ready.tokenizer, ids: &tokens, with_pieces } };
-        Ok(json_response(&answer, tokens.len() * per_token + 16))
+        Ok(json_response(&answer, size))
     })
     .await
+}
+
+/// The bytes of the pieces of `ids`.
+fn piece_bytes(tokenizer: &Tokenizer, ids: &[u32]) -> usize {
+    ids.iter().map(|&id| tokenizer.token_bytes(id).len()).sum()
+}
+
+/// Refuse an answer of about `bytes` over `server.limits.response_mib`: it
+/// is built whole before it is sent, and a client that reads it slowly
+/// holds all of it meanwhile (a text of one-byte tokens makes an answer
+/// with pieces 25 times its size).
+fn answer_fits(ready: &Ready, bytes: usize, instead: &str) -> Result<(), ApiError> {
+    let mib = ready.server_limits.response_mib;
+    if mib == 0 || bytes <= mib.saturating_mul(1 << 20) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
+        "the answer would hold about {} MiB, more than an answer may (server.limits.response_mib, {mib}); {instead}",
+        bytes >> 20
+    )))
 }
 
 /// `{"tokens": …}`.
@@ -102,6 +125,7 @@ pub async fn detokenize(State(state): State<AppState>, JsonBody(body): JsonBody)
                 Ok(id as u32)
             })
             .collect::<Result<Vec<u32>, ApiError>>()?;
+        answer_fits(&ready, piece_bytes(&ready.tokenizer, &ids), "detokenize fewer tokens at once")?;
         Ok(Json(json!({ "content": ready.tokenizer.decode(&ids) })))
     })
     .await
