@@ -17,7 +17,7 @@
 //!   bound;
 //! - [`shutdown`]: a stop signal with requests running and queued.
 //!
-//! Every answer of every category is held to the same rules ([`check`]):
+//! Every answer of every category is held to the same rules (`check`):
 //! no 5xx but 501 and 503, every error a JSON object whose message leaks
 //! no panic, backtrace, source location or parser dump, every stream
 //! well framed, and the server still up afterwards.
