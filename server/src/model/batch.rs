@@ -1,7 +1,9 @@
 //! What one forward pass computes: rows of tokens (or embedding rows) from
-//! any sequences, each with its KV cell and rotary position.
+//! any sequences, each with its KV cell and rotary position; and what it
+//! gives back ([`ForwardOutput`]) or why it refused ([`ForwardError`]).
 
-use super::{Context, ForwardError, ForwardOutput};
+use super::Context;
+use sluice_kernels::backend::BackendError;
 
 /// A rotary position: `[t, h, w, e]`. Text at position p is `[p, p, p, 0]`;
 /// one-dimensional architectures read only `t`.
@@ -227,4 +229,50 @@ mod tests {
             Layout::new(vec![ImageSpan { start: 0, nx: 2, ny: 2 }, ImageSpan { start: 3, nx: 1, ny: 1 }]).is_none()
         );
     }
+}
+
+/// Why a forward pass was refused (nothing is computed or written) or
+/// failed on the device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("row {row}: token id {token} is outside the vocabulary of {n_vocab}")]
+    Token { row: usize, token: u32, n_vocab: usize },
+    #[error("row {row}: embedding row {index} is not in the batch")]
+    Embedding { row: usize, index: usize },
+    #[error("row {row}: sequence {seq} has no block table")]
+    Sequence { row: usize, seq: usize },
+    #[error("row {row}: KV cell {cell} is outside its sequence's blocks")]
+    Cell { row: usize, cell: u32 },
+    #[error("tap at layer {0} is past the last layer")]
+    Tap(usize),
+    #[error("row {0}: this model has no token embeddings of its own; pass embedding rows")]
+    NoEmbeddings(usize),
+    #[error("row {0}: this model has no LM head of its own")]
+    NoLmHead(usize),
+    #[error("this model fuses no features (it is not a DFlash draft)")]
+    NoFusion,
+    #[error("row {row}: LoRA adapter {id} is not loaded ({n_adapters} are)")]
+    Adapter { row: usize, id: u32, n_adapters: usize },
+    #[error("row {row}: the scale of LoRA adapter {id} is not finite")]
+    AdapterScale { row: usize, id: u32 },
+    #[error("kernel: {0}")]
+    Kernel(String),
+}
+
+impl From<BackendError> for ForwardError {
+    fn from(error: BackendError) -> Self {
+        ForwardError::Kernel(error.to_string())
+    }
+}
+
+/// Per-row outputs of a forward pass, on the host.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ForwardOutput {
+    /// Logits of the rows that asked for them, in row order, one LM-head
+    /// row count each.
+    pub logits: Vec<f32>,
+    /// Row index of each logits row.
+    pub logit_rows: Vec<usize>,
+    /// Per requested tap (in `Batch::taps` order): n_rows × n_embd.
+    pub taps: Vec<Vec<f32>>,
 }

@@ -1,11 +1,12 @@
 //! DFlash draft metadata: which target layers feed it, its block size, mask
-//! token and attention mode (the network itself is a [`Transformer`] of
-//! architecture `dflash`).
-//!
-//! [`Transformer`]: super::transformer::Transformer
+//! token and attention mode (the network itself is the `dflash` family's,
+//! in `families/dflash.rs`).
 
 use super::gguf::{GgufError, GgufFile};
 use super::hparams::HParamsError;
+
+/// The `general.architecture` of DFlash drafts.
+pub const ARCHITECTURE: &str = "dflash";
 
 /// The DFlash-specific settings of a draft file.
 #[derive(Debug, Clone, PartialEq, Eq)]

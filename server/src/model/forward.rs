@@ -13,90 +13,15 @@ use sluice_kernels::backend::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, KvTypes, PassLayout, PassRow, PassSequence,
 };
 
-use super::batch::{Batch, RowInput};
+use super::batch::{Batch, ForwardError, ForwardOutput, RowInput};
+use super::blocks::{Pass, Scratch};
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::lora::{AdapterInfo, PassAdapters, Site};
-use super::transformer::{LoadError, Transformer};
+use super::lora::{AdapterInfo, PassAdapters};
+use super::transformer::Transformer;
 use super::vision::{Encoder, Projector};
+use super::weights::LoadError;
 use super::{Context, Model};
-
-/// Why a forward pass was refused (nothing is computed or written) or
-/// failed on the device.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ForwardError {
-    #[error("row {row}: token id {token} is outside the vocabulary of {n_vocab}")]
-    Token { row: usize, token: u32, n_vocab: usize },
-    #[error("row {row}: embedding row {index} is not in the batch")]
-    Embedding { row: usize, index: usize },
-    #[error("row {row}: sequence {seq} has no block table")]
-    Sequence { row: usize, seq: usize },
-    #[error("row {row}: KV cell {cell} is outside its sequence's blocks")]
-    Cell { row: usize, cell: u32 },
-    #[error("tap at layer {0} is past the last layer")]
-    Tap(usize),
-    #[error("row {0}: this model has no token embeddings of its own; pass embedding rows")]
-    NoEmbeddings(usize),
-    #[error("row {0}: this model has no LM head of its own")]
-    NoLmHead(usize),
-    #[error("this model fuses no features (it is not a DFlash draft)")]
-    NoFusion,
-    #[error("row {row}: LoRA adapter {id} is not loaded ({n_adapters} are)")]
-    Adapter { row: usize, id: u32, n_adapters: usize },
-    #[error("row {row}: the scale of LoRA adapter {id} is not finite")]
-    AdapterScale { row: usize, id: u32 },
-    #[error("kernel: {0}")]
-    Kernel(String),
-}
-
-impl From<BackendError> for ForwardError {
-    fn from(error: BackendError) -> Self {
-        ForwardError::Kernel(error.to_string())
-    }
-}
-
-/// Per-row outputs of a forward pass, on the host.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct ForwardOutput {
-    /// Logits of the rows that asked for them, in row order, one LM-head
-    /// row count each.
-    pub logits: Vec<f32>,
-    /// Row index of each logits row.
-    pub logit_rows: Vec<usize>,
-    /// Per requested tap (in `Batch::taps` order): n_rows × n_embd.
-    pub taps: Vec<Vec<f32>>,
-}
-
-/// Reusable buffers of a forward pass.
-struct Scratch<B: Backend> {
-    x: B::Rows,
-    h: B::Rows,
-    q: B::Rows,
-    k: B::Rows,
-    v: B::Rows,
-    attn: B::Rows,
-    gate: B::Rows,
-    up: B::Rows,
-    ffn: B::Rows,
-    pass: B::Pass,
-}
-
-impl<B: Backend> Default for Scratch<B> {
-    fn default() -> Self {
-        Scratch {
-            x: B::Rows::default(),
-            h: B::Rows::default(),
-            q: B::Rows::default(),
-            k: B::Rows::default(),
-            v: B::Rows::default(),
-            attn: B::Rows::default(),
-            gate: B::Rows::default(),
-            up: B::Rows::default(),
-            ffn: B::Rows::default(),
-            pass: B::Pass::default(),
-        }
-    }
-}
 
 /// A model's KV store and buffers for the sequences one owner runs.
 struct TransformerContext<B: Backend> {
@@ -104,6 +29,7 @@ struct TransformerContext<B: Backend> {
     shape: KvShape,
     kv: B::Kv,
     scratch: Scratch<B>,
+    pass: B::Pass,
 }
 
 impl<B: Backend> TransformerContext<B> {
@@ -114,7 +40,8 @@ impl<B: Backend> TransformerContext<B> {
         types: KvTypes,
     ) -> Result<Self, BackendError> {
         let hp = &model.hparams;
-        let (n_layer, kv_dim, head_dim) = (hp.n_layer, hp.kv_dim(), hp.head_dim);
+        // Only the layers that keep K/V in paged cells have a layer here.
+        let (n_layer, kv_dim, head_dim) = (model.caches.paged, hp.kv_dim(), hp.head_dim);
         let shape = KvShape { n_layer, kv_dim, head_dim, n_blocks, block_tokens, types };
         let kv = model.backend.kv(shape)?;
         // The store's real size, in llama.cpp's words (the store exists, so
@@ -129,7 +56,7 @@ impl<B: Backend> TransformerContext<B> {
             types.v,
             mib(cells * n_layer * v_cell),
         );
-        Ok(TransformerContext { model, shape, kv, scratch: Scratch::default() })
+        Ok(TransformerContext { model, shape, kv, scratch: Scratch::default(), pass: B::Pass::default() })
     }
 
     /// Validate the batch and lay out its rows for the backend.
@@ -173,7 +100,7 @@ impl<B: Backend> TransformerContext<B> {
             .map(|(seq, blocks)| PassSequence { blocks, hidden: batch.hidden.get(seq).map_or(&[], Vec::as_slice) })
             .collect();
         let model = &*self.model;
-        model.backend.prepare(&model.rope, &PassLayout { rows, sequences: &sequences }, &mut self.scratch.pass)?;
+        model.backend.prepare(&model.rope, &PassLayout { rows, sequences: &sequences }, &mut self.pass)?;
         Ok(())
     }
 }
@@ -192,61 +119,21 @@ impl<B: Backend> Context for TransformerContext<B> {
         let n = rows.len();
         let n_embd = hp.n_embd;
         let s = &mut self.scratch;
-        let kv = &mut self.kv;
         let table = model.token_embd.as_ref().map(|embd| &embd.matrix);
         b.embed(table, &embed_inputs(batch, n_embd), n_embd, &mut s.x)?;
-        let scale = 1.0 / (hp.head_dim as f32).sqrt();
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
-        let adapted = |site, x: &B::Rows, out: &mut B::Rows| lora.apply(b, &model.adapters, site, x, out);
-        b.begin_layers(&s.pass);
+        let pass = model.pass(&self.pass, n, &lora);
+        b.begin_layers(&self.pass);
         // The bracket is closed whatever the layers return: a device
         // backend must not be left recording.
         let layers = (|| -> Result<(), ForwardError> {
             for (index, layer) in model.layers.iter().enumerate() {
-                let at = |site| Some((index, site));
                 tap(b, batch, index, &s.x, &mut output.taps)?;
-                b.rms_norm(&s.x, &layer.attn_norm, hp.rms_eps, &mut s.h);
-                b.matmuls(
-                    &s.h,
-                    n,
-                    &mut [(&layer.q.matrix, &mut s.q), (&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)],
-                );
-                for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
-                    adapted(at(site), &s.h, values);
-                }
-                for (values, bias) in [(&mut s.q, &layer.q_bias), (&mut s.k, &layer.k_bias), (&mut s.v, &layer.v_bias)]
-                {
-                    if let Some(bias) = bias {
-                        b.add_bias(values, bias);
-                    }
-                }
-                for (values, norm) in [(&mut s.q, &layer.q_norm), (&mut s.k, &layer.k_norm)] {
-                    if let Some(norm) = norm {
-                        b.rms_norm_in_place(values, norm, hp.rms_eps);
-                    }
-                }
-                b.rope(&model.rope, &s.pass, &mut s.q);
-                b.rope(&model.rope, &s.pass, &mut s.k);
-                // Every row's K/V is written before any row attends, so rows of
-                // one sequence in this batch see each other causally.
-                b.store_kv(kv, index, &s.k, &s.v, &s.pass);
-                b.attend(kv, index, &s.q, &s.pass, model.heads, scale, &mut s.attn)?;
-                b.matmul(&layer.output.matrix, &s.attn, n, &mut s.h);
-                adapted(at(Site::Output), &s.attn, &mut s.h);
-                b.add(&mut s.x, &s.h);
-
-                b.rms_norm(&s.x, &layer.ffn_norm, hp.rms_eps, &mut s.h);
-                b.matmuls(&s.h, n, &mut [(&layer.gate.matrix, &mut s.gate), (&layer.up.matrix, &mut s.up)]);
-                adapted(at(Site::Gate), &s.h, &mut s.gate);
-                adapted(at(Site::Up), &s.h, &mut s.up);
-                b.swiglu(&s.gate, &s.up, &mut s.ffn);
-                b.matmul(&layer.down.matrix, &s.ffn, n, &mut s.h);
-                adapted(at(Site::Down), &s.ffn, &mut s.h);
-                b.add(&mut s.x, &s.h);
+                layer.run(&pass, index, &mut self.kv, s)?;
             }
             Ok(())
         })();
-        let ended = b.end_layers(&s.pass);
+        let ended = b.end_layers(&self.pass);
         layers?;
         ended?;
         tap(b, batch, hp.n_layer, &s.x, &mut output.taps)?;
@@ -283,13 +170,11 @@ impl<B: Backend> Context for TransformerContext<B> {
         let n = rows.len();
         let s = &mut self.scratch;
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
-        for (index, layer) in model.layers.iter().enumerate() {
-            b.matmuls(&s.x, n, &mut [(&layer.k.matrix, &mut s.k), (&layer.v.matrix, &mut s.v)]);
-            if let Some(norm) = &layer.k_norm {
-                b.rms_norm_in_place(&mut s.k, norm, hp.rms_eps);
-            }
-            b.rope(&model.rope, &s.pass, &mut s.k);
-            b.store_kv(&mut self.kv, index, &s.k, &s.v, &s.pass);
+        // No adapter applies to context rows.
+        let lora = PassAdapters::new(std::iter::empty(), &[], model.adapters.len())?;
+        let pass = model.pass(&self.pass, n, &lora);
+        for layer in &model.layers {
+            layer.inject(&pass, &mut self.kv, s);
         }
         Ok(())
     }
@@ -355,6 +240,22 @@ impl<B: Backend> Model for Transformer<B> {
         let mut normed = B::Rows::default();
         b.rms_norm(&fused, norm, self.hparams.rms_eps, &mut normed);
         Ok(b.download_owned(normed)?)
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    /// What the blocks of a pass over `rows` rows laid out as `layout` read.
+    fn pass<'a>(&'a self, layout: &'a B::Pass, rows: usize, lora: &'a PassAdapters) -> Pass<'a, B> {
+        Pass {
+            backend: &self.backend,
+            layout,
+            rows,
+            rms_eps: self.hparams.rms_eps,
+            rope: &self.rope,
+            heads: self.heads,
+            lora,
+            adapters: &self.adapters,
+        }
     }
 }
 

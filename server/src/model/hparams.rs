@@ -3,41 +3,24 @@
 
 use super::gguf::{GgufError, GgufFile};
 
-/// The architectures sluice runs.
+/// A model family, by the GGUF `general.architecture` name it reads (also
+/// the prefix of its metadata keys). Only the family registry
+/// (`model::families`) makes one, so every value names a family sluice runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Qwen2,
-    Qwen3,
-    Qwen2Vl,
-    Qwen3Vl,
-    /// A DFlash draft: Qwen3-style layers fed by the target's hidden states.
-    Dflash,
-}
+pub struct Architecture(&'static str);
 
 impl Architecture {
-    fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "qwen3" => Architecture::Qwen3,
-            "qwen2vl" => Architecture::Qwen2Vl,
-            "qwen3vl" => Architecture::Qwen3Vl,
-            "dflash" => Architecture::Dflash,
-            _ => return None,
-        })
+    pub(crate) const fn named(name: &'static str) -> Self {
+        Architecture(name)
     }
 
-    /// The GGUF `general.architecture` name (and metadata key prefix).
     pub fn name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Qwen3 => "qwen3",
-            Architecture::Qwen2Vl => "qwen2vl",
-            Architecture::Qwen3Vl => "qwen3vl",
-            Architecture::Dflash => "dflash",
-        }
+        self.0
+    }
+
+    /// The key `<architecture>.<suffix>`.
+    pub(crate) fn key(self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.0)
     }
 }
 
@@ -86,8 +69,8 @@ pub struct HParams {
 pub enum HParamsError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("general.architecture = {0:?} is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash)")]
-    Architecture(String),
+    #[error("general.architecture = {name:?} is not supported ({supported})")]
+    Architecture { name: String, supported: String },
     #[error("{key} = {value}: {problem}")]
     Invalid { key: String, value: String, problem: String },
 }
@@ -97,10 +80,17 @@ const MAX_DIM: u32 = 1 << 20;
 const MAX_LAYERS: u32 = 1024;
 
 impl HParams {
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, HParamsError> {
-        let arch_name = file.str("general.architecture")?;
-        let arch = Architecture::from_name(arch_name).ok_or_else(|| HParamsError::Architecture(arch_name.into()))?;
-        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+    /// The hyper-parameters every family has, read under `arch`'s keys;
+    /// `rope` gives the family's rotary style from the rotated width, and a
+    /// family whose files may carry no vocabulary (a draft borrowing its
+    /// target's) says so in `vocabulary_optional`.
+    pub(crate) fn read(
+        file: &GgufFile,
+        arch: Architecture,
+        vocabulary_optional: bool,
+        rope: impl FnOnce(usize) -> Result<RopeStyle, HParamsError>,
+    ) -> Result<Self, HParamsError> {
+        let key = |suffix: &str| arch.key(suffix);
         let bounded = |suffix: &str, max: u32| -> Result<usize, HParamsError> {
             let name = key(suffix);
             let value = file.u32(&name)?;
@@ -156,21 +146,13 @@ impl HParams {
         if n_rot == 0 || n_rot % 2 != 0 || n_rot > head_dim {
             return Err(invalid(&key("rope.dimension_count"), n_rot, format!("must be even and 1..={head_dim}")));
         }
-        let rope = match arch {
-            Architecture::Llama => RopeStyle::Norm,
-            Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
-            Architecture::Qwen2Vl => RopeStyle::MRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
-            Architecture::Qwen3Vl => RopeStyle::IMRope(sections(file, &key("rope.dimension_sections"), n_rot)?),
-            Architecture::Dflash => dflash_rope(file, n_rot)?,
-        };
+        let rope = rope(n_rot)?;
         let n_vocab = match file.opt_u32(&key("vocab_size"))? {
             Some(n) => n as usize,
-            // A DFlash draft may borrow the target's embeddings and head and
-            // carry no vocabulary of its own.
-            None if arch == Architecture::Dflash && file.get("tokenizer.ggml.tokens").is_none() => 0,
+            None if vocabulary_optional && file.get("tokenizer.ggml.tokens").is_none() => 0,
             None => file.strs("tokenizer.ggml.tokens")?.len(),
         };
-        if n_vocab == 0 && arch != Architecture::Dflash {
+        if n_vocab == 0 && !vocabulary_optional {
             return Err(invalid("tokenizer.ggml.tokens", 0, "the vocabulary is empty".into()));
         }
         Ok(HParams {
@@ -202,35 +184,13 @@ impl HParams {
     }
 }
 
-fn invalid(key: &str, value: impl std::fmt::Display, problem: String) -> HParamsError {
+pub(crate) fn invalid(key: &str, value: impl std::fmt::Display, problem: String) -> HParamsError {
     HParamsError::Invalid { key: key.into(), value: value.to_string(), problem }
-}
-
-/// A DFlash draft's rotary style, from the draft file alone (after any
-/// fixup edits): explicit non-zero sections mean M-RoPE (contiguous, never
-/// interleaved); otherwise NEOX with one position.
-fn dflash_rope(file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
-    const SECTIONS: &str = "dflash.rope.dimension_sections";
-    if let Some(count) = file.opt_u32("dflash.hyper_connection.count")?
-        && count > 0
-    {
-        return Err(invalid(
-            "dflash.hyper_connection.count",
-            count,
-            "DSV4 DFlash backbones (hyper-connections, MLA, MoE) are not supported".into(),
-        ));
-    }
-    match file.get(SECTIONS) {
-        Some(_) if file.ints(SECTIONS)?.iter().any(|&section| section != 0) => {
-            Ok(RopeStyle::MRope(sections(file, SECTIONS, n_rot)?))
-        }
-        _ => Ok(RopeStyle::Neox),
-    }
 }
 
 /// `rope.dimension_sections`: four (or three, padded) pair counts that fit
 /// in the rotated pairs.
-fn sections(file: &GgufFile, key: &str, n_rot: usize) -> Result<[u32; 4], HParamsError> {
+pub(crate) fn sections(file: &GgufFile, key: &str, n_rot: usize) -> Result<[u32; 4], HParamsError> {
     let values = file.ints(key)?;
     if values.is_empty() || values.len() > 4 || values.iter().any(|value| !(0..=n_rot as i64).contains(value)) {
         return Err(invalid(key, format!("{values:?}"), format!("must be up to 4 counts in 0..={n_rot}")));

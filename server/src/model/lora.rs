@@ -16,9 +16,9 @@ use sha2::{Digest, Sha256};
 use sluice_kernels::backend::{Backend, LowRankSource, LowRankTerm};
 use sluice_kernels::quant::dequantize_row;
 
-use super::ForwardError;
+use super::batch::ForwardError;
 use super::gguf::{GgufFile, TensorInfo};
-use super::transformer::{LoadError, Transformer, Weight};
+use super::weights::{LoadError, Weight};
 
 /// What the server shows of a loaded adapter.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,9 +35,22 @@ pub struct AdapterInfo {
     pub fingerprint: [u8; 32],
 }
 
+/// A loaded model as an adapter sees it: the weights it may change.
+pub(crate) trait Targets<B: Backend> {
+    fn backend(&self) -> &B;
+    /// The model's `general.architecture`.
+    fn architecture(&self) -> &'static str;
+    fn n_layer(&self) -> usize;
+    /// The weight at `site` of `layer`, if the layer has one.
+    fn weight(&self, layer: usize, site: Site) -> Option<&Weight<B>>;
+    /// The LM head, when the file has an `output.weight` of its own (a tied
+    /// head is the embedding table, which adapters do not change).
+    fn own_head(&self) -> Option<&Weight<B>>;
+}
+
 /// The weights of a layer an adapter may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Site {
+pub(crate) enum Site {
     Q,
     K,
     V,
@@ -70,7 +83,7 @@ pub(super) struct Factors<B: Backend> {
 }
 
 /// A loaded adapter.
-pub(super) struct Adapter<B: Backend> {
+pub(crate) struct Adapter<B: Backend> {
     pub(super) info: AdapterInfo,
     /// Per layer, per [`Site`] (in `Site::ALL` order).
     pub(super) layers: Vec<[Option<Factors<B>>; 7]>,
@@ -96,7 +109,7 @@ fn problem(path: &Path, problem: impl Into<String>) -> LoadError {
 }
 
 /// Open the adapter at `path` and load it against `model`.
-pub(super) fn load<B: Backend>(model: &Transformer<B>, path: &Path) -> Result<Adapter<B>, LoadError> {
+pub(super) fn load<B: Backend>(model: &impl Targets<B>, path: &Path) -> Result<Adapter<B>, LoadError> {
     let file = GgufFile::open(path).map_err(|error| problem(path, error.to_string()))?;
     let meta = |key: &str| file.opt_str(key).map_err(|error| problem(path, error.to_string()));
     match meta("general.type")? {
@@ -114,7 +127,7 @@ pub(super) fn load<B: Backend>(model: &Transformer<B>, path: &Path) -> Result<Ad
     if file.get("adapter.alora.invocation_tokens").is_some() {
         return Err(problem(path, "activated LoRA (`adapter.alora.invocation_tokens`) is not supported"));
     }
-    let base_arch = model.hparams.arch.name();
+    let base_arch = model.architecture();
     match meta("general.architecture")? {
         Some(arch) if arch == base_arch => {}
         Some(arch) => {
@@ -128,7 +141,7 @@ pub(super) fn load<B: Backend>(model: &Transformer<B>, path: &Path) -> Result<Ad
     }
 
     let pairs = pairs(&file).map_err(|message| problem(path, message))?;
-    let mut layers: Vec<[Option<Factors<B>>; 7]> = (0..model.layers.len()).map(|_| Default::default()).collect();
+    let mut layers: Vec<[Option<Factors<B>>; 7]> = (0..model.n_layer()).map(|_| Default::default()).collect();
     let mut head = None;
     for (base, (a, b)) in pairs {
         let (Some(a), Some(b)) = (a, b) else {
@@ -183,37 +196,28 @@ fn pairs(file: &GgufFile) -> Result<Pairs<'_>, String> {
 /// head), and the weight.
 type Target<'a, B> = (Option<(usize, Site)>, &'a Weight<B>);
 
-fn target<'a, B: Backend>(model: &'a Transformer<B>, base: &str) -> Result<Target<'a, B>, String> {
+fn target<'a, B: Backend>(model: &'a impl Targets<B>, base: &str) -> Result<Target<'a, B>, String> {
     if base == "token_embd.weight" {
         return Err("adapters of the token embeddings are not supported".into());
     }
     if base == "output.weight" {
-        return match (&model.output, model.file.tensor("output.weight")) {
-            (Some(head), Some(_)) => Ok((None, head)),
-            _ => Err("the model has no tensor output.weight (its LM head is the embedding table)".into()),
+        return match model.own_head() {
+            Some(head) => Ok((None, head)),
+            None => Err("the model has no tensor output.weight (its LM head is the embedding table)".into()),
         };
     }
     let unknown = || format!("the model has no weight {base} an adapter can change");
     let (layer, suffix) = base.strip_prefix("blk.").and_then(|rest| rest.split_once('.')).ok_or_else(unknown)?;
     let layer: usize = layer.parse().map_err(|_| unknown())?;
     let site = Site::ALL.into_iter().find(|site| site.suffix() == suffix).ok_or_else(unknown)?;
-    let weights = model.layers.get(layer).ok_or_else(unknown)?;
-    let weight = match site {
-        Site::Q => &weights.q,
-        Site::K => &weights.k,
-        Site::V => &weights.v,
-        Site::Output => &weights.output,
-        Site::Gate => &weights.gate,
-        Site::Up => &weights.up,
-        Site::Down => &weights.down,
-    };
+    let weight = model.weight(layer, site).ok_or_else(unknown)?;
     Ok((Some((layer, site)), weight))
 }
 
 /// The factors of `base`, checked against `weight`'s shape and made
 /// resident.
 fn factors<B: Backend>(
-    model: &Transformer<B>,
+    model: &impl Targets<B>,
     file: &GgufFile,
     base: &str,
     a: &TensorInfo,
@@ -251,7 +255,7 @@ fn factors<B: Backend>(
         }
     };
     let source = LowRankSource { a: values(a)?, b: values(b)?, rank, n_in: weight.n_in, n_out: weight.n_out };
-    let low_rank = model.backend.low_rank(source).map_err(|error| format!("tensor {base}.lora_a: {error}"))?;
+    let low_rank = model.backend().low_rank(source).map_err(|error| format!("tensor {base}.lora_a: {error}"))?;
     Ok(Factors { low_rank, rank })
 }
 
@@ -271,7 +275,7 @@ fn fingerprint(file: &GgufFile, alpha: f32) -> [u8; 32] {
 type RowScales = Vec<(usize, f32)>;
 
 /// The rows of one pass that use each adapter, with their scales.
-pub(super) struct PassAdapters {
+pub(crate) struct PassAdapters {
     /// By adapter id: (row, scale), scale not 0.
     rows: Vec<RowScales>,
 }
@@ -316,7 +320,7 @@ impl PassAdapters {
     /// Add to `out` (the product of `x` with the weight at `site` of
     /// `layer`, or the LM head for `None`) every adapter's delta for the
     /// rows using it, in adapter id order.
-    pub(super) fn apply<B: Backend>(
+    pub(crate) fn apply<B: Backend>(
         &self,
         backend: &B,
         adapters: &[Adapter<B>],

@@ -7,24 +7,29 @@
 //! (see `startup`) does the arithmetic.
 
 pub mod batch;
+mod blocks;
 pub mod chat_template;
 pub mod dflash;
+mod families;
 mod forward;
 pub mod gguf;
 pub mod hparams;
+pub mod layer;
 pub mod lora;
 pub mod session;
 pub mod tokenizer;
 pub mod transformer;
 pub mod vision;
+mod weights;
 
 use std::sync::Arc;
 
 use sluice_kernels::backend::{BackendError, KvBlockFormat, KvTypes};
 
-pub use forward::{ForwardError, ForwardOutput};
+pub use batch::{ForwardError, ForwardOutput};
 pub use lora::AdapterInfo;
-pub use transformer::{LoadError, Transformer};
+pub use transformer::Transformer;
+pub use weights::LoadError;
 
 use batch::Batch;
 use gguf::GgufFile;

@@ -14,9 +14,9 @@ use super::plugins::load_fixups;
 use crate::config::{SpecType, SpeculativeConfig};
 use crate::engine::EngineConfig;
 use crate::engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
-use crate::model::dflash::DflashParams;
+use crate::model::dflash::{self, DflashParams};
 use crate::model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
-use crate::model::hparams::{Architecture, HParams, HParamsError};
+use crate::model::hparams::{HParams, HParamsError};
 use crate::model::{LoadError, Model};
 use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
 use crate::plugins::{FixupError, PluginHost, PluginLimits, WasmFixup};
@@ -155,7 +155,7 @@ pub fn pair(
     fixups: &[WasmFixup],
 ) -> Result<PairedDraft, PairingError> {
     let arch = draft.str("general.architecture")?.to_owned();
-    let kind = if arch == Architecture::Dflash.name() { DraftKind::Dflash } else { DraftKind::Simple };
+    let kind = if arch == dflash::ARCHITECTURE { DraftKind::Dflash } else { DraftKind::Simple };
     if let Some(requested) = requested.filter(|requested| *requested != kind) {
         return Err(PairingError::Kind { requested: requested.name(), arch, actual: kind.name() });
     }

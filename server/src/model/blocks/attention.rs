@@ -1,0 +1,111 @@
+//! Causal self-attention with grouped KV heads over the paged KV store:
+//! RMSNorm, Q/K/V projections (optional biases), optional per-head Q/K
+//! RMSNorm, RoPE, then every row's K/V is stored before any row attends,
+//! so rows of one sequence in a pass see each other causally.
+
+use sluice_kernels::backend::Backend;
+
+use super::{LayerTensors, Pass, Scratch};
+use crate::model::batch::ForwardError;
+use crate::model::hparams::HParams;
+use crate::model::layer::Attention;
+use crate::model::lora::Site;
+use crate::model::weights::{LoadError, Weight};
+
+pub(super) struct AttentionBlock<B: Backend> {
+    norm: B::Vector,
+    q: Weight<B>,
+    k: Weight<B>,
+    v: Weight<B>,
+    q_bias: Option<B::Vector>,
+    k_bias: Option<B::Vector>,
+    v_bias: Option<B::Vector>,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    output: Weight<B>,
+    /// Its layer of the paged KV store.
+    cache: usize,
+}
+
+impl<B: Backend> AttentionBlock<B> {
+    pub(super) fn load(
+        tensors: &LayerTensors<'_, B>,
+        kind: Attention,
+        hp: &HParams,
+        cache: usize,
+    ) -> Result<Self, LoadError> {
+        let (n_embd, q_dim, kv_dim) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        Ok(AttentionBlock {
+            norm: tensors.vector("attn_norm.weight", n_embd)?,
+            q: tensors.weight("attn_q.weight", n_embd, q_dim)?,
+            k: tensors.weight("attn_k.weight", n_embd, kv_dim)?,
+            v: tensors.weight("attn_v.weight", n_embd, kv_dim)?,
+            q_bias: tensors.optional("attn_q.bias", q_dim, kind.qkv_bias)?,
+            k_bias: tensors.optional("attn_k.bias", kv_dim, kind.qkv_bias)?,
+            v_bias: tensors.optional("attn_v.bias", kv_dim, kind.qkv_bias)?,
+            q_norm: tensors.optional("attn_q_norm.weight", hp.head_dim, kind.qk_norm)?,
+            k_norm: tensors.optional("attn_k_norm.weight", hp.head_dim, kind.qk_norm)?,
+            output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
+            cache,
+        })
+    }
+
+    pub(super) fn run(
+        &self,
+        pass: &Pass<'_, B>,
+        layer: usize,
+        kv: &mut B::Kv,
+        s: &mut Scratch<B>,
+    ) -> Result<(), ForwardError> {
+        let b = pass.backend;
+        b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
+        b.matmuls(
+            &s.h,
+            pass.rows,
+            &mut [(&self.q.matrix, &mut s.q), (&self.k.matrix, &mut s.k), (&self.v.matrix, &mut s.v)],
+        );
+        for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
+            pass.adapted(layer, site, &s.h, values);
+        }
+        for (values, bias) in [(&mut s.q, &self.q_bias), (&mut s.k, &self.k_bias), (&mut s.v, &self.v_bias)] {
+            if let Some(bias) = bias {
+                b.add_bias(values, bias);
+            }
+        }
+        for (values, norm) in [(&mut s.q, &self.q_norm), (&mut s.k, &self.k_norm)] {
+            if let Some(norm) = norm {
+                b.rms_norm_in_place(values, norm, pass.rms_eps);
+            }
+        }
+        b.rope(pass.rope, pass.layout, &mut s.q);
+        b.rope(pass.rope, pass.layout, &mut s.k);
+        b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
+        let scale = 1.0 / (pass.heads.head_dim() as f32).sqrt();
+        b.attend(kv, self.cache, &s.q, pass.layout, pass.heads, scale, &mut s.attn)?;
+        b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
+        pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
+        b.add(&mut s.x, &s.h);
+        Ok(())
+    }
+
+    /// Store the K (normed, rotated) and V of rows whose input is `s.x`.
+    pub(super) fn inject(&self, pass: &Pass<'_, B>, kv: &mut B::Kv, s: &mut Scratch<B>) {
+        let b = pass.backend;
+        b.matmuls(&s.x, pass.rows, &mut [(&self.k.matrix, &mut s.k), (&self.v.matrix, &mut s.v)]);
+        if let Some(norm) = &self.k_norm {
+            b.rms_norm_in_place(&mut s.k, norm, pass.rms_eps);
+        }
+        b.rope(pass.rope, pass.layout, &mut s.k);
+        b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
+    }
+
+    pub(super) fn weight(&self, site: Site) -> Option<&Weight<B>> {
+        match site {
+            Site::Q => Some(&self.q),
+            Site::K => Some(&self.k),
+            Site::V => Some(&self.v),
+            Site::Output => Some(&self.output),
+            Site::Gate | Site::Up | Site::Down => None,
+        }
+    }
+}

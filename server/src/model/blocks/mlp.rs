@@ -1,0 +1,48 @@
+//! The SwiGLU feed-forward: RMSNorm, gate and up projections,
+//! `silu(gate) · up`, down projection.
+
+use sluice_kernels::backend::Backend;
+
+use super::{LayerTensors, Pass, Scratch};
+use crate::model::hparams::HParams;
+use crate::model::lora::Site;
+use crate::model::weights::{LoadError, Weight};
+
+pub(super) struct Mlp<B: Backend> {
+    norm: B::Vector,
+    gate: Weight<B>,
+    up: Weight<B>,
+    down: Weight<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub(super) fn load(tensors: &LayerTensors<'_, B>, hp: &HParams) -> Result<Self, LoadError> {
+        Ok(Mlp {
+            norm: tensors.vector("ffn_norm.weight", hp.n_embd)?,
+            gate: tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?,
+            up: tensors.weight("ffn_up.weight", hp.n_embd, hp.n_ff)?,
+            down: tensors.weight("ffn_down.weight", hp.n_ff, hp.n_embd)?,
+        })
+    }
+
+    pub(super) fn run(&self, pass: &Pass<'_, B>, layer: usize, s: &mut Scratch<B>) {
+        let b = pass.backend;
+        b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
+        b.matmuls(&s.h, pass.rows, &mut [(&self.gate.matrix, &mut s.gate), (&self.up.matrix, &mut s.up)]);
+        pass.adapted(layer, Site::Gate, &s.h, &mut s.gate);
+        pass.adapted(layer, Site::Up, &s.h, &mut s.up);
+        b.swiglu(&s.gate, &s.up, &mut s.ffn);
+        b.matmul(&self.down.matrix, &s.ffn, pass.rows, &mut s.h);
+        pass.adapted(layer, Site::Down, &s.ffn, &mut s.h);
+        b.add(&mut s.x, &s.h);
+    }
+
+    pub(super) fn weight(&self, site: Site) -> Option<&Weight<B>> {
+        match site {
+            Site::Gate => Some(&self.gate),
+            Site::Up => Some(&self.up),
+            Site::Down => Some(&self.down),
+            Site::Q | Site::K | Site::V | Site::Output => None,
+        }
+    }
+}
