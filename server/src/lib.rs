@@ -12,6 +12,5 @@ pub mod engine;
 pub mod http;
 #[cfg(feature = "lab")]
 pub mod lab;
-pub mod model;
 pub mod plugins;
 pub mod startup;

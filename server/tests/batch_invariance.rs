@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice::model::batch::{Batch, BatchRow, RowInput, forward_in_parts, text_position};
-use sluice::model::{Context, Model, Transformer};
 use sluice_kernels::backend::{CpuBackend, KvType, KvTypes};
+use sluice_model::batch::{Batch, BatchRow, RowInput, forward_in_parts, text_position};
+use sluice_model::{Context, Model, Transformer};
 use sluice_tests::models::default_model;
 
 const BLOCK_TOKENS: usize = 16;

@@ -2,9 +2,9 @@
 //! (tests/fixtures/smollm2-llamacpp.json, `templates[]`), plus loading rules.
 
 use serde_json::Value;
-use sluice::model::chat_template::{ChatTemplate, TemplateError};
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::Tokenizer;
+use sluice_model::chat_template::{ChatTemplate, TemplateError};
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::gguf_writer::{GgufBuilder, Value as Meta};
 use sluice_tests::models::default_model;
 

@@ -9,10 +9,10 @@ use sluice::engine::policy::{Decision, PolicyFault, SchedulingPolicy, StepView};
 use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
 use sluice::engine::{EngineConfig, EngineHandle, Health, SubmitError};
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::Tokenizer;
-use sluice::model::{Model, Transformer};
 use sluice_kernels::backend::CpuBackend;
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::{Model, Transformer};
 use sluice_tests::gguf_writer::TinyModel;
 
 /// `continuous`'s rules, natively: first come, first served.

@@ -3,9 +3,9 @@
 
 use serde_json::Value;
 use sluice::engine::sampling::top_probs;
-use sluice::model::session::Session;
 use sluice::startup::load_model;
 use sluice_kernels::backend::Device;
+use sluice_model::session::Session;
 use sluice_tests::models::default_model;
 
 /// Where two correct implementations may pick different tokens: the

@@ -1,6 +1,6 @@
 //! Corrupt GGUF files: each gives an error naming the field, never a panic.
 
-use sluice::model::gguf::GgufFile;
+use sluice_model::gguf::GgufFile;
 use sluice_tests::gguf_writer::{GgufBuilder, Rng, Tensor, TinyModel, Value};
 
 fn error_of(bytes: Vec<u8>) -> String {

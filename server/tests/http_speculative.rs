@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice::model::gguf::GgufFile;
+use sluice_model::gguf::GgufFile;
 use sluice_tests::gguf_writer::TinyModel;
 use sluice_tests::http::Server;
 use sluice_tests::models::default_model;

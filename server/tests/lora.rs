@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice::model::Model;
-use sluice::model::batch::{Batch, BatchRow, RowInput, text_position};
 use sluice::startup::load_model;
 use sluice_kernels::backend::{Device, KvTypes};
+use sluice_model::Model;
+use sluice_model::batch::{Batch, BatchRow, RowInput, text_position};
 use sluice_tests::gguf_writer::TinyModel;
 use sluice_tests::http::Server;
 use sluice_tests::lora::{LoraSpec, Target, default_model_targets, layer_targets};

@@ -1,13 +1,13 @@
 //! M-RoPE targets (qwen2vl, qwen3vl) on synthetic models: embedding
 //! segments positioned as images, and MROPE reducing to NEOX for text.
 
-use sluice::model::batch::{Batch, BatchRow, Position, RowInput, image_positions, text_position};
-use sluice::model::gguf::GgufFile;
+use sluice_model::batch::{Batch, BatchRow, Position, RowInput, image_positions, text_position};
+use sluice_model::gguf::GgufFile;
 use std::sync::Arc;
 
-use sluice::model::session::Session;
-use sluice::model::{Model, Transformer};
 use sluice_kernels::backend::{CpuBackend, KvTypes};
+use sluice_model::session::Session;
+use sluice_model::{Model, Transformer};
 use sluice_tests::gguf_writer::{Rng, TinyModel};
 
 fn tiny(arch: &'static str, sections: Option<[i32; 4]>) -> Arc<dyn Model> {

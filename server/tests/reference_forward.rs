@@ -9,11 +9,11 @@
 //! moves them by whole units.
 
 use sluice::engine::sampling::top_probs;
-use sluice::model::gguf::GgufFile;
-use sluice::model::session::Session;
 use sluice::startup::load_model;
 use sluice_kernels::backend::Device;
 use sluice_kernels::quant::dequantize_row;
+use sluice_model::gguf::GgufFile;
+use sluice_model::session::Session;
 use sluice_tests::models::default_model;
 
 struct Reference {

@@ -9,14 +9,14 @@ use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
 use sluice::engine::speculative::{DraftSettings, Speculation};
 use sluice::engine::{EngineConfig, EngineHandle};
-use sluice::model::gguf::GgufFile;
-use sluice::model::hparams::RopeStyle;
-use sluice::model::session::Session;
-use sluice::model::tokenizer::Tokenizer;
-use sluice::model::{Model, Transformer};
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 use sluice::startup::{DraftKind, PairedDraft, PairingError, load_policy, model_info, pair};
 use sluice_kernels::backend::CpuBackend;
+use sluice_model::gguf::GgufFile;
+use sluice_model::hparams::RopeStyle;
+use sluice_model::session::Session;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::{Model, Transformer};
 use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
 
 fn model(builder: &GgufBuilder) -> Arc<dyn Model> {

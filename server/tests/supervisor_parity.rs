@@ -13,12 +13,12 @@ use sluice::engine::supervisor::Supervisor;
 use sluice::engine::{EngineConfig, EngineHandle, FaultAction, FaultEvent};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::workload::TraceRequest;
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::Tokenizer;
-use sluice::model::{Model, Transformer};
 use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
 use sluice_kernels::backend::CpuBackend;
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::{Model, Transformer};
 use sluice_tests::gguf_writer::TinyModel;
 
 const FAULTS: [&str; 8] =

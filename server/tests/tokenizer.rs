@@ -4,8 +4,8 @@
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::{StreamDecoder, Tokenizer};
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_tests::models::default_model;
 
 fn tokenizer() -> &'static Tokenizer {

@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use sluice::model::gguf::GgufFile;
-use sluice::model::vision::Projector;
-use sluice::model::vision::image::Prepared;
 use sluice_kernels::backend::CpuBackend;
+use sluice_model::gguf::GgufFile;
+use sluice_model::vision::Projector;
+use sluice_model::vision::image::Prepared;
 use sluice_tests::gguf_writer::{GgufBuilder, Rng, Tensor, Value};
 use sluice_tests::projector::TinyProjector;
 

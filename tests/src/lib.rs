@@ -15,6 +15,7 @@ pub mod plugin_fixtures;
 pub mod projector;
 pub mod raw;
 pub mod shapes;
+pub mod vocab;
 
 /// A file of `tests/fixtures/`.
 pub fn fixture(name: &str) -> std::path::PathBuf {

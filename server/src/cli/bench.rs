@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice::model::session::Session;
 use sluice::startup::load_model;
 use sluice_kernels::backend::{Device, KvType, KvTypes};
+use sluice_model::session::Session;
 
 #[derive(clap::Args)]
 pub struct BenchModelArgs {

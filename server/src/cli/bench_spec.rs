@@ -12,11 +12,11 @@ use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
 use sluice::engine::speculative::Speculation;
 use sluice::engine::{EngineConfig, EngineHandle};
-use sluice::model::Model;
-use sluice::model::tokenizer::Tokenizer;
 use sluice::plugins::PluginHost;
 use sluice::startup::{load_model, load_policy, load_speculation};
 use sluice_kernels::backend::Device;
+use sluice_model::Model;
+use sluice_model::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct BenchSpecArgs {

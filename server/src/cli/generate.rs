@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use sluice::engine::sampling::{Sampler, SamplingParams};
-use sluice::model::session::Session;
-use sluice::model::tokenizer::{StreamDecoder, Tokenizer};
 use sluice::startup::load_model;
 use sluice_kernels::backend::Device;
+use sluice_model::session::Session;
+use sluice_model::tokenizer::{StreamDecoder, Tokenizer};
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use sluice::model::gguf::{GgufFile, MetaArray, MetaValue};
+use sluice_model::gguf::{GgufFile, MetaArray, MetaValue};
 
 pub fn model_info(path: &Path) -> anyhow::Result<()> {
     let file = GgufFile::open(path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;

@@ -3,7 +3,7 @@
 
 use super::request::IMAGE_ROW;
 use super::slot::Active;
-use crate::model::batch::{Batch, BatchRow, RowInput};
+use sluice_model::batch::{Batch, BatchRow, RowInput};
 
 /// What a slot does in the batch being built.
 pub(super) enum Work {

@@ -35,9 +35,9 @@ use super::step_cost::{CostFit, StepWork};
 use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 use super::text::TextStream;
 use super::trace::TraceRecorder;
-use crate::model::batch::forward_in_parts;
-use crate::model::tokenizer::Tokenizer;
-use crate::model::{Context, Model};
+use sluice_model::batch::forward_in_parts;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::{Context, Model};
 
 /// What the engine runs: the target, its tokenizer and an optional draft.
 pub(super) struct Models {

@@ -13,7 +13,7 @@ use super::sampling::{TokenProb, token_prob, top_probs};
 use super::shift;
 use super::slot::{Active, trace_phase};
 use super::text::Appended;
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// How a request ends: the reason the policy hears, and what the client
 /// gets (nothing when it is gone).

@@ -21,8 +21,8 @@ use super::speculative::Speculation;
 use super::state::{Command, EngineConfig, Promoted, ShadowCommand, Shared, SlotInfo};
 use super::supervisor::{FallbackPolicy, FaultEvent, Health, Supervisor};
 use super::trace::TraceRecorder;
-use crate::model::Model;
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::Model;
+use sluice_model::tokenizer::Tokenizer;
 
 /// A panic's message, when it has one.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -1,6 +1,6 @@
 //! The engine: the step loop on its own thread (queue, slots, step, batch,
 //! KV cache, sampling), the policy supervisor, and draft decoding. It
-//! computes through [`crate::model::Model`] and takes decisions from any
+//! computes through [`sluice_model::Model`] and takes decisions from any
 //! [`policy::SchedulingPolicy`]; it knows neither devices nor plugins.
 //!
 //! Files: `handle` (the public face) and `core` (the loop) share only

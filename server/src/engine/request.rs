@@ -3,7 +3,7 @@
 
 use super::constraint::Grammar;
 use super::sampling::{SamplingParams, TokenProb};
-use crate::model::batch::{ImageSpan, Layout};
+use sluice_model::batch::{ImageSpan, Layout};
 
 /// Host-assigned request id, unique for the life of the process.
 pub type RequestId = u64;

@@ -10,7 +10,7 @@ use super::request::{Event, GenerationRequest, RequestId};
 use super::sampling::Sampler;
 use super::speculative::DraftState;
 use super::text::TextStream;
-use crate::model::batch::Layout;
+use sluice_model::batch::Layout;
 
 /// A request queued for a slot.
 pub(super) struct Waiting {

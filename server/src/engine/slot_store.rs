@@ -35,7 +35,7 @@ use sluice_kernels::backend::{BackendError, KvBlockFormat};
 use tokio::sync::oneshot;
 
 use super::request::IMAGE_ROW;
-use crate::model::Model;
+use sluice_model::Model;
 
 const MAGIC: &[u8; 8] = b"SLUICEKV";
 const VERSION: u32 = 2;

@@ -14,7 +14,7 @@ use super::prompt::Prompt;
 use crate::engine::EngineHandle;
 use crate::engine::delivery::EventReceiver;
 use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// Per-completion state of a stream: the slot, tokens so far, and the
 /// clock readings `timings_per_token` reports.

@@ -20,7 +20,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::params::{Fields, JsonBody, wrong};
 use crate::config::{LoraConfig, adapter_names};
-use crate::model::AdapterInfo;
+use sluice_model::AdapterInfo;
 
 /// One loaded adapter, as the API shows it.
 #[derive(Debug, Clone, PartialEq)]

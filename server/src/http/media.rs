@@ -15,9 +15,9 @@ use sha2::{Digest, Sha256};
 use super::error::{ApiError, ErrorType};
 use super::prompt::Prompt;
 use crate::engine::request::ImageInput;
-use crate::model::tokenizer::Tokenizer;
-use crate::model::vision::image::ImageSpec;
-use crate::model::vision::{Encoder, ProjectorKind};
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::vision::image::ImageSpec;
+use sluice_model::vision::{Encoder, ProjectorKind};
 
 /// Encoded images kept for reuse: at most this many…
 const CACHED_IMAGES: usize = 16;

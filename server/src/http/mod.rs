@@ -64,12 +64,12 @@ use tracing::Instrument;
 use crate::config::{Config, RequestDefaults, ServerLimits};
 use crate::engine::EngineHandle;
 use crate::engine::constraint::Grammars;
-use crate::model::chat_template::ChatTemplate;
-use crate::model::tokenizer::Tokenizer;
 use crate::startup::Serving;
 use admin::Policies;
 use auth::ApiKey;
 use error::ApiError;
+use sluice_model::chat_template::ChatTemplate;
+use sluice_model::tokenizer::Tokenizer;
 
 pub use server::{StartError, serve};
 

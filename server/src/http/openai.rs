@@ -26,7 +26,7 @@ use super::tools::{self, ChatTools, ToolFormat, ToolStream};
 use super::{AppState, Ready, completion, media, prompt, sse, structured};
 use crate::config::Thinking;
 use crate::engine::request::{Completion, Progress, TokenEvent, TokenProbs};
-use crate::model::chat_template::TemplateError;
+use sluice_model::chat_template::TemplateError;
 
 /// llama-server's default `top_logprobs` when chat asks for `logprobs`.
 const DEFAULT_TOP_LOGPROBS: i64 = 20;

@@ -25,7 +25,7 @@ use super::structured::{self, Compiler};
 use crate::config::RequestDefaults;
 use crate::engine::request::GenerationRequest;
 use crate::engine::sampling::{SamplingParams, Stage};
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// A request body parsed as JSON, with its turn among large bodies
 /// (`bodies`), which lasts while the value does.

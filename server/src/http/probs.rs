@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 
 use crate::engine::request::TokenProbs;
 use crate::engine::sampling::TokenProb;
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// One generated token's probabilities, listing at most `top_n`
 /// alternatives.
@@ -117,7 +117,7 @@ fn logprob(prob: f32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::tokenizer::test_spm;
+    use crate::engine::constraint::tests::test_spm;
 
     #[test]
     fn zero_probability_is_minus_flt_max() {

@@ -10,7 +10,7 @@ use super::error::{ApiError, exceeds_context_untokenized};
 use super::media::{self, Vision};
 use super::tokenizing::{Gate, Pass};
 use crate::engine::request::ImageInput;
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// A tokenized prompt and the images among its tokens.
 #[derive(Debug, Clone, Default)]

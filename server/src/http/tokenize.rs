@@ -14,7 +14,7 @@ use super::openai::chat_prompt;
 use super::params::{Fields, JsonBody, object, wrong};
 use super::spliced::json_response;
 use super::{AppState, Ready};
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// `POST /tokenize`: `content`, `add_special` (false), `parse_special`
 /// (true), `with_pieces` (false). The answer is written straight from the

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use sluice_kernels::backend::KvTypes;
 
-use crate::model::batch::{Batch, BatchRow, RowInput, text_position};
-use crate::model::{ForwardError, Model};
+use sluice_model::batch::{Batch, BatchRow, RowInput, text_position};
+use sluice_model::{ForwardError, Model};
 
 use crate::engine::step_cost::{CostFit, CostModel, StepWork};
 

@@ -14,12 +14,12 @@ use super::plugins::load_fixups;
 use crate::config::{SpecType, SpeculativeConfig};
 use crate::engine::EngineConfig;
 use crate::engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
-use crate::model::dflash::{self, DflashParams};
-use crate::model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
-use crate::model::hparams::{HParams, HParamsError};
-use crate::model::{LoadError, Model};
 use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
 use crate::plugins::{FixupError, PluginHost, PluginLimits, WasmFixup};
+use sluice_model::dflash::{self, DflashParams};
+use sluice_model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
+use sluice_model::hparams::{HParams, HParamsError};
+use sluice_model::{LoadError, Model};
 
 /// The configured draft, paired with `target` (fixups run on `host` under
 /// `limits`, checks passed) before any of its context exists; `None`

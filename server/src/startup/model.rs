@@ -13,12 +13,12 @@ use crate::config::{Config, threads_or_cores};
 use crate::engine::policy::SchedulingPolicy;
 use crate::engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
 use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
-use crate::model::chat_template::{ChatTemplate, TemplateError};
-use crate::model::gguf::GgufFile;
-use crate::model::tokenizer::Tokenizer;
-use crate::model::vision::Encoder;
-use crate::model::{LoadError, Model, Transformer};
 use crate::plugins::{PluginHost, WasmPolicy};
+use sluice_model::chat_template::{ChatTemplate, TemplateError};
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_model::vision::Encoder;
+use sluice_model::{LoadError, Model, Transformer};
 
 use super::templates::{self, CHATML};
 

@@ -123,7 +123,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::model::chat_template::ChatTemplate;
+    use sluice_model::chat_template::ChatTemplate;
 
     /// What llama.cpp's formatters write for a conversation whose system
     /// prompt and first user turn have stray spaces (some formats trim).

@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use serde_json::{Map, Value, json};
-use sluice::model::chat_template::ChatTemplate;
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::Tokenizer;
 use sluice::startup::builtin_templates;
+use sluice_model::chat_template::ChatTemplate;
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::fuzz::{Fuzzer, json};
 use sluice_tests::models::default_model;
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use reqwest::blocking::Client;
 use serde_json::{Value, json};
-use sluice::model::gguf::GgufFile;
+use sluice_model::gguf::GgufFile;
 use sluice_tests::fuzz::{Fuzzer, Rng, bytes, json};
 use sluice_tests::gguf_writer::{TinyModel, Value as Meta};
 use sluice_tests::http::Server;

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use sluice::model::Transformer;
-use sluice::model::chat_template::ChatTemplate;
-use sluice::model::gguf::GgufFile;
-use sluice::model::hparams::HParams;
-use sluice::model::tokenizer::Tokenizer;
 use sluice_kernels::backend::CpuBackend;
+use sluice_model::Transformer;
+use sluice_model::chat_template::ChatTemplate;
+use sluice_model::gguf::GgufFile;
+use sluice_model::hparams::HParams;
+use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::fuzz::{Fuzzer, bytes};
 use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
 

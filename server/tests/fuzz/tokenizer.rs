@@ -18,8 +18,8 @@
 
 use std::sync::OnceLock;
 
-use sluice::model::gguf::{GgufFile, MetaValue};
-use sluice::model::tokenizer::{StreamDecoder, Tokenizer};
+use sluice_model::gguf::{GgufFile, MetaValue};
+use sluice_model::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_tests::fuzz::{Fuzzer, bytes};
 use sluice_tests::gguf_writer::{GgufBuilder, Value};
 use sluice_tests::models::default_model;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use sluice::engine::constraint::{GrammarSource, Grammars};
-use sluice::model::gguf::GgufFile;
-use sluice::model::tokenizer::Tokenizer;
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct BenchConstrainedArgs {

@@ -36,7 +36,7 @@ pub use limits::LimitError;
 pub use workers::STACK;
 use workers::Workers;
 
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 /// What a request asks its output to match.
 #[derive(Debug, Clone, PartialEq)]

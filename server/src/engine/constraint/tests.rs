@@ -7,7 +7,15 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::model::tokenizer::{Tokenizer, test_spm};
+use sluice_model::gguf::GgufFile;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_tests::vocab::spm_vocabulary;
+
+/// A SentencePiece tokenizer over `pieces`, with byte fallback.
+pub(crate) fn test_spm(pieces: &[(&str, f32)]) -> Tokenizer {
+    let file = GgufFile::from_bytes(spm_vocabulary(pieces).build()).expect("a valid GGUF file");
+    Tokenizer::from_gguf(&file).expect("valid SPM vocabulary")
+}
 
 fn grammars() -> (Arc<Tokenizer>, Grammars) {
     let tokenizer = Arc::new(test_spm(&[("▁yes", -1.0), ("no", -1.0), ("{\"", -1.0)]));

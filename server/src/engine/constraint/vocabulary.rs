@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
-use crate::model::tokenizer::Tokenizer;
+use sluice_model::tokenizer::Tokenizer;
 
 struct Vocabulary {
     trie: TokTrie,

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use sluice_kernels::backend::{BackendError, KvTypes};
 
 use super::{CommittedRows, DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
-use crate::model::batch::{Batch, BatchRow, RowInput};
-use crate::model::dflash::DflashParams;
-use crate::model::{Context, ForwardError, Model};
+use sluice_model::batch::{Batch, BatchRow, RowInput};
+use sluice_model::dflash::DflashParams;
+use sluice_model::{Context, ForwardError, Model};
 
 pub struct DflashDrafter {
     draft: Arc<dyn Model>,

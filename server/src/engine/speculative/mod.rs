@@ -16,8 +16,8 @@ mod simple;
 pub use dflash::DflashDrafter;
 pub use simple::SimpleDrafter;
 
-use crate::model::ForwardError;
-use crate::model::batch::Layout;
+use sluice_model::ForwardError;
+use sluice_model::batch::Layout;
 
 /// Drafting limits (`[speculative]`, `--spec-draft-*`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sluice_kernels::backend::{BackendError, KvTypes};
 
 use super::{DraftError, DraftRequest, DraftSettings, Drafter, most_likely};
-use crate::model::batch::{Batch, BatchRow, RowInput};
-use crate::model::{Context, Model};
+use sluice_model::batch::{Batch, BatchRow, RowInput};
+use sluice_model::{Context, Model};
 
 pub struct SimpleDrafter {
     n_vocab: usize,

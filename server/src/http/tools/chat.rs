@@ -256,8 +256,8 @@ mod grammar_tests {
 
     use super::super::{ToolChoice, ToolFormat, grammar, parse_output, parse_tools};
     use crate::engine::constraint::tests::generate;
+    use crate::engine::constraint::tests::test_spm;
     use crate::engine::constraint::{GrammarSource, Grammars};
-    use crate::model::tokenizer::test_spm;
 
     #[test]
     fn every_format_and_choice_compiles_and_parses_back() {

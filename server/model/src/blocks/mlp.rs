@@ -4,9 +4,9 @@
 use sluice_kernels::backend::Backend;
 
 use super::{LayerTensors, Pass, Scratch};
-use crate::model::hparams::HParams;
-use crate::model::lora::Site;
-use crate::model::weights::{LoadError, Weight};
+use crate::hparams::HParams;
+use crate::lora::Site;
+use crate::weights::{LoadError, Weight};
 
 pub(super) struct Mlp<B: Backend> {
     norm: B::Vector,

@@ -21,8 +21,8 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::model::gguf::{GgufError, GgufFile};
-use crate::model::tokenizer::Tokenizer;
+use crate::gguf::{GgufError, GgufFile};
+use crate::tokenizer::Tokenizer;
 
 const KEY_TEMPLATE: &str = "tokenizer.chat_template";
 const NAME: &str = "chat_template";

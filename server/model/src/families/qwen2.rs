@@ -2,10 +2,10 @@
 //! and V projections.
 
 use super::{Family, uniform};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle};
-use crate::model::layer::{Attention, Ffn, LayerKind, Mixer};
-use crate::model::weights::LoadError;
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle};
+use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::weights::LoadError;
 
 /// Every Qwen2 layer (Qwen2-VL's text layers too).
 pub(super) const LAYER: LayerKind =

@@ -1,37 +1,13 @@
 //! Unit tests on synthetic vocabularies (real models are tested end to end in
 //! the `sluice-tests` crate against llama.cpp's ids).
 
-use super::test_gguf::{Meta, gguf};
+use sluice_tests::gguf_writer::{GgufBuilder, Value};
+use sluice_tests::vocab::{CONTROL, NORMAL, USER_DEFINED, spm_vocabulary};
+
 use super::*;
 
-const NORMAL: i32 = 1;
-const UNKNOWN: i32 = 2;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
-const BYTE: i32 = 6;
-
-/// A SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, 256 byte tokens, then
-/// `pieces` with their scores.
-fn spm_entries(pieces: &[(&str, f32)]) -> Vec<(&'static str, Meta)> {
-    let mut tokens = vec!["<unk>".to_owned(), "<s>".to_owned(), "</s>".to_owned()];
-    let mut types = vec![UNKNOWN, CONTROL, CONTROL];
-    let mut scores = vec![0.0, 0.0, 0.0];
-    for byte in 0..=255u8 {
-        tokens.push(format!("<0x{byte:02X}>"));
-        types.push(BYTE);
-        scores.push(0.0);
-    }
-    for (text, score) in pieces {
-        tokens.push((*text).to_owned());
-        types.push(NORMAL);
-        scores.push(*score);
-    }
-    vec![
-        ("tokenizer.ggml.model", Meta::Str("llama")),
-        ("tokenizer.ggml.tokens", Meta::Strs(tokens)),
-        ("tokenizer.ggml.token_type", Meta::I32s(types)),
-        ("tokenizer.ggml.scores", Meta::F32s(scores)),
-    ]
+fn gguf(builder: GgufBuilder) -> GgufFile {
+    GgufFile::from_bytes(builder.build()).expect("a valid GGUF file")
 }
 
 const HELLO_WORLD: &[(&str, f32)] = &[
@@ -60,7 +36,7 @@ const HELLO_WORLD: &[(&str, f32)] = &[
 /// A SentencePiece tokenizer over `pieces` (with byte fallback, so it can
 /// write any text).
 pub(crate) fn spm(pieces: &[(&str, f32)]) -> Tokenizer {
-    Tokenizer::from_gguf(&gguf(spm_entries(pieces))).expect("valid SPM vocabulary")
+    Tokenizer::from_gguf(&gguf(spm_vocabulary(pieces))).expect("valid SPM vocabulary")
 }
 
 fn ids(tokenizer: &Tokenizer, texts: &[&str]) -> Vec<u32> {
@@ -120,16 +96,16 @@ fn spm_space_prefix_follows_special_tokens_and_metadata() {
     let plain = tokenizer.encode("<s>Hello", false, false);
     assert_eq!(&plain[..4], &ids(&tokenizer, &["▁", "<0x3C>", "<0x73>", "<0x3E>"])[..]);
 
-    let mut entries = spm_entries(HELLO_WORLD);
-    entries.push(("tokenizer.ggml.add_space_prefix", Meta::Bool(false)));
-    entries.push(("tokenizer.ggml.add_bos_token", Meta::Bool(false)));
+    let entries = spm_vocabulary(HELLO_WORLD)
+        .meta("tokenizer.ggml.add_space_prefix", Value::Bool(false))
+        .meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
     let no_prefix = Tokenizer::from_gguf(&gguf(entries)).expect("valid");
     assert_eq!(no_prefix.encode("Hello", true, false), ids(&no_prefix, &["H", "ello"]));
 }
 
 /// A byte-level BPE vocabulary: the 256 byte characters, a few merges, and
 /// special tokens of each type.
-pub(super) fn bpe_entries(pre: Option<&'static str>) -> Vec<(&'static str, Meta)> {
+pub(super) fn bpe_entries(pre: Option<&'static str>) -> GgufBuilder {
     let mut tokens: Vec<String> = (0..=255u8).map(|byte| byte_level::byte_to_char(byte).to_string()).collect();
     let mut types = vec![NORMAL; 256];
     for (text, kind) in [
@@ -145,17 +121,16 @@ pub(super) fn bpe_entries(pre: Option<&'static str>) -> Vec<(&'static str, Meta)
         types.push(kind);
     }
     let merges = vec!["h i".to_owned(), "Ġ hi".to_owned()];
-    let mut entries = vec![
-        ("tokenizer.ggml.model", Meta::Str("gpt2")),
-        ("tokenizer.ggml.tokens", Meta::Strs(tokens)),
-        ("tokenizer.ggml.token_type", Meta::I32s(types)),
-        ("tokenizer.ggml.merges", Meta::Strs(merges)),
-        ("tokenizer.ggml.eos_token_id", Meta::U32(261)),
-    ];
-    if let Some(pre) = pre {
-        entries.push(("tokenizer.ggml.pre", Meta::Str(pre)));
+    let entries = GgufBuilder::new()
+        .meta("tokenizer.ggml.model", Value::Str("gpt2".into()))
+        .meta("tokenizer.ggml.tokens", Value::Strs(tokens))
+        .meta("tokenizer.ggml.token_type", Value::I32s(types))
+        .meta("tokenizer.ggml.merges", Value::Strs(merges))
+        .meta("tokenizer.ggml.eos_token_id", Value::U32(261));
+    match pre {
+        Some(pre) => entries.meta("tokenizer.ggml.pre", Value::Str(pre.into())),
+        None => entries,
     }
-    entries
 }
 
 fn bpe(pre: Option<&'static str>) -> Tokenizer {
@@ -199,8 +174,7 @@ fn bpe_end_of_generation() {
 
 #[test]
 fn bpe_llama3_adds_bos_by_default() {
-    let mut entries = bpe_entries(Some("llama-bpe"));
-    entries.push(("tokenizer.ggml.bos_token_id", Meta::U32(258)));
+    let entries = bpe_entries(Some("llama-bpe")).meta("tokenizer.ggml.bos_token_id", Value::U32(258));
     let tokenizer = Tokenizer::from_gguf(&gguf(entries)).expect("valid");
     assert_eq!(tokenizer.encode("hi", true, false), vec![258, 256]);
     assert_eq!(tokenizer.encode("hi", false, false), vec![256]);
@@ -216,8 +190,7 @@ fn unknown_pre_tokenizer_is_named() {
 #[test]
 fn missing_metadata_is_named() {
     let without = |key: &str| {
-        let entries = bpe_entries(None).into_iter().filter(|(name, _)| *name != key).collect();
-        Tokenizer::from_gguf(&gguf(entries)).expect_err("missing key").to_string()
+        Tokenizer::from_gguf(&gguf(bpe_entries(None).without_meta(key))).expect_err("missing key").to_string()
     };
     for key in ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"] {
         let message = without(key);
@@ -227,20 +200,15 @@ fn missing_metadata_is_named() {
 
 #[test]
 fn malformed_metadata_is_named() {
-    let mut entries = spm_entries(HELLO_WORLD);
-    entries.retain(|(key, _)| *key != "tokenizer.ggml.scores");
-    entries.push(("tokenizer.ggml.scores", Meta::F32s(vec![0.0; 3])));
+    let entries = spm_vocabulary(HELLO_WORLD).meta("tokenizer.ggml.scores", Value::F32s(vec![0.0; 3]));
     let message = Tokenizer::from_gguf(&gguf(entries)).expect_err("short scores").to_string();
     assert!(message.contains("tokenizer.ggml.scores"), "{message}");
 
-    let mut entries = bpe_entries(None);
-    entries.retain(|(key, _)| *key != "tokenizer.ggml.merges");
-    entries.push(("tokenizer.ggml.merges", Meta::Strs(vec!["nospace".to_owned()])));
+    let entries = bpe_entries(None).meta("tokenizer.ggml.merges", Value::Strs(vec!["nospace".to_owned()]));
     let message = Tokenizer::from_gguf(&gguf(entries)).expect_err("bad merge").to_string();
     assert!(message.contains("tokenizer.ggml.merges[0]"), "{message}");
 
-    let mut entries = bpe_entries(None);
-    entries[0] = ("tokenizer.ggml.model", Meta::Str("t5"));
+    let entries = bpe_entries(None).meta("tokenizer.ggml.model", Value::Str("t5".into()));
     let message = Tokenizer::from_gguf(&gguf(entries)).expect_err("unsupported").to_string();
     assert!(message.contains("tokenizer.ggml.model") && message.contains("t5"), "{message}");
 }

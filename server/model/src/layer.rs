@@ -9,14 +9,14 @@
 
 /// One layer's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerKind {
+pub(crate) struct LayerKind {
     pub mixer: Mixer,
     pub ffn: Ffn,
 }
 
 /// How a layer mixes information across positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mixer {
+pub(crate) enum Mixer {
     /// Softmax attention over every earlier position of the sequence.
     Attention(Attention),
 }
@@ -25,7 +25,7 @@ pub enum Mixer {
 /// biases and norms a file carries without the flag are applied too, as
 /// llama.cpp applies any tensor it finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attention {
+pub(crate) struct Attention {
     /// Biases on the Q, K and V projections (`attn_{q,k,v}.bias`).
     pub qkv_bias: bool,
     /// RMSNorm of each Q and K head before RoPE (`attn_{q,k}_norm`).
@@ -34,20 +34,20 @@ pub struct Attention {
 
 /// A layer's feed-forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ffn {
+pub(crate) enum Ffn {
     /// `down(silu(gate(x)) · up(x))`.
     SwiGlu,
 }
 
 /// What a layer keeps for each sequence between passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cache {
+pub(crate) enum Cache {
     /// A key and a value per position, in the paged KV store.
     Paged,
 }
 
 impl Mixer {
-    pub fn cache(self) -> Cache {
+    pub(crate) fn cache(self) -> Cache {
         match self {
             Mixer::Attention(_) => Cache::Paged,
         }

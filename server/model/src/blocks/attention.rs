@@ -6,11 +6,11 @@
 use sluice_kernels::backend::Backend;
 
 use super::{LayerTensors, Pass, Scratch};
-use crate::model::batch::ForwardError;
-use crate::model::hparams::HParams;
-use crate::model::layer::Attention;
-use crate::model::lora::Site;
-use crate::model::weights::{LoadError, Weight};
+use crate::batch::ForwardError;
+use crate::hparams::HParams;
+use crate::layer::Attention;
+use crate::lora::Site;
+use crate::weights::{LoadError, Weight};
 
 pub(super) struct AttentionBlock<B: Backend> {
     norm: B::Vector,

@@ -1,10 +1,26 @@
-//! Models: the GGUF reader, hyper-parameters, tokenizers, chat templates and
-//! the architectures' forward passes, computed through a
-//! [`Backend`](sluice_kernels::backend::Backend).
+//! sluice's models: the GGUF reader, hyper-parameters, tokenizers, chat
+//! templates, the model families and their forward passes, computed through
+//! a [`Backend`](sluice_kernels::backend::Backend), and vision towers.
 //!
 //! The engine and the drafters see a model only through [`Model`] and its
 //! [`Context`]s, which name no device: the backend a model was loaded on
-//! (see `startup`) does the arithmetic.
+//! (the server's start-up picks it) does the arithmetic.
+//!
+//! What the layers above use:
+//! - loading: [`Transformer::load`] (or `from_file`, `with_adapters`) gives a
+//!   [`Model`]; [`LoadError`] says why not;
+//! - running: [`Model::context`] → [`Context::forward`] over a
+//!   [`batch::Batch`] (built by [`batch::Layout`] or
+//!   [`batch::forward_in_parts`]), giving a [`ForwardOutput`] or a
+//!   [`ForwardError`]; [`session::Session`] runs one sequence for the CLI;
+//! - reading files: [`gguf::GgufFile`], [`hparams::HParams`],
+//!   [`dflash::DflashParams`];
+//! - text: [`tokenizer::Tokenizer`] and [`chat_template::ChatTemplate`];
+//! - images: [`vision`] (preprocessing and the [`vision::Encoder`] seam).
+//!
+//! Inside, a family is one file in `families/` declaring its layers'
+//! kinds (`layer.rs`), composed from the shared blocks of `blocks/`
+//! (docs/architecture.md, "Model families and layers").
 
 pub mod batch;
 mod blocks;
@@ -14,11 +30,11 @@ mod families;
 mod forward;
 pub mod gguf;
 pub mod hparams;
-pub mod layer;
-pub mod lora;
+mod layer;
+mod lora;
 pub mod session;
 pub mod tokenizer;
-pub mod transformer;
+mod transformer;
 pub mod vision;
 mod weights;
 

@@ -18,14 +18,9 @@ mod spm;
 mod stream;
 mod vocab;
 
-#[cfg(test)]
-mod test_gguf;
-#[cfg(test)]
-pub(crate) use tests::spm as test_spm;
-
 pub use stream::StreamDecoder;
 
-use crate::model::gguf::{GgufError, GgufFile};
+use crate::gguf::{GgufError, GgufFile};
 use bpe::{Bpe, PreTokenizer};
 use vocab::{Model, TokenAttr, Vocab};
 

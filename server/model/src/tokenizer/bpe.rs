@@ -11,7 +11,7 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use super::vocab::{KEY_MERGES, KEY_PRE, Vocab};
 use super::{TokenizerError, byte_level};
-use crate::model::gguf::GgufFile;
+use crate::gguf::GgufFile;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -33,7 +33,7 @@ pub(super) struct PreTokenizer {
 impl PreTokenizer {
     /// llama.cpp's pre-tokenizers by `tokenizer.ggml.pre` name; a file without
     /// the key gets llama.cpp's "default" set.
-    pub fn named(name: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
+    pub(super) fn named(name: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
         let plain = |regexes| PreTokenizer { regexes, ignore_merges: false, add_bos: false };
         Ok(match name.unwrap_or("default") {
             "default" => plain(&[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]),
@@ -54,7 +54,7 @@ impl PreTokenizer {
         })
     }
 
-    pub fn add_bos(&self) -> bool {
+    pub(super) fn add_bos(&self) -> bool {
         self.add_bos
     }
 }
@@ -64,7 +64,7 @@ pub(super) struct Bpe {
 }
 
 impl Bpe {
-    pub fn new(file: &GgufFile, vocab: &Vocab, pre: &PreTokenizer) -> Result<Bpe, TokenizerError> {
+    pub(super) fn new(file: &GgufFile, vocab: &Vocab, pre: &PreTokenizer) -> Result<Bpe, TokenizerError> {
         let mut ids = BpeVocab::default();
         for (id, text) in (0u32..).zip(&vocab.texts) {
             ids.insert(text.clone(), id);
@@ -111,7 +111,7 @@ impl Bpe {
     /// bytes per byte of what it encodes at once (pieces with offsets and
     /// alignments, then tokens with their strings), which for a
     /// many-megabyte text was gigabytes.
-    pub fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
+    pub(super) fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         for part in parts(text, PART_BYTES) {
             self.encode_part(vocab, part, out);
         }
@@ -167,7 +167,6 @@ fn parts(text: &str, size: usize) -> impl Iterator<Item = &str> {
 mod tests {
     use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _};
 
-    use super::super::test_gguf::gguf;
     use super::super::tests::bpe_entries;
     use super::*;
 
@@ -212,7 +211,7 @@ mod tests {
 
     #[test]
     fn every_pre_tokenizer_splits_the_parts_as_it_splits_the_whole() {
-        let file = gguf(bpe_entries(None));
+        let file = GgufFile::from_bytes(bpe_entries(None).build()).expect("a valid GGUF file");
         let vocab = Vocab::from_gguf(&file).expect("a vocabulary");
         for name in NAMES {
             let bpe = Bpe::new(&file, &vocab, &PreTokenizer::named(Some(name)).expect("known")).expect("built");

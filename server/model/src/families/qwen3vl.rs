@@ -2,10 +2,10 @@
 //! M-RoPE: the position components take turns over the rotated pairs.
 
 use super::{Family, qwen3, uniform};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle, sections};
-use crate::model::layer::LayerKind;
-use crate::model::weights::LoadError;
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle, sections};
+use crate::layer::LayerKind;
+use crate::weights::LoadError;
 
 pub(super) struct Qwen3Vl;
 

@@ -9,8 +9,8 @@ use sluice_kernels::ops::{Gelu, HeadShape, Rope, RopeKind};
 use sluice_kernels::quant::{DType, dequantize_row};
 
 use super::image::{ImageSpec, row_pixels};
-use crate::model::gguf::GgufFile;
-use crate::model::weights::{LoadError, Weight, host_vector, tensor_problem, vector, weight};
+use crate::gguf::GgufFile;
+use crate::weights::{LoadError, Weight, host_vector, tensor_problem, vector, weight};
 
 /// The towers sluice runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

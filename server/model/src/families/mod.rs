@@ -103,10 +103,10 @@ mod tests {
     use sluice_tests::gguf_writer::{GgufBuilder, TinyModel, Value};
 
     use super::FAMILIES;
-    use crate::model::Transformer;
-    use crate::model::gguf::GgufFile;
-    use crate::model::hparams::HParams;
-    use crate::model::layer::{Cache, Mixer};
+    use crate::Transformer;
+    use crate::gguf::GgufFile;
+    use crate::hparams::HParams;
+    use crate::layer::{Cache, Mixer};
 
     /// A tiny file of the family `name`, three layers.
     fn tiny(name: &'static str) -> GgufBuilder {

@@ -2,10 +2,10 @@
 //! K head before rotation, no biases.
 
 use super::{Family, uniform};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle};
-use crate::model::layer::{Attention, Ffn, LayerKind, Mixer};
-use crate::model::weights::LoadError;
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle};
+use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::weights::LoadError;
 
 /// Every Qwen3 layer (Qwen3-VL's text layers and DFlash drafts' too).
 pub(super) const LAYER: LayerKind =

@@ -3,10 +3,10 @@
 //! a file with Q/K/V biases has them applied.
 
 use super::{Family, uniform};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle};
-use crate::model::layer::{Attention, Ffn, LayerKind, Mixer};
-use crate::model::weights::LoadError;
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle};
+use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::weights::LoadError;
 
 pub(super) struct Llama;
 

@@ -3,10 +3,10 @@
 //! sections of the rotated pairs (`rope.dimension_sections`).
 
 use super::{Family, qwen2, uniform};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle, sections};
-use crate::model::layer::LayerKind;
-use crate::model::weights::LoadError;
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle, sections};
+use crate::layer::LayerKind;
+use crate::weights::LoadError;
 
 pub(super) struct Qwen2Vl;
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::TokenizerError;
-use crate::model::gguf::GgufFile;
+use crate::gguf::GgufFile;
 
 pub(super) const KEY_MODEL: &str = "tokenizer.ggml.model";
 pub(super) const KEY_PRE: &str = "tokenizer.ggml.pre";
@@ -112,7 +112,7 @@ pub(super) struct Flags {
 }
 
 impl Vocab {
-    pub fn from_gguf(file: &GgufFile) -> Result<Vocab, TokenizerError> {
+    pub(super) fn from_gguf(file: &GgufFile) -> Result<Vocab, TokenizerError> {
         let model = match file.str(KEY_MODEL)? {
             "gpt2" => Model::Bpe,
             "llama" => Model::Spm,
@@ -214,24 +214,24 @@ impl Vocab {
     }
 
     /// BOS/EOS flags: the metadata when present, else the given defaults.
-    pub fn flags(file: &GgufFile, default_add_bos: bool) -> Result<Flags, TokenizerError> {
+    pub(super) fn flags(file: &GgufFile, default_add_bos: bool) -> Result<Flags, TokenizerError> {
         Ok(Flags {
             add_bos: file.opt_bool(KEY_ADD_BOS)?.unwrap_or(default_add_bos),
             add_eos: file.opt_bool(KEY_ADD_EOS)?.unwrap_or(false),
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.texts.len()
     }
 
-    pub fn attr(&self, id: u32) -> Option<TokenAttr> {
+    pub(super) fn attr(&self, id: u32) -> Option<TokenAttr> {
         self.attrs.get(id as usize).copied()
     }
 
     /// The bytes a token stands for when rendered with special tokens shown:
     /// byte-level (BPE) or `▁`/`<0xXX>` (SentencePiece) decoding applied.
-    pub fn piece_bytes(&self, id: u32) -> Vec<u8> {
+    pub(super) fn piece_bytes(&self, id: u32) -> Vec<u8> {
         let Some(text) = self.texts.get(id as usize) else { return Vec::new() };
         match (self.model, self.attrs[id as usize]) {
             (_, TokenAttr::Control | TokenAttr::Unknown | TokenAttr::UserDefined) => text.as_bytes().to_vec(),

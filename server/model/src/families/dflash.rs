@@ -5,11 +5,11 @@
 //! `model::dflash`'s.
 
 use super::{Family, Outer, qwen3, uniform};
-use crate::model::dflash::{ARCHITECTURE, DflashParams};
-use crate::model::gguf::GgufFile;
-use crate::model::hparams::{HParams, HParamsError, RopeStyle, invalid, sections};
-use crate::model::layer::LayerKind;
-use crate::model::weights::LoadError;
+use crate::dflash::{ARCHITECTURE, DflashParams};
+use crate::gguf::GgufFile;
+use crate::hparams::{HParams, HParamsError, RopeStyle, invalid, sections};
+use crate::layer::LayerKind;
+use crate::weights::LoadError;
 
 pub(super) struct Dflash;
 
