@@ -8,10 +8,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sluice::engine::FaultRules;
-use sluice::engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest};
-use sluice::engine::shadow::Shadows;
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
+use sluice_engine::FaultRules;
+use sluice_engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest};
+use sluice_engine::shadow::Shadows;
 use sluice_plugin_api::rules;
 
 const SLOTS: u32 = 64;

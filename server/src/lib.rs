@@ -8,7 +8,6 @@
 //! live. docs/architecture.md draws the seams.
 
 pub mod config;
-pub mod engine;
 pub mod http;
 #[cfg(feature = "lab")]
 pub mod lab;

@@ -5,10 +5,10 @@
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use sluice::engine::policy::{Decision, PolicyFault, SchedulingPolicy, StepView};
-use sluice::engine::request::{Event, GenerationRequest};
-use sluice::engine::sampling::SamplingParams;
-use sluice::engine::{EngineConfig, EngineHandle, Health, SubmitError};
+use sluice_engine::policy::{Decision, PolicyFault, SchedulingPolicy, StepView};
+use sluice_engine::request::{Event, GenerationRequest};
+use sluice_engine::sampling::SamplingParams;
+use sluice_engine::{EngineConfig, EngineHandle, Health, SubmitError};
 use sluice_kernels::backend::CpuBackend;
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;

@@ -2,8 +2,8 @@
 //! llama.cpp's (tests/fixtures/smollm2-llamacpp.json).
 
 use serde_json::Value;
-use sluice::engine::sampling::top_probs;
 use sluice::startup::load_model;
+use sluice_engine::sampling::top_probs;
 use sluice_kernels::backend::Device;
 use sluice_model::session::Session;
 use sluice_tests::models::default_model;

@@ -5,8 +5,8 @@
 //! Every runtime case asserts the exact fault kind and that the next call
 //! works on a fresh instance.
 
-use sluice::engine::policy::{Decision, StepView};
 use sluice::plugins::{LoadError, PluginFault, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy};
+use sluice_engine::policy::{Decision, StepView};
 
 use sluice_tests::plugin_fixtures::{
     BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module, version,

@@ -8,8 +8,8 @@
 //! from this reference. A wiring bug (rope pairing, head grouping, norms)
 //! moves them by whole units.
 
-use sluice::engine::sampling::top_probs;
 use sluice::startup::load_model;
+use sluice_engine::sampling::top_probs;
 use sluice_kernels::backend::Device;
 use sluice_kernels::quant::dequantize_row;
 use sluice_model::gguf::GgufFile;

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use sluice::config::PolicyConfig;
-use sluice::engine::request::{Event, GenerationRequest};
-use sluice::engine::sampling::SamplingParams;
-use sluice::engine::speculative::{DraftSettings, Speculation};
-use sluice::engine::{EngineConfig, EngineHandle};
 use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 use sluice::startup::{DraftKind, PairedDraft, PairingError, load_policy, model_info, pair};
+use sluice_engine::request::{Event, GenerationRequest};
+use sluice_engine::sampling::SamplingParams;
+use sluice_engine::speculative::{DraftSettings, Speculation};
+use sluice_engine::{EngineConfig, EngineHandle};
 use sluice_kernels::backend::CpuBackend;
 use sluice_model::gguf::GgufFile;
 use sluice_model::hparams::RopeStyle;
@@ -349,7 +349,7 @@ fn a_legacy_dflash_draft_follows_an_mrope_target_past_an_image() {
     let mut logits = session.prefill(&request.prompt[17..], 8).expect("text after");
     let mut greedy = Vec::new();
     for _ in 0..32 {
-        let token = sluice::engine::speculative::most_likely(&logits).0;
+        let token = sluice_engine::speculative::most_likely(&logits).0;
         greedy.push(token);
         logits = session.decode(token).expect("decode");
     }

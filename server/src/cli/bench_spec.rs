@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use sluice::config::{PolicyConfig, SpeculativeConfig};
-use sluice::engine::request::{Event, GenerationRequest};
-use sluice::engine::sampling::SamplingParams;
-use sluice::engine::speculative::Speculation;
-use sluice::engine::{EngineConfig, EngineHandle};
 use sluice::plugins::PluginHost;
 use sluice::startup::{load_model, load_policy, load_speculation};
+use sluice_engine::request::{Event, GenerationRequest};
+use sluice_engine::sampling::SamplingParams;
+use sluice_engine::speculative::Speculation;
+use sluice_engine::{EngineConfig, EngineHandle};
 use sluice_kernels::backend::Device;
 use sluice_model::Model;
 use sluice_model::tokenizer::Tokenizer;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use sluice::engine::sampling::{Sampler, SamplingParams};
 use sluice::startup::load_model;
+use sluice_engine::sampling::{Sampler, SamplingParams};
 use sluice_kernels::backend::Device;
 use sluice_model::session::Session;
 use sluice_model::tokenizer::{StreamDecoder, Tokenizer};

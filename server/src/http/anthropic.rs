@@ -24,7 +24,7 @@ use super::openai::chat_tokens;
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{Parts, Reasoning, Splitter};
 use super::{AppState, sse};
-use crate::engine::request::{Completion, StopType, TokenEvent};
+use sluice_engine::request::{Completion, StopType, TokenEvent};
 
 /// The limit when `max_tokens` is absent: Anthropic requires the field,
 /// llama-server fills this in instead.

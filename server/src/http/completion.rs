@@ -13,7 +13,7 @@ use super::params::{self, Fields, JsonBody, object, settings_json};
 use super::probs::probs_json;
 use super::spliced::Spliced;
 use super::{AppState, Ready, prompt, sse};
-use crate::engine::request::{Completion, Progress, TokenEvent};
+use sluice_engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /completion`.
 pub async fn completion(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {

@@ -5,8 +5,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::engine::SubmitError;
-use crate::engine::request::EngineError;
+use sluice_engine::SubmitError;
+use sluice_engine::request::EngineError;
 
 /// llama-server's error types, each with its status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,9 +11,9 @@ use super::error::{ApiError, ErrorType};
 use super::params::Generation;
 use super::probs;
 use super::prompt::Prompt;
-use crate::engine::EngineHandle;
-use crate::engine::delivery::EventReceiver;
-use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};
+use sluice_engine::EngineHandle;
+use sluice_engine::delivery::EventReceiver;
+use sluice_engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};
 use sluice_model::tokenizer::Tokenizer;
 
 /// Per-completion state of a stream: the slot, tokens so far, and the

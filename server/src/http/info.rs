@@ -13,10 +13,10 @@ use serde_json::{Map, Value, json};
 use super::error::{ApiError, ErrorType};
 use super::params::{self, Fields, settings_json};
 use super::{AppState, Ready, tools};
-use crate::engine::Health;
-use crate::engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
-use crate::engine::policy::Phase;
-use crate::engine::shadow::ShadowRecord;
+use sluice_engine::Health;
+use sluice_engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
+use sluice_engine::policy::Phase;
+use sluice_engine::shadow::ShadowRecord;
 
 /// `GET /health`: `{"status":"ok"}`; "degraded" on the fallback policy;
 /// 503 naming the policy and its fault when it failed closed.

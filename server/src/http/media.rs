@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::{ApiError, ErrorType};
 use super::prompt::Prompt;
-use crate::engine::request::ImageInput;
+use sluice_engine::request::ImageInput;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::vision::image::ImageSpec;
 use sluice_model::vision::{Encoder, ProjectorKind};

@@ -62,12 +62,12 @@ use axum::routing::{MethodRouter, get, post};
 use tracing::Instrument;
 
 use crate::config::{Config, RequestDefaults, ServerLimits};
-use crate::engine::EngineHandle;
-use crate::engine::constraint::Grammars;
 use crate::startup::Serving;
 use admin::Policies;
 use auth::ApiKey;
 use error::ApiError;
+use sluice_engine::EngineHandle;
+use sluice_engine::constraint::Grammars;
 use sluice_model::chat_template::ChatTemplate;
 use sluice_model::tokenizer::Tokenizer;
 

@@ -25,7 +25,7 @@ use super::spliced::{List, Spliced};
 use super::tools::{self, ChatTools, ToolFormat, ToolStream};
 use super::{AppState, Ready, completion, media, prompt, sse, structured};
 use crate::config::Thinking;
-use crate::engine::request::{Completion, Progress, TokenEvent, TokenProbs};
+use sluice_engine::request::{Completion, Progress, TokenEvent, TokenProbs};
 use sluice_model::chat_template::TemplateError;
 
 /// llama-server's default `top_logprobs` when chat asks for `logprobs`.

@@ -23,8 +23,8 @@ pub use super::fields::{Fields, object, wrong};
 use super::lora::Adapters;
 use super::structured::{self, Compiler};
 use crate::config::RequestDefaults;
-use crate::engine::request::GenerationRequest;
-use crate::engine::sampling::{SamplingParams, Stage};
+use sluice_engine::request::GenerationRequest;
+use sluice_engine::sampling::{SamplingParams, Stage};
 use sluice_model::tokenizer::Tokenizer;
 
 /// A request body parsed as JSON, with its turn among large bodies

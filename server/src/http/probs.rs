@@ -9,8 +9,8 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::engine::request::TokenProbs;
-use crate::engine::sampling::TokenProb;
+use sluice_engine::request::TokenProbs;
+use sluice_engine::sampling::TokenProb;
 use sluice_model::tokenizer::Tokenizer;
 
 /// One generated token's probabilities, listing at most `top_n`
@@ -117,7 +117,7 @@ fn logprob(prob: f32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::constraint::tests::test_spm;
+    use sluice_engine::testing::test_spm;
 
     #[test]
     fn zero_probability_is_minus_flt_max() {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::error::{ApiError, exceeds_context_untokenized};
 use super::media::{self, Vision};
 use super::tokenizing::{Gate, Pass};
-use crate::engine::request::ImageInput;
+use sluice_engine::request::ImageInput;
 use sluice_model::tokenizer::Tokenizer;
 
 /// A tokenized prompt and the images among its tokens.

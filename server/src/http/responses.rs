@@ -31,7 +31,7 @@ use super::openai::chat_tokens;
 use super::params::{self, Fields, JsonBody, object, wrong};
 use super::reasoning::{Parts, Reasoning, Splitter};
 use super::{AppState, sse};
-use crate::engine::request::{Completion, Progress, TokenEvent};
+use sluice_engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /v1/responses`.
 pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
@@ -613,7 +613,7 @@ mod tests {
             events.extend(render.token(0, &TokenEvent { token: 1, text: text.into(), probs: None }));
         }
         let completion = Completion {
-            stop_type: crate::engine::request::StopType::Eos,
+            stop_type: sluice_engine::request::StopType::Eos,
             stopping_word: String::new(),
             text: String::new(),
             truncated: false,

@@ -18,7 +18,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
 use super::params::RawBody;
-use crate::engine::slot_store::{KvLayout, SlotActionError, SlotFile};
+use sluice_engine::slot_store::{KvLayout, SlotActionError, SlotFile};
 
 /// The longest file name most file systems take.
 const NAME_MAX: usize = 255;

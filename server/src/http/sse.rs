@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::generate::{Submitted, engine_gone};
-use crate::engine::request::{Completion, Event, Progress, TokenEvent};
+use sluice_engine::request::{Completion, Event, Progress, TokenEvent};
 
 /// Turns engine events into the JSON payloads of one endpoint's stream.
 pub trait Render: Send + 'static {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::fields::{Fields, wrong};
-use crate::engine::constraint::{Grammar, GrammarSource, Grammars};
+use sluice_engine::constraint::{Grammar, GrammarSource, Grammars};
 
 /// The grammar compiler, or why this model has none.
 pub type Compiler = Result<Grammars, String>;

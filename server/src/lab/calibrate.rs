@@ -11,7 +11,7 @@ use sluice_kernels::backend::KvTypes;
 use sluice_model::batch::{Batch, BatchRow, RowInput, text_position};
 use sluice_model::{ForwardError, Model};
 
-use crate::engine::step_cost::{CostFit, CostModel, StepWork};
+use sluice_engine::step_cost::{CostFit, CostModel, StepWork};
 
 /// One timed step.
 #[derive(Clone, Copy, Debug)]
@@ -95,7 +95,7 @@ pub fn fit(samples: &[Sample]) -> Option<CostModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::step_cost::tests::{assert_close, step};
+    use sluice_engine::testing::{assert_close, step};
 
     #[test]
     fn the_fit_recovers_a_known_model() {

@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::sim::DecisionHash;
-use crate::engine::FaultRules;
-use crate::engine::policy::{Decision, SchedulingPolicy};
-use crate::engine::shadow::{Agreement, Parts, candidate_decision, candidate_supervisor};
-use crate::engine::supervisor::{FaultEvent, Health, Observer};
-use crate::engine::trace::{TraceError, TraceLine};
+use sluice_engine::FaultRules;
+use sluice_engine::policy::{Decision, SchedulingPolicy};
+use sluice_engine::shadow::{Agreement, Parts, candidate_decision, candidate_supervisor};
+use sluice_engine::supervisor::{FaultEvent, Health, Observer};
+use sluice_engine::trace::{TraceError, TraceLine};
 
 /// One step on which the replayed policy decided otherwise.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -133,7 +133,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::policy::{Phase, PolicyFault, StepView};
+    use sluice_engine::policy::{Phase, PolicyFault, StepView};
     use sluice_plugin_api::testing::{ViewBuilder, request};
 
     /// Decodes slot 0 on even steps, slot 1 on odd ones.

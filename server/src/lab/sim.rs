@@ -18,12 +18,12 @@ use sluice_plugin_api::rules::has_runnable_work;
 
 use super::stats::RequestRecord;
 use super::workload::TraceRequest;
-use crate::engine::policy::{
+use sluice_engine::policy::{
     Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepView, WaitingRequest,
 };
-use crate::engine::step_cost::CostFit;
-pub use crate::engine::step_cost::{CostModel, StepWork};
-use crate::engine::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
+use sluice_engine::step_cost::CostFit;
+pub use sluice_engine::step_cost::{CostModel, StepWork};
+use sluice_engine::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 
 /// The engine being simulated (the policy's fault rules are the
 /// supervisor's).
@@ -405,8 +405,8 @@ pub fn phase_name(phase: Phase) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::supervisor::{FaultRules, OnFault};
     use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
+    use sluice_engine::supervisor::{FaultRules, OnFault};
 
     fn continuous() -> Supervisor {
         let host = PluginHost::new().expect("host");

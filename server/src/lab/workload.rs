@@ -12,8 +12,8 @@ use rand_distr::{Distribution, Exp, Gamma};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::engine::policy::RequestInfo;
-use crate::engine::trace::{TraceError, TraceLine, is_step_trace, trace_lines};
+use sluice_engine::policy::RequestInfo;
+use sluice_engine::trace::{TraceError, TraceLine, is_step_trace, trace_lines};
 
 /// One request of a workload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn a_step_trace_gives_each_request_once_with_what_it_generated() {
-        use crate::engine::policy::{Decision, Phase};
+        use sluice_engine::policy::{Decision, Phase};
         use sluice_plugin_api::testing::{ViewBuilder, request};
         let step =
             |view, decode: Vec<u32>| TraceLine::Step { view, applied: Decision { decode, ..Decision::default() } };

@@ -2,8 +2,8 @@
 //! configures with its defaults, and its decisions pass host validation.
 
 use super::{BUILTIN_POLICIES, builtin_policy};
-use crate::engine::policy::{Decision, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
 use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy};
+use sluice_engine::policy::{Decision, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
 use sluice_plugin_api::rules::{has_runnable_work, validate};
 
 fn request(id: u64, prompt_tokens: u32, max_tokens: u32, adapter_group: u32) -> RequestInfo {

@@ -9,7 +9,7 @@
 //!
 //! * [`PluginHost`]: the shared compiler and epoch ticker.
 //! * [`WasmPolicy`]: a `scheduler`-world component behind the engine's
-//!   [`SchedulingPolicy`](crate::engine::policy::SchedulingPolicy) seam
+//!   [`SchedulingPolicy`](sluice_engine::policy::SchedulingPolicy) seam
 //!   (plugins depend on the engine's seam, never the other way).
 //! * [`WasmFixup`]: a `draft-fixup`-world component.
 
@@ -32,7 +32,7 @@ pub use scheduler::WasmPolicy;
 pub use settings::settings_from_toml;
 
 /// The settings of the `scheduler` world (the step view and decision are
-/// the SDK's records: `crate::engine::policy`).
+/// the SDK's records: `sluice_engine::policy`).
 pub mod policy_types {
     pub use super::scheduler::bindings::exports::sluice::plugin::policy::{Setting, SettingValue};
 }

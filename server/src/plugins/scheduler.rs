@@ -12,7 +12,7 @@ use super::limits::{PluginLimits, StoreState};
 use super::policy_types::Setting;
 use sluice_plugin_api::packed;
 
-use crate::engine::policy::{Admit, Decision, PolicyFault, Prefill, SchedulingPolicy, StepView};
+use sluice_engine::policy::{Admit, Decision, PolicyFault, Prefill, SchedulingPolicy, StepView};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({

@@ -12,10 +12,10 @@ use sluice_kernels::backend::BackendError;
 
 use super::plugins::load_fixups;
 use crate::config::{SpecType, SpeculativeConfig};
-use crate::engine::EngineConfig;
-use crate::engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
 use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
 use crate::plugins::{FixupError, PluginHost, PluginLimits, WasmFixup};
+use sluice_engine::EngineConfig;
+use sluice_engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
 use sluice_model::dflash::{self, DflashParams};
 use sluice_model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
 use sluice_model::hparams::{HParams, HParamsError};

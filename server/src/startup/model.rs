@@ -10,10 +10,10 @@ use sluice_kernels::backend::{Backend, CpuBackend, Device, KvTypes};
 use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
 use crate::config::{Config, threads_or_cores};
-use crate::engine::policy::SchedulingPolicy;
-use crate::engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
-use crate::engine::{EngineConfig, EngineHandle, EngineStartError};
 use crate::plugins::{PluginHost, WasmPolicy};
+use sluice_engine::policy::SchedulingPolicy;
+use sluice_engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
+use sluice_engine::{EngineConfig, EngineHandle, EngineStartError};
 use sluice_model::chat_template::{ChatTemplate, TemplateError};
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
@@ -325,7 +325,7 @@ fn chat_template(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{FaultRules, OnFault};
+    use sluice_engine::{FaultRules, OnFault};
 
     #[test]
     fn the_engine_gets_the_config_defaults_and_a_clamped_context() {

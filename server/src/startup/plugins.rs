@@ -8,13 +8,13 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{OnFault, PolicyConfig, SpeculativeConfig};
-use crate::engine::policy::SchedulingPolicy;
-use crate::engine::shadow::MAX_SHADOWS;
-use crate::engine::{FallbackPolicy, FaultRules};
 use crate::plugins::{
     LoadError, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy, builtin_fixup, builtin_policy,
     settings_from_toml,
 };
+use sluice_engine::policy::SchedulingPolicy;
+use sluice_engine::shadow::MAX_SHADOWS;
+use sluice_engine::{FallbackPolicy, FaultRules};
 
 /// Why a plugin could not be loaded; the message names the plugin.
 #[derive(Debug, thiserror::Error)]
@@ -165,8 +165,8 @@ pub fn fallback(host: &PluginHost, config: &PolicyConfig) -> FallbackPolicy {
 /// The supervisor's rules from `[policy]`.
 pub fn fault_rules(config: &PolicyConfig) -> FaultRules {
     let on_fault = match config.on_fault {
-        OnFault::FailClosed => crate::engine::OnFault::FailClosed,
-        OnFault::Fallback => crate::engine::OnFault::Fallback,
+        OnFault::FailClosed => sluice_engine::OnFault::FailClosed,
+        OnFault::Fallback => sluice_engine::OnFault::Fallback,
     };
     FaultRules { on_fault, stall_steps: config.stall_steps }
 }
@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn the_fault_rules_follow_the_policy_section() {
         let config = PolicyConfig { on_fault: OnFault::Fallback, stall_steps: 9, ..PolicyConfig::default() };
-        assert_eq!(fault_rules(&config), FaultRules { on_fault: crate::engine::OnFault::Fallback, stall_steps: 9 });
+        assert_eq!(fault_rules(&config), FaultRules { on_fault: sluice_engine::OnFault::Fallback, stall_steps: 9 });
         assert_eq!(fault_rules(&PolicyConfig::default()), FaultRules::default());
     }
 

@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sluice::engine::policy::{
+use sluice_engine::policy::{
     Admit, Decision, OccupiedSlot, Phase, PolicyFault, Prefill, RequestInfo, SchedulingPolicy, StepView, WaitingRequest,
 };
-use sluice::engine::supervisor::{FaultRules, OnFault, Supervisor, Verdict};
+use sluice_engine::supervisor::{FaultRules, OnFault, Supervisor, Verdict};
 use sluice_plugin_api::rules;
 use sluice_tests::fuzz::{Fuzzer, Rng, bytes};
 

@@ -23,7 +23,7 @@
 use std::sync::OnceLock;
 
 use serde_json::{Map, Value, json};
-use sluice::engine::constraint::{ConstraintEnd, GrammarSource, Grammars, limits};
+use sluice_engine::constraint::{ConstraintEnd, GrammarSource, Grammars, limits};
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::fuzz::{Fuzzer, Rng, bytes, json as json_mutations};

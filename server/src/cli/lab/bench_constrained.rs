@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use sluice::engine::constraint::{GrammarSource, Grammars};
+use sluice_engine::constraint::{GrammarSource, Grammars};
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 

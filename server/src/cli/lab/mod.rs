@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::json;
 use sluice::config::{OnFault, PolicyConfig, PolicySpec, policy_spec};
-use sluice::engine::supervisor::Supervisor;
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
@@ -16,6 +15,7 @@ use sluice::lab::stats::{Percentiles, RequestRecord, Slo, Summary};
 use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_workload, to_jsonl};
 use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
+use sluice_engine::supervisor::Supervisor;
 
 mod bench;
 mod bench_constrained;

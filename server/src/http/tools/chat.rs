@@ -8,10 +8,10 @@ use super::{
     StreamEvent, StreamParser, Tool, ToolChoice, ToolFormat, detect, grammar, parse_output, parse_tool_choice,
     parse_tools, preamble,
 };
-use crate::engine::constraint::GrammarSource;
 use crate::http::error::ApiError;
 use crate::http::fields::Fields;
 use crate::http::ids::random_id;
+use sluice_engine::constraint::GrammarSource;
 
 /// The tools of one chat request that may call them.
 pub struct ChatTools {
@@ -255,9 +255,8 @@ mod grammar_tests {
     use serde_json::{Value, json};
 
     use super::super::{ToolChoice, ToolFormat, grammar, parse_output, parse_tools};
-    use crate::engine::constraint::tests::generate;
-    use crate::engine::constraint::tests::test_spm;
-    use crate::engine::constraint::{GrammarSource, Grammars};
+    use sluice_engine::constraint::{GrammarSource, Grammars};
+    use sluice_engine::testing::{generate, test_spm};
 
     #[test]
     fn every_format_and_choice_compiles_and_parses_back() {

@@ -7,48 +7,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use sluice_model::gguf::GgufFile;
+use crate::testing::{generate, test_spm};
 use sluice_model::tokenizer::Tokenizer;
-use sluice_tests::vocab::spm_vocabulary;
-
-/// A SentencePiece tokenizer over `pieces`, with byte fallback.
-pub(crate) fn test_spm(pieces: &[(&str, f32)]) -> Tokenizer {
-    let file = GgufFile::from_bytes(spm_vocabulary(pieces).build()).expect("a valid GGUF file");
-    Tokenizer::from_gguf(&file).expect("valid SPM vocabulary")
-}
 
 fn grammars() -> (Arc<Tokenizer>, Grammars) {
     let tokenizer = Arc::new(test_spm(&[("▁yes", -1.0), ("no", -1.0), ("{\"", -1.0)]));
     let grammars = Grammars::new(&tokenizer).expect("the vocabulary indexes");
     (tokenizer, grammars)
-}
-
-/// What the constrained greedy choice over seeded random logits writes, and
-/// whether it ended with end-of-generation within `limit` tokens.
-pub(crate) fn generate(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64, limit: usize) -> (String, bool) {
-    let mut constraint = grammar.start();
-    let mut state = seed | 1;
-    let mut text = Vec::new();
-    // Logits a little longer than the vocabulary, as models pad them.
-    let mut logits = vec![0.0f32; tokenizer.vocab_size() + 5];
-    for _ in 0..limit {
-        for logit in &mut logits {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            *logit = (state % 1000) as f32;
-        }
-        constraint.apply(&mut logits).expect("a mask");
-        assert!(logits[tokenizer.vocab_size()..].iter().all(|&logit| logit == f32::NEG_INFINITY));
-        let token = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).expect("logits") as u32;
-        assert!(logits[token as usize].is_finite(), "the mask left nothing");
-        if tokenizer.is_end_of_generation(token) {
-            return (String::from_utf8(text).expect("the grammar writes UTF-8"), true);
-        }
-        constraint.commit(token).expect("an allowed token commits");
-        text.extend_from_slice(tokenizer.token_bytes(token));
-    }
-    (String::from_utf8_lossy(&text).into_owned(), false)
 }
 
 #[test]

@@ -151,8 +151,8 @@ fn weight(event: &Event) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::request::TokenProbs;
-    use crate::engine::sampling::TokenProb;
+    use crate::request::TokenProbs;
+    use crate::sampling::TokenProb;
 
     fn token(n_probs: usize) -> Event {
         let prob = TokenProb { token: 1, prob: 0.5 };

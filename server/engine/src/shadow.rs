@@ -323,7 +323,7 @@ impl Shadows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::policy::{Phase, PolicyFault};
+    use crate::policy::{Phase, PolicyFault};
     use sluice_plugin_api::testing::{ViewBuilder, request};
 
     /// Decodes `slot`; faults from step `fault_from` on.

@@ -376,4 +376,4 @@ fn step_failure(kind: &str, detail: &str) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

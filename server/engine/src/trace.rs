@@ -260,7 +260,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::policy::Phase;
+    use crate::policy::Phase;
     use sluice_plugin_api::testing::{ViewBuilder, request};
 
     fn header(policy: &str) -> TraceHeader {

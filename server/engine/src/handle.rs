@@ -220,7 +220,7 @@ impl EngineHandle {
         })
     }
 
-    /// Attach a shadow policy (see [`crate::engine::shadow`]).
+    /// Attach a shadow policy (see [`crate::shadow`]).
     pub fn attach_shadow(&self, policy: Box<dyn SchedulingPolicy>, wait: Duration) -> Result<(), String> {
         let (reply, answer) = mpsc::channel();
         self.ask(ShadowCommand::Attach(policy, reply), answer, wait)?

@@ -168,32 +168,12 @@ fn solve(mut a: [[f64; 5]; 4]) -> Option<[f64; 4]> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::testing::{assert_close, step};
 
     const TRUTH: CostModel =
         CostModel { base_ms: 1.5, prefill_token_ms: 0.2, decode_token_ms: 0.7, attention_kpair_ms: 0.01 };
-
-    /// A prefill chunk and `decodes` decode rows, all at `context`.
-    pub(crate) fn step(prefill: u32, context: u64, decodes: u32) -> StepWork {
-        let mut work = StepWork::default();
-        work.add_rows(context, prefill, false);
-        for _ in 0..decodes {
-            work.add_rows(context, 1, true);
-        }
-        work
-    }
-
-    pub(crate) fn assert_close(got: CostModel, want: CostModel) {
-        for (got, want) in [
-            (got.base_ms, want.base_ms),
-            (got.prefill_token_ms, want.prefill_token_ms),
-            (got.decode_token_ms, want.decode_token_ms),
-            (got.attention_kpair_ms, want.attention_kpair_ms),
-        ] {
-            assert!((got - want).abs() < 1e-9, "{got} vs {want}");
-        }
-    }
 
     #[test]
     fn nothing_is_reported_until_every_term_varied() {

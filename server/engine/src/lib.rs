@@ -3,6 +3,16 @@
 //! computes through [`sluice_model::Model`] and takes decisions from any
 //! [`policy::SchedulingPolicy`]; it knows neither devices nor plugins.
 //!
+//! What the layers above use: [`EngineHandle::start`] with an
+//! [`EngineConfig`], a model and a policy, then `submit` a
+//! [`request::GenerationRequest`] and read its events
+//! ([`delivery::EventReceiver`]); the policy seam ([`policy`]) and the
+//! [`supervisor`]'s fault rules; [`sampling`], [`constraint`] (grammars
+//! over a vocabulary) and [`speculative`] (drafters); [`trace`],
+//! [`shadow`], [`step_cost`], [`metrics`] and [`slot_store`] for what the
+//! server shows and saves; `testing` (feature `testing`) for the tests of
+//! the crates above.
+//!
 //! Files: `handle` (the public face) and `core` (the loop) share only
 //! `state`; `supervisor` gets each step's decision; `batch` assembles the
 //! pass, `emit` samples, stops and verifies drafts, `shift` makes room in a
@@ -35,6 +45,8 @@ pub mod speculative;
 mod state;
 pub mod step_cost;
 pub mod supervisor;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod text;
 pub mod trace;
 

@@ -1,13 +1,13 @@
 //! What watches the steps without steering them: the shadow policies and
-//! the step trace (see [`crate::engine::shadow`], [`crate::engine::trace`]),
+//! the step trace (see [`crate::shadow`], [`crate::trace`]),
 //! and the operator commands that change them, including promoting a
 //! shadow to active.
 
 use super::Engine;
-use crate::engine::metrics::Metrics;
-use crate::engine::policy::{Decision, StepView};
-use crate::engine::state::{Promoted, ShadowCommand};
-use crate::engine::trace::TraceRecorder;
+use crate::metrics::Metrics;
+use crate::policy::{Decision, StepView};
+use crate::state::{Promoted, ShadowCommand};
+use crate::trace::TraceRecorder;
 
 impl Engine {
     /// Whether a step's view and decision are wanted after it is applied.

@@ -266,7 +266,7 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::policy::{Phase, PolicyFault};
+    use crate::policy::{Phase, PolicyFault};
     use sluice_plugin_api::testing::{ViewBuilder, request};
 
     /// Answers from a script, one entry per call, then grants nothing.

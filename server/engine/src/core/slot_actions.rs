@@ -1,4 +1,4 @@
-//! Slot actions on the engine thread (see [`crate::engine::slot_store`]):
+//! Slot actions on the engine thread (see [`crate::slot_store`]):
 //! save hands the slot's cached tokens and KV blocks to the caller, restore
 //! writes given blocks into the store and the prefix cache, erase drops the
 //! slot's cached blocks. The caller does the file I/O.
@@ -12,13 +12,13 @@
 use std::collections::HashSet;
 
 use super::Engine;
-use crate::engine::kv::SeqBlocks;
-use crate::engine::slot::Active;
-use crate::engine::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile};
+use crate::kv::SeqBlocks;
+use crate::slot::Active;
+use crate::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile};
 
 impl Engine {
     /// What a slot file must match to be restored into this engine.
-    pub(in crate::engine) fn kv_layout(&self) -> KvLayout {
+    pub(crate) fn kv_layout(&self) -> KvLayout {
         KvLayout::new(&*self.model, self.context.block_format(), self.blocks.block_tokens())
     }
 
