@@ -8,11 +8,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 use sluice_engine::FaultRules;
 use sluice_engine::policy::{OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest};
 use sluice_engine::shadow::Shadows;
 use sluice_plugin_api::rules;
+use sluice_plugin_host::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 const SLOTS: u32 = 64;
 const WAITING: u64 = 64;

@@ -11,5 +11,4 @@ pub mod config;
 pub mod http;
 #[cfg(feature = "lab")]
 pub mod lab;
-pub mod plugins;
 pub mod startup;

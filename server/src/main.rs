@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use sluice::config::{Config, LogConfig, LogFormat, Overrides, help_epilogue, llama_style_args, threads_or_cores};
 use sluice::http::server::Launch;
-use sluice::plugins::{PACKAGE_VERSION, PluginHost, PluginSource, builtin_fixup};
 use sluice::startup::{check_device, load_fixup, load_policy, load_shadows};
 use sluice_engine::policy::SchedulingPolicy;
+use sluice_plugin_host::{PACKAGE_VERSION, PluginHost, PluginSource, builtin_fixup};
 
 #[derive(Parser)]
 #[command(

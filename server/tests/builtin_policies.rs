@@ -1,10 +1,10 @@
 //! The embedded built-in policies run through the real host.
 
-use sluice::plugins::policy_types::{Setting, SettingValue};
-use sluice::plugins::{LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 use sluice_engine::policy::{
     Admit, Decision, OccupiedSlot, Phase, Prefill, RequestInfo, SchedulingPolicy, StepCosts, StepView, WaitingRequest,
 };
+use sluice_plugin_host::policy_types::{Setting, SettingValue};
+use sluice_plugin_host::{LoadError, PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
 fn request(id: u64, prompt_tokens: u32, prompt_done: u32) -> RequestInfo {
     RequestInfo { max_tokens: 16, ..sluice_plugin_api::testing::request(id, prompt_tokens).done(prompt_done) }

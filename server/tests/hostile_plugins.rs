@@ -5,8 +5,8 @@
 //! Every runtime case asserts the exact fault kind and that the next call
 //! works on a fresh instance.
 
-use sluice::plugins::{LoadError, PluginFault, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy};
 use sluice_engine::policy::{Decision, StepView};
+use sluice_plugin_host::{LoadError, PluginFault, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy};
 
 use sluice_tests::plugin_fixtures::{
     BENIGN, FIXUP_WIT, OK, SCHEDULER_WIT, componentize, fixup_module, policy_module, version,
@@ -189,8 +189,8 @@ fn not_wasm_and_core_modules_are_refused() {
 
 #[test]
 fn fixups_return_edits_refusals_and_faults() {
-    use sluice::plugins::FixupError;
-    use sluice::plugins::fixup_types::ModelInfo;
+    use sluice_plugin_host::FixupError;
+    use sluice_plugin_host::fixup_types::ModelInfo;
     let host = PluginHost::new().expect("host starts");
     let model = |architecture: &str| ModelInfo { architecture: architecture.into(), metadata: vec![], tensors: vec![] };
     let fixup = |body: &str| {

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use sluice::config::PolicyConfig;
-use sluice::plugins::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 use sluice::startup::{DraftKind, PairedDraft, PairingError, load_policy, model_info, pair};
 use sluice_engine::request::{Event, GenerationRequest};
 use sluice_engine::sampling::SamplingParams;
@@ -17,6 +16,7 @@ use sluice_model::hparams::RopeStyle;
 use sluice_model::session::Session;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::{Model, Transformer};
+use sluice_plugin_host::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
 
 fn model(builder: &GgufBuilder) -> Arc<dyn Model> {

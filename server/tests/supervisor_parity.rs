@@ -9,7 +9,6 @@ use std::sync::Arc;
 use sluice::config::{OnFault, PolicyConfig};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::workload::TraceRequest;
-use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
 use sluice_engine::request::{Event, GenerationRequest};
 use sluice_engine::sampling::SamplingParams;
@@ -19,6 +18,7 @@ use sluice_kernels::backend::CpuBackend;
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::{Model, Transformer};
+use sluice_plugin_host::PluginHost;
 use sluice_tests::gguf_writer::TinyModel;
 
 const FAULTS: [&str; 8] =

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use sluice::config::{PolicyConfig, SpeculativeConfig};
-use sluice::plugins::PluginHost;
 use sluice::startup::{load_model, load_policy, load_speculation};
 use sluice_engine::request::{Event, GenerationRequest};
 use sluice_engine::sampling::SamplingParams;
@@ -17,6 +16,7 @@ use sluice_engine::{EngineConfig, EngineHandle};
 use sluice_kernels::backend::Device;
 use sluice_model::Model;
 use sluice_model::tokenizer::Tokenizer;
+use sluice_plugin_host::PluginHost;
 
 #[derive(clap::Args)]
 pub struct BenchSpecArgs {

@@ -8,7 +8,7 @@ use sluice_kernels::backend::Device;
 use super::schema::{
     Config, DEFAULT_FIXUP, IMAGE_TOKENS, PolicyConfig, PolicySpec, SpecType, SpeculativeConfig, adapter_names,
 };
-use crate::plugins::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
+use sluice_plugin_host::{BUILTIN_FIXUPS, BUILTIN_POLICIES, PluginLimits, PluginSource, builtin_fixup, builtin_policy};
 
 /// A configuration error, naming the file and what is wrong.
 #[derive(Debug, thiserror::Error)]

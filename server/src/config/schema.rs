@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer};
 use sluice_kernels::backend::KvType;
 
-use crate::plugins::PluginLimits;
+use sluice_plugin_host::PluginLimits;
 
 /// The model `sluice serve` loads when neither the file nor `-m` names one
 /// (relative to the working directory; `cargo xtask` fetches it there).

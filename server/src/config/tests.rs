@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::plugins::{PluginLimits, PluginSource};
+use sluice_plugin_host::{PluginLimits, PluginSource};
 
 #[test]
 fn defaults_select_chunked_and_fail_closed() {

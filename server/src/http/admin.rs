@@ -16,10 +16,10 @@ use super::error::{ApiError, ErrorType};
 use super::generate::blocking;
 use super::params::{Fields, JsonBody, object, wrong};
 use crate::config::{Config, Overrides, PolicyConfig, PolicySpec, policy_source};
-use crate::plugins::{PluginHost, PluginSource, WasmPolicy};
 use crate::startup::{PluginError, confine, load_policy, load_shadows};
 use sluice_engine::policy::SchedulingPolicy;
 use sluice_engine::shadow::ShadowRecord;
+use sluice_plugin_host::{PluginHost, PluginSource, WasmPolicy};
 
 /// Longest wait for the engine to take a new policy or shadow (it does so
 /// between two steps, and a step with a long prefill can take seconds on a

@@ -18,9 +18,9 @@ use super::admin::{self, Policies};
 use super::conn::Timeouts;
 use super::{AppState, Ready, listen, router, vertex};
 use crate::config::{Config, Overrides, ServerTimeouts};
-use crate::plugins::{PluginHost, WasmPolicy};
 use crate::startup;
 use sluice_engine::request::EngineError;
+use sluice_plugin_host::{PluginHost, WasmPolicy};
 
 /// How long the connections get to deliver the errors that end the
 /// requests cut at the shutdown deadline.

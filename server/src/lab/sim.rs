@@ -405,8 +405,8 @@ pub fn phase_name(phase: Phase) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
     use sluice_engine::supervisor::{FaultRules, OnFault};
+    use sluice_plugin_host::{PluginHost, PluginLimits, PluginSource, WasmPolicy, builtin_policy};
 
     fn continuous() -> Supervisor {
         let host = PluginHost::new().expect("host");

@@ -12,14 +12,14 @@ use sluice_kernels::backend::BackendError;
 
 use super::plugins::load_fixups;
 use crate::config::{SpecType, SpeculativeConfig};
-use crate::plugins::fixup_types::{self as wire, Edit, ModelInfo};
-use crate::plugins::{FixupError, PluginHost, PluginLimits, WasmFixup};
 use sluice_engine::EngineConfig;
 use sluice_engine::speculative::{DflashDrafter, DraftSettings, Drafter, SimpleDrafter, Speculation};
 use sluice_model::dflash::{self, DflashParams};
 use sluice_model::gguf::{GgufError, GgufFile, MetaArray, MetaValue, TensorInfo};
 use sluice_model::hparams::{HParams, HParamsError};
 use sluice_model::{LoadError, Model};
+use sluice_plugin_host::fixup_types::{self as wire, Edit, ModelInfo};
+use sluice_plugin_host::{FixupError, PluginHost, PluginLimits, WasmFixup};
 
 /// The configured draft, paired with `target` (fixups run on `host` under
 /// `limits`, checks passed) before any of its context exists; `None`

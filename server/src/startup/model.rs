@@ -10,7 +10,6 @@ use sluice_kernels::backend::{Backend, CpuBackend, Device, KvTypes};
 use super::draft::load_speculation;
 use super::plugins::{fallback, fault_rules};
 use crate::config::{Config, threads_or_cores};
-use crate::plugins::{PluginHost, WasmPolicy};
 use sluice_engine::policy::SchedulingPolicy;
 use sluice_engine::trace::{TRACE_VERSION, TraceHeader, TraceRecorder};
 use sluice_engine::{EngineConfig, EngineHandle, EngineStartError};
@@ -19,6 +18,7 @@ use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::vision::Encoder;
 use sluice_model::{LoadError, Model, Transformer};
+use sluice_plugin_host::{PluginHost, WasmPolicy};
 
 use super::templates::{self, CHATML};
 

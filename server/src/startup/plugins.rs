@@ -8,13 +8,13 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{OnFault, PolicyConfig, SpeculativeConfig};
-use crate::plugins::{
-    LoadError, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy, builtin_fixup, builtin_policy,
-    settings_from_toml,
-};
 use sluice_engine::policy::SchedulingPolicy;
 use sluice_engine::shadow::MAX_SHADOWS;
 use sluice_engine::{FallbackPolicy, FaultRules};
+use sluice_plugin_host::{
+    LoadError, PluginHost, PluginLimits, PluginSource, WasmFixup, WasmPolicy, builtin_fixup, builtin_policy,
+    settings_from_toml,
+};
 
 /// Why a plugin could not be loaded; the message names the plugin.
 #[derive(Debug, thiserror::Error)]

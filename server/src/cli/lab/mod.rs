@@ -13,9 +13,9 @@ use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::stats::{Percentiles, RequestRecord, Slo, Summary};
 use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_workload, to_jsonl};
-use sluice::plugins::PluginHost;
 use sluice::startup::{fallback, fault_rules, load_policy};
 use sluice_engine::supervisor::Supervisor;
+use sluice_plugin_host::PluginHost;
 
 mod bench;
 mod bench_constrained;

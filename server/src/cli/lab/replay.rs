@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use sluice::config::PolicyConfig;
 use sluice::lab::replay::{ReplayReport, replay};
-use sluice::plugins::PluginHost;
 use sluice::startup::{fault_rules, load_policy};
 use sluice_engine::trace::{read_header, trace_lines};
+use sluice_plugin_host::PluginHost;
 
 use super::policy_config;
 

@@ -16,7 +16,7 @@ use sluice_engine::policy::{Admit, Decision, PolicyFault, Prefill, SchedulingPol
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
-        path: "../plugin-api/wit",
+        path: "../../plugin-api/wit",
         world: "scheduler",
         additional_derives: [PartialEq],
     });

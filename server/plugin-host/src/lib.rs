@@ -1,4 +1,4 @@
-//! The wasmtime host for sluice plugins (WIT package `sluice:plugin@0.1.0`).
+//! The wasmtime host for sluice plugins (the WIT package of `sluice-plugin-api`).
 //!
 //! Plugins are components with no imports: no WASI, no host functions. Every
 //! call runs under a fuel budget (deterministic), an epoch deadline (a

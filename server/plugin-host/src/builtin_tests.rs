@@ -2,7 +2,7 @@
 //! configures with its defaults, and its decisions pass host validation.
 
 use super::{BUILTIN_POLICIES, builtin_policy};
-use crate::plugins::{PluginHost, PluginLimits, PluginSource, WasmPolicy};
+use crate::{PluginHost, PluginLimits, PluginSource, WasmPolicy};
 use sluice_engine::policy::{Decision, OccupiedSlot, Phase, RequestInfo, SchedulingPolicy, StepView, WaitingRequest};
 use sluice_plugin_api::rules::{has_runnable_work, validate};
 

@@ -10,7 +10,7 @@ use super::limits::{PluginLimits, StoreState};
 
 pub(super) mod bindings {
     wasmtime::component::bindgen!({
-        path: "../plugin-api/wit",
+        path: "../../plugin-api/wit",
         world: "draft-fixup",
         additional_derives: [PartialEq],
     });
