@@ -115,7 +115,7 @@ impl Family {
 
     /// The level the family's kernels run at: the best one the CPU has,
     /// capped by `SLUICE_SIMD`. Tests may set another per thread (see
-    /// [`same_on_every_level`]).
+    /// `same_on_every_level`).
     #[inline]
     pub fn level(self) -> SimdLevel {
         #[cfg(test)]
