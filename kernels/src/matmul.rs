@@ -81,7 +81,7 @@ impl<'a> QuantMatrix<'a> {
     /// A copy: as many bytes as those rows (Q4_K's scales unpacked add
     /// 3 %).
     pub fn pack(&self, pool: &ThreadPool) -> Option<PackedRows> {
-        let dot = Kernels::detected().dot(self.dtype);
+        let dot = Kernels::current().dot(self.dtype);
         if !dot.packs() {
             return None;
         }
@@ -92,7 +92,7 @@ impl<'a> QuantMatrix<'a> {
     /// made from the same bytes; a packed copy of another shape or type is
     /// refused.
     pub fn with_packed(self, packed: &'a PackedRows) -> Result<QuantMatrix<'a>, KernelError> {
-        let per_call = Kernels::detected().dot(self.dtype).packed_groups();
+        let per_call = Kernels::current().dot(self.dtype).packed_groups();
         let expected = PackedRows::len_for(self.dtype, self.n_out, self.n_in, per_call);
         if packed.dtype() != self.dtype || Some(packed.bytes().len()) != expected {
             let expected = expected.unwrap_or_default();
@@ -157,7 +157,7 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
     if m == 0 || n_in == 0 {
         return;
     }
-    let kernels = Kernels::detected();
+    let kernels = Kernels::current();
     let mut formats: Vec<ActFormat> = products.iter().map(|(weights, _)| weights.dtype.act_format()).collect();
     formats.sort_by_key(|format| format.name());
     formats.dedup();
@@ -529,7 +529,7 @@ mod tests {
                 let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
                 let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
                 let Some(packed) = w.pack(&pools[2]) else {
-                    assert!(n_out < 8 || !Kernels::detected().dot(dtype).packs(), "{dtype} {n_out} rows");
+                    assert!(n_out < 8 || !Kernels::current().dot(dtype).packs(), "{dtype} {n_out} rows");
                     continue;
                 };
                 let packed_w = w.with_packed(&packed).expect("packed from these bytes");

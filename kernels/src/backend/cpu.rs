@@ -14,11 +14,12 @@ use super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
     PassRow, SharedBytes,
 };
+use crate::cpu::Family;
 use crate::gemm;
 use crate::matmul::{QuantMatrix, matmuls, share};
 use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
 use crate::pool::ThreadPool;
-use crate::quant::{PackedRows, SimdLevel};
+use crate::quant::PackedRows;
 
 /// Host memory and `n` threads.
 pub struct CpuBackend {
@@ -121,8 +122,13 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
     type LowRank = LowRank;
 
+    /// Names the level of the quantized products, which take most of the
+    /// time, and that of the f32 kernels where it differs (AVX-512F
+    /// without VNNI).
     fn describe(&self) -> String {
-        format!("cpu ({}, {} threads)", SimdLevel::detected().name(), self.threads())
+        let (quant, float) = (Family::Quant.level(), Family::Ops.level());
+        let float = if float == quant { String::new() } else { format!(", f32 {}", float.name()) };
+        format!("cpu ({}{float}, {} threads)", quant.name(), self.threads())
     }
 
     fn matrix(&self, source: MatrixSource) -> Result<CpuMatrix, BackendError> {

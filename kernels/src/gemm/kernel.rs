@@ -4,32 +4,33 @@
 
 use std::ops::Range;
 
-use super::operands::Lhs;
-use crate::ops::simd::{Level, level};
+use crate::cpu::{Family, SimdLevel, note};
 
 /// A register tile of `mr` rows × `nr` columns and the level that runs it.
 /// Operands are packed for one kernel; a product checks that its two agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Kernel {
-    level: Level,
+    level: SimdLevel,
     pub(super) mr: usize,
     pub(super) nr: usize,
 }
 
 impl Kernel {
-    /// The kernel of the level this thread's kernels run with.
+    /// The kernel of the level [`crate::cpu`] gives this family.
     pub(crate) fn current() -> Kernel {
-        let (mr, nr) = match level() {
-            Level::Scalar => (4, 16),
+        let level = Family::Gemm.level();
+        let (mr, nr) = match level {
             // 12 accumulators of two vectors, their two weight vectors and
             // the broadcast: 15 of the 16 registers.
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => (6, 16),
+            SimdLevel::Avx2 => (6, 16),
             // 24 accumulators, two weight vectors, one broadcast: 27 of 32.
             #[cfg(target_arch = "x86_64")]
-            Level::Avx512 => (12, 32),
+            SimdLevel::Avx512 => (12, 32),
+            // Scalar (every level off x86).
+            _ => (4, 16),
         };
-        Kernel { level: level(), mr, nr }
+        Kernel { level, mr, nr }
     }
 
     /// Rows a tile has: the groups [`Lhs`] reads.
@@ -37,10 +38,12 @@ impl Kernel {
         self.mr
     }
 
-    /// Adds the products of rows `rows` of `x` (at most `mr`, from a
-    /// multiple of it) over `ks` with `panel` (`ks.len()` rows of `nr`) to
-    /// the output tile at `rows × cols`, which it starts from zero at
-    /// k = 0. Edge tiles go through the scratch tile `c` (`mr × nr`).
+    /// Adds the products of rows `rows` (at most `mr`, from a multiple of
+    /// it) over `ks` with `panel` (`ks.len()` rows of `nr`) to the output
+    /// tile at `rows × cols`, which it starts from zero at k = 0. `xs` holds
+    /// the rows' group over `ks`: `ks.len()` steps of `mr` values,
+    /// `x_stride` apart (`Lhs::values`). Edge tiles go through the scratch
+    /// tile `c` (`mr × nr`).
     ///
     /// # Safety
     /// `out` holds the tile's rows, of `out.ld` elements, `cols` lies
@@ -48,7 +51,7 @@ impl Kernel {
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile(
         &self,
-        x: &Lhs<'_>,
+        (xs, x_stride): (&[f32], usize),
         rows: Range<usize>,
         ks: Range<usize>,
         cols: &Range<usize>,
@@ -58,8 +61,7 @@ impl Kernel {
     ) {
         let (kc, first) = (ks.len(), ks.start == 0);
         assert!(panel.len() >= kc * self.nr && c.len() >= self.mr * self.nr, "a whole panel and scratch tile");
-        assert_eq!(x.mr(), self.mr, "rows grouped for this kernel");
-        let (xs, x_stride) = (x.values(rows.start, &ks), x.k_stride());
+        assert!(xs.len() >= kc.saturating_sub(1) * x_stride + self.mr, "a group of this kernel's rows over ks");
         // SAFETY: rows of `out` at the tile's columns (caller's contract).
         let c_at = |i: usize| unsafe { out.ptr.add(i * out.ld + cols.start) };
         if rows.len() == self.mr && cols.len() == self.nr {
@@ -91,15 +93,16 @@ impl Kernel {
     /// # Safety
     /// As [`Call`]'s contract; the level is one the CPU has.
     unsafe fn run(&self, call: Call) {
-        // SAFETY: the caller's contract; `level()` never names a level
-        // the CPU lacks.
+        note(Family::Gemm, self.level);
+        // SAFETY: the caller's contract; `Family::level` never names a
+        // level the CPU lacks.
         unsafe {
             match self.level {
-                Level::Scalar => scalar::<4, 16>(call),
                 #[cfg(target_arch = "x86_64")]
-                Level::Avx2 => x86::avx2::<6>(call),
+                SimdLevel::Avx2 => x86::avx2::<6>(call),
                 #[cfg(target_arch = "x86_64")]
-                Level::Avx512 => x86::avx512::<12>(call),
+                SimdLevel::Avx512 => x86::avx512::<12>(call),
+                _ => scalar::<4, 16>(call),
             }
         }
     }

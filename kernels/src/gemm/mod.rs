@@ -93,12 +93,13 @@ pub fn gemm(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool: &
                     let end = (first + groups_per_part * kernel.mr).min(block.end);
                     for first_row in (first..end).step_by(kernel.mr) {
                         let tile_rows = first_row..(first_row + kernel.mr).min(end);
+                        let xs = (lhs.values(first_row, &ks), lhs.k_stride());
                         // SAFETY: `target` is `out`, which holds `m × n_out`
                         // elements and outlives the run; this thread alone
                         // writes the rows and columns of the item it
                         // claimed, and the runs of the blocks and k ranges
                         // follow one another.
-                        unsafe { kernel.tile(&lhs, tile_rows, ks.clone(), &cols, &panel, &target, &mut c) };
+                        unsafe { kernel.tile(xs, tile_rows, ks.clone(), &cols, &panel, &target, &mut c) };
                     }
                 }
             });
@@ -161,10 +162,11 @@ pub(crate) fn multiply(a: &Lhs<'_>, b: &Packed, out: &mut [f32], ldo: usize) {
             let panel = &panel[ks.start * kernel.nr..ks.end * kernel.nr];
             for first_row in (0..m).step_by(kernel.mr) {
                 let rows = first_row..(first_row + kernel.mr).min(m);
+                let xs = (a.values(first_row, &ks), a.k_stride());
                 // SAFETY: `out` holds `m` rows at stride `ldo` of at least
                 // `b.n` columns (asserted above) and is borrowed mutably
                 // for the whole call.
-                unsafe { kernel.tile(a, rows, ks.clone(), &cols, panel, &target, &mut c) };
+                unsafe { kernel.tile(xs, rows, ks.clone(), &cols, panel, &target, &mut c) };
             }
         }
     }
@@ -173,7 +175,7 @@ pub(crate) fn multiply(a: &Lhs<'_>, b: &Packed, out: &mut [f32], ldo: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::simd::same_on_every_level;
+    use crate::cpu::same_on_every_level;
 
     /// Deterministic values of mixed sign and magnitude.
     fn values(n: usize, seed: u32) -> Vec<f32> {

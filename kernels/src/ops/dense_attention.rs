@@ -215,8 +215,8 @@ fn in_parallel<T: Default>(pool: &ThreadPool, n: usize, f: impl Fn(&mut T, usize
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::same_on_every_level;
     use crate::ops::noise;
-    use crate::ops::simd::same_on_every_level;
 
     /// Plain attention in f64: softmax over the row's sequence, then the
     /// weighted sum of V.

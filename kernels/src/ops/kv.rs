@@ -208,7 +208,7 @@ impl KvArena {
             KvArena::F16(values) => f32_to_f16_row(src, &mut values[at..at + src.len()]),
             KvArena::Q8_0(blocks) => {
                 let dst = bytemuck::cast_slice_mut(&mut blocks[at / QK..(at + src.len()) / QK]);
-                Kernels::detected().quantize(ActFormat::Q8_0, src, dst);
+                Kernels::current().quantize(ActFormat::Q8_0, src, dst);
             }
         }
     }
@@ -232,8 +232,9 @@ impl KvArena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::same_on_every_level;
     use crate::ops::noise;
-    use crate::ops::simd::{dispatch, same_on_every_level};
+    use crate::ops::simd::dispatch;
     use crate::quant::dequantize_row;
 
     /// Every chunk of a head, as attention loads it.

@@ -139,8 +139,8 @@ fn dots<S: Simd>(s: S, a: &[f32], x: &[f32], t: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::same_on_every_level;
     use crate::ops::noise;
-    use crate::ops::simd::same_on_every_level;
 
     /// `x + scale · B·(A·x)` in f64, the reference.
     fn reference(a: &[f32], b: &[f32], rank: usize, x: &[f32], base: &[f32], scale: f32) -> Vec<f64> {

@@ -180,8 +180,8 @@ pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::same_on_every_level;
     use crate::ops::noise;
-    use crate::ops::simd::same_on_every_level;
 
     const LENGTHS: [usize; 8] = [1, 5, 15, 16, 17, 64, 576, 1000];
 

@@ -10,81 +10,11 @@
 //! the reduced length alone.
 
 use half::f16;
-use std::sync::OnceLock;
 
 pub(crate) const LANES: usize = 16;
 
-/// Instruction sets a kernel can run with, weakest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Level {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-fn detected() -> Level {
-    static DETECTED: OnceLock<Level> = OnceLock::new();
-    *DETECTED.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 =
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-            if avx2 && is_x86_feature_detected!("avx512f") {
-                return Level::Avx512;
-            }
-            if avx2 {
-                return Level::Avx2;
-            }
-        }
-        Level::Scalar
-    })
-}
-
-#[cfg(test)]
-thread_local! {
-    static FORCED: std::cell::Cell<Option<Level>> = const { std::cell::Cell::new(None) };
-}
-
-/// The level kernels run with: the best one the CPU has. Tests may lower it
-/// per thread to compare levels; they can never raise it above `detected()`.
-pub(crate) fn level() -> Level {
-    #[cfg(test)]
-    if let Some(forced) = FORCED.get() {
-        return forced;
-    }
-    detected()
-}
-
-/// Runs `f` once per level this CPU supports and asserts that every run
-/// returns the same bits as the scalar one, which it returns.
-#[cfg(test)]
-pub(crate) fn same_on_every_level(mut f: impl FnMut() -> Vec<f32>) -> Vec<f32> {
-    let levels = [
-        Level::Scalar,
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2,
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512,
-    ];
-    let mut reference: Option<Vec<f32>> = None;
-    for level in levels.into_iter().filter(|&l| l <= detected()) {
-        FORCED.set(Some(level));
-        let got = f();
-        FORCED.set(None);
-        match &reference {
-            None => reference = Some(got),
-            Some(want) => {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(want), bits(&got), "{level:?} differs from scalar");
-            }
-        }
-    }
-    reference.expect("the scalar level always runs")
-}
-
-/// Runs `$body` with `$s` bound to the token of the current [`Level`].
+/// Runs `$body` with `$s` bound to the token of the level `ops` runs at
+/// ([`crate::cpu`]).
 ///
 /// `$body` is expanded once per level. It and everything it calls must be
 /// inlined into the entry function that enables the level's target
@@ -92,24 +22,27 @@ pub(crate) fn same_on_every_level(mut f: impl FnMut() -> Vec<f32>) -> Vec<f32> {
 /// them: hence `#[inline(always)]` on this closure, on the generic kernels,
 /// on the `Simd` methods and on every closure handed to [`update`].
 macro_rules! dispatch {
-    ($s:ident => $body:expr) => {
-        match $crate::ops::simd::level() {
-            $crate::ops::simd::Level::Scalar => {
+    ($s:ident => $body:expr) => {{
+        let level = $crate::cpu::Family::Ops.level();
+        $crate::cpu::note($crate::cpu::Family::Ops, level);
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::SimdLevel::Avx2 => $crate::ops::simd::x86::run_avx2(
+                #[inline(always)]
+                |$s| $body,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::SimdLevel::Avx512 => $crate::ops::simd::x86::run_avx512(
+                #[inline(always)]
+                |$s| $body,
+            ),
+            // Off x86 every family's level is scalar.
+            _ => {
                 let $s = $crate::ops::simd::Scalar;
                 $body
             }
-            #[cfg(target_arch = "x86_64")]
-            $crate::ops::simd::Level::Avx2 => $crate::ops::simd::x86::run_avx2(
-                #[inline(always)]
-                |$s| $body,
-            ),
-            #[cfg(target_arch = "x86_64")]
-            $crate::ops::simd::Level::Avx512 => $crate::ops::simd::x86::run_avx512(
-                #[inline(always)]
-                |$s| $body,
-            ),
         }
-    };
+    }};
 }
 pub(crate) use dispatch;
 
@@ -281,6 +214,7 @@ pub(crate) mod x86 {
     //! stores stay in bounds.
 
     use super::{LANES, Simd};
+    use crate::cpu::{Family, SimdLevel};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -314,7 +248,7 @@ pub(crate) mod x86 {
     /// comes here after detecting it).
     #[inline(always)]
     pub(crate) fn run_avx2<R>(f: impl FnOnce(Avx2) -> R) -> R {
-        assert!(super::detected() >= super::Level::Avx2, "AVX2 kernel on a CPU without AVX2");
+        assert!(Family::Ops.supports(SimdLevel::Avx2), "AVX2 kernel on a CPU without AVX2");
         // SAFETY: the CPU has the entry function's features, checked above.
         unsafe { enter_avx2(f) }
     }
@@ -322,7 +256,7 @@ pub(crate) mod x86 {
     /// Runs `f` with AVX-512, or panics if the CPU lacks it.
     #[inline(always)]
     pub(crate) fn run_avx512<R>(f: impl FnOnce(Avx512) -> R) -> R {
-        assert!(super::detected() >= super::Level::Avx512, "AVX-512 kernel on a CPU without AVX-512");
+        assert!(Family::Ops.supports(SimdLevel::Avx512), "AVX-512 kernel on a CPU without AVX-512");
         // SAFETY: the CPU has the entry function's features, checked above.
         unsafe { enter_avx512(f) }
     }
@@ -737,6 +671,7 @@ pub(crate) fn exp<S: Simd>(s: S, x: S::V) -> S::V {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::same_on_every_level;
 
     fn exp_row(x: &[f32]) -> Vec<f32> {
         let mut out = x.to_vec();
@@ -804,29 +739,5 @@ mod tests {
             }
             assert_eq!(got[0].to_bits(), Scalar::tree(lanes, |a, b| a + b).to_bits(), "n = {n}");
         }
-    }
-
-    /// The entry functions enable FMA (every `mul_add` of the AVX2 and
-    /// AVX-512 paths is one), so a level may only be chosen on a CPU that
-    /// has it, whatever else it has.
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn a_level_is_chosen_only_with_every_feature_its_entry_enables() {
-        let has = |features: &[&str]| {
-            features.iter().all(|&feature| match feature {
-                "avx2" => is_x86_feature_detected!("avx2"),
-                "fma" => is_x86_feature_detected!("fma"),
-                "f16c" => is_x86_feature_detected!("f16c"),
-                "avx512f" => is_x86_feature_detected!("avx512f"),
-                _ => false,
-            })
-        };
-        if detected() >= Level::Avx2 {
-            assert!(has(&["avx2", "fma", "f16c"]));
-        }
-        if detected() >= Level::Avx512 {
-            assert!(has(&["avx512f", "avx2", "fma", "f16c"]));
-        }
-        assert_eq!(detected() >= Level::Avx2, has(&["avx2", "fma", "f16c"]));
     }
 }

@@ -10,7 +10,7 @@
 //! gives the same bits at every call site. The SIMD levels compute each
 //! block's integer sums exactly as the scalar reference does and then run
 //! the reference's float steps in its order, so the level (chosen once per
-//! process, see [`SimdLevel::detected`]) never changes a result, and
+//! process by [`crate::cpu`]) never changes a result, and
 //! `matmul` computes every output element with this same dot.
 
 pub(crate) mod blocks;
@@ -22,10 +22,10 @@ pub(crate) mod tests;
 mod x86;
 
 use std::fmt;
-use std::sync::OnceLock;
 
 use thiserror::Error;
 
+use crate::cpu::{Family, SimdLevel, note};
 use blocks::{QK, QK_K};
 pub use packed::PackedRows;
 
@@ -265,7 +265,7 @@ pub(crate) fn dequantize_valid_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 /// [`ActFormat`]).
 pub fn quantize_act_row(format: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     expect_len("the quantized row (bytes)", dst.len(), format.checked_row_bytes(x.len())?)?;
-    Kernels::detected().quantize(format, x, dst);
+    Kernels::current().quantize(format, x, dst);
     Ok(())
 }
 
@@ -279,7 +279,7 @@ pub fn quantize_act_row(format: ActFormat, x: &[f32], dst: &mut [u8]) -> Result<
 /// undefined behaviour.
 pub fn vec_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) -> f32 {
     debug_assert_eq!(check_dot(dtype, weight_row, act_row, n), Ok(()));
-    Kernels::detected().dot(dtype).call(weight_row, act_row)
+    Kernels::current().dot(dtype).call(weight_row, act_row)
 }
 
 /// [`vec_dot`] with its lengths checked.
@@ -291,66 +291,6 @@ pub fn try_vec_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) ->
 fn check_dot(dtype: DType, weight_row: &[u8], act_row: &[u8], n: usize) -> Result<(), KernelError> {
     expect_len("the weight row (bytes)", weight_row.len(), dtype.checked_row_bytes(n)?)?;
     expect_len("the activation row (bytes)", act_row.len(), dtype.act_format().checked_row_bytes(n)?)
-}
-
-/// The instruction sets the kernels are built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SimdLevel {
-    /// Portable code; the reference the others equal.
-    Scalar,
-    /// AVX2 with FMA and F16C.
-    Avx2,
-    /// AVX-512 F/BW/VL/VNNI on top of AVX2.
-    Avx512,
-}
-
-impl SimdLevel {
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
-
-    /// The level every kernel of this process uses: the best one the CPU
-    /// supports, or a lower one named by `SLUICE_SIMD` (`scalar`, `avx2`,
-    /// `avx512`) for comparing paths. Decided once, on first use.
-    pub fn detected() -> SimdLevel {
-        static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
-        *LEVEL.get_or_init(|| {
-            let best = SimdLevel::ALL.into_iter().rev().find(|level| level.is_supported()).unwrap_or(SimdLevel::Scalar);
-            let requested = std::env::var("SLUICE_SIMD").ok().and_then(|name| SimdLevel::from_name(&name));
-            requested.filter(|level| level.is_supported()).unwrap_or(best)
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            SimdLevel::Scalar => "scalar",
-            SimdLevel::Avx2 => "avx2",
-            SimdLevel::Avx512 => "avx512",
-        }
-    }
-
-    fn from_name(name: &str) -> Option<SimdLevel> {
-        SimdLevel::ALL.into_iter().find(|level| level.name() == name)
-    }
-
-    /// Whether this CPU can run the level's kernels.
-    pub fn is_supported(self) -> bool {
-        match self {
-            SimdLevel::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => {
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => {
-                SimdLevel::Avx2.is_supported()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512vnni")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            SimdLevel::Avx2 | SimdLevel::Avx512 => false,
-        }
-    }
 }
 
 /// Kernel entry points may require CPU features; they are unsafe to call
@@ -373,17 +313,19 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    pub(crate) fn detected() -> Kernels {
-        Kernels { level: SimdLevel::detected() }
+    /// The kernels of the level [`crate::cpu`] gives this family.
+    pub(crate) fn current() -> Kernels {
+        Kernels { level: Family::Quant.level() }
     }
 
     /// `None` when the CPU does not support `level`.
     #[cfg(test)]
     pub(crate) fn new(level: SimdLevel) -> Option<Kernels> {
-        level.is_supported().then_some(Kernels { level })
+        Family::Quant.supports(level).then_some(Kernels { level })
     }
 
     pub(crate) fn dot(self, dtype: DType) -> Dot {
+        note(Family::Quant, self.level);
         match self.level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => x86::avx2::kernels(dtype),
@@ -402,6 +344,7 @@ impl Kernels {
 
     /// Lengths were validated by the caller.
     pub(crate) fn quantize(self, format: ActFormat, x: &[f32], dst: &mut [u8]) {
+        note(Family::Quant, self.level);
         let f: QuantizeFn = match self.level {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 | SimdLevel::Avx512 => x86::quantize(format),

@@ -104,7 +104,8 @@ fn dot4_at(level: SimdLevel, dtype: DType, rows: &[Vec<u8>], x: &[f32]) -> Vec<f
 }
 
 fn simd_levels() -> Vec<SimdLevel> {
-    let levels: Vec<_> = [SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter(|l| l.is_supported()).collect();
+    let levels: Vec<_> =
+        [SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter(|&l| Family::Quant.supports(l)).collect();
     if levels.is_empty() {
         eprintln!("no SIMD level is supported here; only the scalar reference was tested");
     }
@@ -478,7 +479,7 @@ fn simd_dots_equal_scalar_on_adversarial_rows() {
 fn four_row_kernels_equal_the_reference_lane_by_lane() {
     let mut rng = Rng::new(8);
     let n = 512;
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+    for level in SimdLevel::ALL.into_iter().filter(|&l| Family::Quant.supports(l)) {
         for dtype in DType::ALL {
             // Adversarial and random rows side by side in one call, in
             // several arrangements.
@@ -502,7 +503,7 @@ fn four_row_kernels_equal_the_reference_lane_by_lane() {
 fn multi_activation_row_kernels_equal_the_reference_for_every_row() {
     let mut rng = Rng::new(9);
     let n = 512;
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+    for level in SimdLevel::ALL.into_iter().filter(|&l| Family::Quant.supports(l)) {
         let kernels = Kernels::new(level).expect("level is supported");
         for dtype in DType::ALL {
             let mut rows = adversarial_weights(&mut rng, dtype, n);
@@ -590,7 +591,7 @@ fn extreme_finite_scales_give_finite_dots() {
     for dtype in DType::ALL {
         for w in adversarial_weights(&mut rng, dtype, n) {
             for x in adversarial_acts(n) {
-                let got = dot_at(SimdLevel::detected(), dtype, &w, &x);
+                let got = dot_at(Family::Quant.level(), dtype, &w, &x);
                 assert!(got.is_finite(), "{dtype}: {got}");
             }
         }
@@ -625,7 +626,7 @@ fn dots_are_within_the_quantization_bound_of_the_exact_dot() {
                     bound += wb.iter().map(|&w| f64::from(w).abs()).sum::<f64>() * per_elem;
                 }
             }
-            let got = f64::from(vec_dot(dtype, &w, &quantized(SimdLevel::detected(), format, &x), n));
+            let got = f64::from(vec_dot(dtype, &w, &quantized(Family::Quant.level(), format, &x), n));
             assert!((got - exact).abs() <= bound, "{dtype}: {got} vs {exact} (bound {bound}, magnitude {magnitude})");
             assert!(bound < 0.02 * magnitude, "{dtype}: bound {bound} vs magnitude {magnitude}");
         }
@@ -633,17 +634,9 @@ fn dots_are_within_the_quantization_bound_of_the_exact_dot() {
 }
 
 #[test]
-fn level_names_round_trip() {
-    for level in SimdLevel::ALL {
-        assert_eq!(SimdLevel::from_name(level.name()), Some(level));
-    }
-    assert_eq!(SimdLevel::from_name("avx1024"), None);
-}
-
-#[test]
-fn the_detected_level_is_supported_and_public_entry_points_use_it() {
-    let level = SimdLevel::detected();
-    assert!(level.is_supported());
+fn the_current_level_is_supported_and_public_entry_points_use_it() {
+    let level = Family::Quant.level();
+    assert!(Family::Quant.supports(level));
     let mut rng = Rng::new(7);
     let w = random_weights(&mut rng, DType::Q4_1, 64);
     let x = random_acts(&mut rng, 64);

@@ -14,9 +14,7 @@
 //! Results equal the CPU backend's to tolerance, not to the bit: the CPU
 //! follows llama.cpp's CPU roundings, which a GPU has no reason to copy.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, DriverError, PushKernelArg};
 
 use super::super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
@@ -24,106 +22,18 @@ use super::super::{
 use super::blas::Blas;
 use super::cache::{Cached, KernelCache};
 use super::functions::{Functions, LoadError, gemm_grid, grid};
-use super::graphs::Graphs;
+use super::gpu::{CudaKv, CudaLowRank, CudaMatrix, CudaRows, Gpu, MATVEC_ROWS, int};
 use super::nvrtc::{Arch, Nvrtc};
+use super::pass::CudaPass;
 use crate::ops::{HeadShape, Rope};
 use crate::quant::DType;
 
-/// Products of up to this many rows take the decode kernel.
-pub const MATVEC_ROWS: usize = 8;
-
 /// One device, its kernels and its stream.
 pub struct CudaBackend {
-    stream: Arc<CudaStream>,
-    /// Declared before the kernels: its graphs are destroyed before the
-    /// modules their launches name are unloaded (fields drop in order).
-    graphs: Graphs,
-    functions: Functions,
-    name: String,
+    gpu: Gpu,
     arch: Arch,
-    multiprocessors: usize,
-    /// Decode attention's partial results (sums, then maxima and totals),
-    /// kept between layers and passes and grown when a pass needs more.
-    scratch: Mutex<[Option<CudaSlice<f32>>; 2]>,
-    /// The first failure of an operation that could not return it.
-    fault: Mutex<Option<String>>,
     /// cuBLAS for large f16/bf16 products, where the library is present.
     blas: Option<Blas>,
-}
-
-pub struct CudaMatrix {
-    dtype: DType,
-    bytes: CudaSlice<u8>,
-    n_out: usize,
-    n_in: usize,
-    /// The format's decode and prefill product kernels, found once here
-    /// rather than by name at every product of every layer.
-    matvec: CudaFunction,
-    gemm: CudaFunction,
-}
-
-/// Activations: `len` values at the start of a buffer that keeps its
-/// capacity from pass to pass.
-#[derive(Default)]
-pub struct CudaRows {
-    buffer: Option<CudaSlice<f32>>,
-    len: usize,
-}
-
-/// A pass's layout on the device (the arrays attention.cu describes).
-#[derive(Default)]
-pub struct CudaPass {
-    /// Which pass this is (0 until prepared), for its recorded graphs.
-    pub(super) id: u64,
-    pub(super) rows: usize,
-    pub(super) tables: Option<PassTables>,
-}
-
-pub(super) struct PassTables {
-    /// Rotary pairs per row, and each row's cosines and sines.
-    pub(super) pairs: usize,
-    pub(super) cos: CudaSlice<f32>,
-    pub(super) sin: CudaSlice<f32>,
-    pub(super) slots: CudaSlice<u32>,
-    pub(super) row_seq: CudaSlice<u32>,
-    pub(super) row_visible: CudaSlice<u32>,
-    pub(super) block_start: CudaSlice<u32>,
-    pub(super) block_count: CudaSlice<u32>,
-    pub(super) blocks: CudaSlice<u32>,
-    pub(super) hidden_start: CudaSlice<u32>,
-    pub(super) hidden_count: CudaSlice<u32>,
-    pub(super) hidden: CudaSlice<u32>,
-    /// Runs of consecutive rows of one sequence, (first row, rows), at most
-    /// 32 rows each: the prefill kernel's tiles before its head grouping
-    /// splits them further.
-    pub(super) runs: Vec<(u32, u32)>,
-    /// Rows that see the most cells: the decode kernel's split count.
-    pub(super) max_visible: usize,
-    /// Per sequence, what attention checks against the store.
-    pub(super) reach: Vec<super::pass::SequenceReach>,
-}
-
-/// Every layer's keys in one allocation and every layer's values in
-/// another, layer `l` at `l ×` the arena's bytes, so that one launch copies
-/// a block in all layers.
-pub struct CudaKv {
-    shape: KvShape,
-    keys: CudaSlice<u8>,
-    values: CudaSlice<u8>,
-    /// Bytes of one layer's arena of keys, and of values.
-    arena_bytes: (usize, usize),
-    /// Bytes of one block of a layer's keys, and of its values.
-    block_bytes: (usize, usize),
-}
-
-/// An adapter's factors: `a` as given (rank rows of n_in), `b` transposed
-/// (rank rows of n_out) so that the up-projection's loads are coalesced.
-pub struct CudaLowRank {
-    pub(super) a: CudaSlice<f32>,
-    pub(super) b_t: CudaSlice<f32>,
-    pub(super) rank: usize,
-    pub(super) n_in: usize,
-    pub(super) n_out: usize,
 }
 
 impl CudaBackend {
@@ -169,32 +79,18 @@ impl CudaBackend {
             .inspect(|_| log("cuBLAS: f16 and bf16 products of more than 8 rows"))
             .map_err(|why| log(&format!("cuBLAS: {why}; the tiled kernel takes every product")))
             .ok();
-        Ok(CudaBackend {
-            stream,
-            graphs: Graphs::new(),
-            functions,
-            name,
-            arch,
-            multiprocessors: multiprocessors.unsigned_abs() as usize,
-            scratch: Mutex::default(),
-            fault: Mutex::default(),
-            blas,
-        })
-    }
-
-    /// The stream, for kernel launches (which a recording may hold).
-    pub(super) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        let gpu = Gpu::new(stream, functions, name, multiprocessors.unsigned_abs() as usize);
+        Ok(CudaBackend { gpu, arch, blas })
     }
 
     #[cfg(test)]
     pub(super) fn graphs_enabled(&self) -> bool {
-        self.graphs.enabled()
+        self.gpu.graphs.enabled()
     }
 
     #[cfg(test)]
     pub(super) fn graphs_launched(&self) -> u64 {
-        self.graphs.launched()
+        self.gpu.graphs.launched()
     }
 
     #[cfg(test)]
@@ -202,93 +98,21 @@ impl CudaBackend {
         self.blas.is_some()
     }
 
-    /// The stream, for allocations and copies: a recording cannot hold
-    /// those, so one in progress is submitted first (graphs.rs).
-    pub(super) fn transfers(&self) -> &Arc<CudaStream> {
-        let finished = self.graphs.finish(&self.stream);
-        self.record("submitting a CUDA graph (graphs now off)", finished);
-        &self.stream
-    }
-
-    pub(super) fn multiprocessors(&self) -> usize {
-        self.multiprocessors
-    }
-
-    /// The two scratch buffers, each at least as long as asked.
-    pub(super) fn scratch(
-        &self,
-        lens: [usize; 2],
-    ) -> Result<MutexGuard<'_, [Option<CudaSlice<f32>>; 2]>, BackendError> {
-        let mut scratch = self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (buffer, len) in scratch.iter_mut().zip(lens) {
-            if buffer.as_ref().is_none_or(|buffer| buffer.len() < len.max(1)) {
-                *buffer =
-                    Some(self.transfers().alloc_zeros::<f32>(len.max(1)).map_err(self.driver("allocating scratch"))?);
-            }
-        }
-        Ok(scratch)
-    }
-
-    /// Keep the first failure for the next download.
-    pub(super) fn fail(&self, what: String) {
-        let mut fault = self.fault.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        fault.get_or_insert(what);
-    }
-
-    /// `result`'s value, or `None` after keeping its failure.
-    pub(super) fn record<T>(&self, what: &str, result: Result<T, DriverError>) -> Option<T> {
-        result.map_err(|error| self.fail(format!("{what}: {error}"))).ok()
-    }
-
-    /// The kept failure, if any, as an error.
-    pub(super) fn check(&self) -> Result<(), BackendError> {
-        let fault = self.fault.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        fault.map_or(Ok(()), |fault| Err(BackendError::Unavailable(format!("{}: {fault}", self.name))))
-    }
-
-    pub(super) fn driver<'a>(&'a self, what: &'a str) -> impl Fn(DriverError) -> BackendError + 'a {
-        move |error| BackendError::Unavailable(format!("{}: {what}: {error}", self.name))
-    }
-
-    /// The kernel `name`, or `None` after keeping why there is none.
-    pub(super) fn function(&self, name: &str) -> Option<CudaFunction> {
-        self.functions.get(name).map_err(|why| self.fail(why)).ok()
-    }
-
-    /// Make `rows` hold `len` values (contents unspecified), keeping its
-    /// buffer when that is large enough. False (and a kept failure) when
-    /// the device cannot allocate.
-    pub(super) fn size(&self, rows: &mut CudaRows, len: usize) -> bool {
-        rows.len = len;
-        if rows.buffer.as_ref().is_some_and(|buffer| buffer.len() >= len.max(1)) {
-            return true;
-        }
-        rows.buffer = self.record("allocating activations", self.transfers().alloc_zeros::<f32>(len.max(1)));
-        rows.buffer.is_some()
-    }
-
-    pub(super) fn upload_u32(&self, values: &[u32]) -> Result<CudaSlice<u32>, BackendError> {
-        // An empty upload would be a zero-length allocation, which the
-        // driver refuses; one unused element is harmless.
-        let values = if values.is_empty() { &[0][..] } else { values };
-        self.transfers().clone_htod(values).map_err(self.driver("uploading a pass"))
-    }
-
     /// The index of each row's largest logit (`n_vocab` wide; ties to the
     /// lowest index): greedy sampling without downloading the logits.
     pub fn argmax(&self, logits: &CudaRows, n_vocab: usize) -> Result<Vec<u32>, BackendError> {
         let (rows, width) = logit_rows(logits, n_vocab)?;
         let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
-        let mut out = self.transfers().alloc_zeros::<i32>(rows).map_err(self.driver("allocating"))?;
-        if let Some(function) = self.function("sl_argmax") {
-            let mut args = self.stream.launch_builder(&function);
+        let mut out = self.gpu.transfers().alloc_zeros::<i32>(rows).map_err(self.gpu.driver("allocating"))?;
+        if let Some(function) = self.gpu.function("sl_argmax") {
+            let mut args = self.gpu.stream().launch_builder(&function);
             args.arg(&mut out).arg(buffer).arg(&width);
             // SAFETY: sl_argmax(int* out, const float* logits, int n_vocab):
             // `out` holds a value per row, `buffer` rows × n_vocab floats.
-            self.record("argmax", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
+            self.gpu.record("argmax", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
         }
-        self.check()?;
-        let indices = self.transfers().clone_dtoh(&out).map_err(self.driver("downloading"))?;
+        self.gpu.check()?;
+        let indices = self.gpu.transfers().clone_dtoh(&out).map_err(self.gpu.driver("downloading"))?;
         Ok(indices.into_iter().map(i32::unsigned_abs).collect())
     }
 
@@ -301,19 +125,19 @@ impl CudaBackend {
         }
         let k_int = k as i32;
         let Some(buffer) = logits.buffer.as_ref().filter(|_| rows > 0) else { return Ok(Vec::new()) };
-        let mut values = self.transfers().alloc_zeros::<f32>(rows * k).map_err(self.driver("allocating"))?;
-        let mut indices = self.transfers().alloc_zeros::<i32>(rows * k).map_err(self.driver("allocating"))?;
-        if let Some(function) = self.function("sl_top_k") {
-            let mut args = self.stream.launch_builder(&function);
+        let mut values = self.gpu.transfers().alloc_zeros::<f32>(rows * k).map_err(self.gpu.driver("allocating"))?;
+        let mut indices = self.gpu.transfers().alloc_zeros::<i32>(rows * k).map_err(self.gpu.driver("allocating"))?;
+        if let Some(function) = self.gpu.function("sl_top_k") {
+            let mut args = self.gpu.stream().launch_builder(&function);
             args.arg(&mut values).arg(&mut indices).arg(buffer).arg(&width).arg(&k_int);
             // SAFETY: sl_top_k(float* out_values, int* out_indices, const
             // float* logits, int n_vocab, int k): both outputs hold k per
             // row, `buffer` rows × n_vocab floats, 1 ≤ k ≤ 64.
-            self.record("top_k", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
+            self.gpu.record("top_k", unsafe { args.launch(grid((rows, 1, 1), 1024)) });
         }
-        self.check()?;
-        let values = self.transfers().clone_dtoh(&values).map_err(self.driver("downloading"))?;
-        let indices = self.transfers().clone_dtoh(&indices).map_err(self.driver("downloading"))?;
+        self.gpu.check()?;
+        let values = self.gpu.transfers().clone_dtoh(&values).map_err(self.gpu.driver("downloading"))?;
+        let indices = self.gpu.transfers().clone_dtoh(&indices).map_err(self.gpu.driver("downloading"))?;
         Ok(indices
             .chunks_exact(k)
             .zip(values.chunks_exact(k))
@@ -325,76 +149,29 @@ impl CudaBackend {
     }
 
     fn product(&self, weights: &CudaMatrix, x: &CudaSlice<f32>, m: usize, out: &mut CudaRows) {
-        if !self.size(out, m * weights.n_out) || m == 0 {
+        if !self.gpu.size(out, m * weights.n_out) || m == 0 {
             return;
         }
         let (Some(n_in), Some(n_out), Some(rows), Some(y)) =
             (int(weights.n_in), int(weights.n_out), int(m), out.buffer.as_mut())
         else {
-            return self.fail(format!("a product of {m} rows"));
+            return self.gpu.fail(format!("a product of {m} rows"));
         };
         if let Some(blas) = self.blas.as_ref().filter(|_| Blas::takes(weights, m)) {
-            return blas.product(self, weights, x, m, y);
+            return blas.product(&self.gpu, weights, x, m, y);
         }
         let (function, config) = if m <= MATVEC_ROWS {
             (&weights.matvec, grid((weights.n_out.div_ceil(4), 1, 1), 128))
         } else {
             (&weights.gemm, gemm_grid(weights.n_out, m))
         };
-        let mut args = self.stream.launch_builder(function);
+        let mut args = self.gpu.stream().launch_builder(function);
         args.arg(&weights.bytes).arg(x).arg(y).arg(&n_in).arg(&n_out).arg(&rows);
         // SAFETY: sl_matvec_<fmt> and sl_gemm_<fmt>(const u8* w, const float*
         // x, float* y, int n_in, int n_out, int m): `w` holds n_out rows of
         // the format (checked in `matrix`), `x` m × n_in floats (checked by
         // `matmuls`), `y` m × n_out (sized above).
-        self.record("matmul", unsafe { args.launch(config) });
-    }
-}
-
-impl CudaRows {
-    pub(super) fn buffer(&self) -> Option<&CudaSlice<f32>> {
-        self.buffer.as_ref()
-    }
-
-    pub(super) fn buffer_mut(&mut self) -> Option<&mut CudaSlice<f32>> {
-        self.buffer.as_mut()
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl CudaMatrix {
-    pub(super) fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    pub(super) fn bytes(&self) -> &CudaSlice<u8> {
-        &self.bytes
-    }
-
-    pub(super) fn n_out(&self) -> usize {
-        self.n_out
-    }
-
-    pub(super) fn n_in(&self) -> usize {
-        self.n_in
-    }
-}
-
-impl CudaKv {
-    pub(super) fn shape(&self) -> KvShape {
-        self.shape
-    }
-
-    /// Keys, values, and the bytes of one layer's arena of each.
-    pub(super) fn arenas(&self) -> (&CudaSlice<u8>, &CudaSlice<u8>, (usize, usize)) {
-        (&self.keys, &self.values, self.arena_bytes)
-    }
-
-    pub(super) fn arenas_mut(&mut self) -> (&mut CudaSlice<u8>, &mut CudaSlice<u8>, (usize, usize)) {
-        (&mut self.keys, &mut self.values, self.arena_bytes)
+        self.gpu.record("matmul", unsafe { args.launch(config) });
     }
 }
 
@@ -404,11 +181,6 @@ fn logit_rows(logits: &CudaRows, n_vocab: usize) -> Result<(usize, i32), Backend
         Some(width) => Ok((logits.len / n_vocab, width)),
         None => Err(BackendError::Input(format!("{} logits are not rows of {n_vocab}", logits.len))),
     }
-}
-
-/// `n` as a kernel's `int`; `None` for shapes no kernel takes.
-pub(super) fn int(n: usize) -> Option<i32> {
-    i32::try_from(n).ok()
 }
 
 /// Every kernel the backend may launch: the CUDA kernel check compares it
@@ -457,7 +229,7 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         let blas = if self.blas.is_some() { ", cuBLAS" } else { "" };
-        format!("CUDA on {} ({}{blas})", self.name, self.arch)
+        format!("CUDA on {} ({}{blas})", self.gpu.name, self.arch)
     }
 
     fn matrix(&self, source: MatrixSource) -> Result<CudaMatrix, BackendError> {
@@ -477,14 +249,14 @@ impl Backend for CudaBackend {
                 bytes.as_slice().len()
             )));
         }
-        let bytes = self.transfers().clone_htod(bytes.as_slice()).map_err(self.driver("uploading weights"))?;
+        let bytes = self.gpu.transfers().clone_htod(bytes.as_slice()).map_err(self.gpu.driver("uploading weights"))?;
         let format = dtype.name().to_lowercase();
-        let kernel = |op: &str| self.functions.get(&format!("sl_{op}_{format}")).map_err(BackendError::Unavailable);
+        let kernel = |op: &str| self.gpu.functions.get(&format!("sl_{op}_{format}")).map_err(BackendError::Unavailable);
         Ok(CudaMatrix { dtype, bytes, n_out, n_in, matvec: kernel("matvec")?, gemm: kernel("gemm")? })
     }
 
     fn vector(&self, values: &[f32]) -> Result<CudaSlice<f32>, BackendError> {
-        self.transfers().clone_htod(values).map_err(self.driver("uploading a vector"))
+        self.gpu.transfers().clone_htod(values).map_err(self.gpu.driver("uploading a vector"))
     }
 
     fn low_rank(&self, source: LowRankSource) -> Result<CudaLowRank, BackendError> {
@@ -492,7 +264,8 @@ impl Backend for CudaBackend {
         // The CPU's factors check the shapes and transpose B.
         let host = crate::ops::LowRank::new(a, &b, rank, n_in, n_out)?;
         let (a, b_t) = host.factors();
-        let upload = |values: &[f32]| self.transfers().clone_htod(values).map_err(self.driver("uploading an adapter"));
+        let upload =
+            |values: &[f32]| self.gpu.transfers().clone_htod(values).map_err(self.gpu.driver("uploading an adapter"));
         Ok(CudaLowRank { a: upload(a)?, b_t: upload(b_t)?, rank, n_in, n_out })
     }
 
@@ -505,9 +278,10 @@ impl Backend for CudaBackend {
         }
         let arena_bytes = (cells * k_cell, cells * v_cell);
         let alloc = |bytes: usize| {
-            self.transfers()
+            self.gpu
+                .transfers()
                 .alloc_zeros::<u8>((bytes * shape.n_layer).max(1))
-                .map_err(self.driver("allocating the KV store"))
+                .map_err(self.gpu.driver("allocating the KV store"))
         };
         let block_bytes = (shape.block_tokens * k_cell, shape.block_tokens * v_cell);
         Ok(CudaKv { shape, keys: alloc(arena_bytes.0)?, values: alloc(arena_bytes.1)?, arena_bytes, block_bytes })
@@ -516,7 +290,7 @@ impl Backend for CudaBackend {
     fn copy_kv_block(&self, kv: &mut CudaKv, from: u32, to: u32) {
         let n_blocks = kv.shape.n_blocks;
         if from as usize >= n_blocks || to as usize >= n_blocks {
-            return self.fail(format!("copying KV block {from} to {to} in a store of {n_blocks}"));
+            return self.gpu.fail(format!("copying KV block {from} to {to} in a store of {n_blocks}"));
         }
         if from == to || kv.shape.n_layer == 0 {
             return;
@@ -528,14 +302,14 @@ impl Backend for CudaBackend {
                 continue;
             }
             let (stride, block_u64) = (stride as u64, block as u64);
-            let Some(function) = self.function("sl_copy_kv_block") else { return };
-            let mut args = self.stream.launch_builder(&function);
+            let Some(function) = self.gpu.function("sl_copy_kv_block") else { return };
+            let mut args = self.gpu.stream().launch_builder(&function);
             args.arg(arena).arg(&stride).arg(&block_u64).arg(&from).arg(&to);
             let config = grid((block.div_ceil(4096), kv.shape.n_layer, 1), 256);
             // SAFETY: sl_copy_kv_block(u8* arena, u64 arena_stride, u64
             // block_bytes, u32 from, u32 to): n_layer arenas at that stride,
             // both blocks inside each (checked above) and distinct.
-            self.record("copying a KV block", unsafe { args.launch(config) });
+            self.gpu.record("copying a KV block", unsafe { args.launch(config) });
         }
     }
 
@@ -548,21 +322,21 @@ impl Backend for CudaBackend {
 
     fn read_kv_block(&self, kv: &CudaKv, block: u32) -> Result<Vec<u8>, BackendError> {
         // A failed write before this would leave stale bytes to save.
-        self.check()?;
+        self.gpu.check()?;
         let (k, v) = kv_block_ranges(kv, block)?;
         let mut bytes = Vec::with_capacity(self.kv_block_format(kv).bytes);
         for layer in 0..kv.shape.n_layer {
             for (arena, stride, range) in [(&kv.keys, kv.arena_bytes.0, &k), (&kv.values, kv.arena_bytes.1, &v)] {
                 let at = layer * stride;
                 let piece = arena.slice(at + range.start..at + range.end);
-                bytes.extend(self.transfers().clone_dtoh(&piece).map_err(self.driver("reading a KV block"))?);
+                bytes.extend(self.gpu.transfers().clone_dtoh(&piece).map_err(self.gpu.driver("reading a KV block"))?);
             }
         }
         Ok(bytes)
     }
 
     fn write_kv_block(&self, kv: &mut CudaKv, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
-        self.check()?;
+        self.gpu.check()?;
         let (k, v) = kv_block_ranges(kv, block)?;
         let expected = self.kv_block_format(kv).bytes;
         if bytes.len() != expected {
@@ -575,7 +349,7 @@ impl Backend for CudaBackend {
                 let at = layer * stride;
                 let (piece, after) = rest.split_at(range.len());
                 let mut target = arena.slice_mut(at + range.start..at + range.end);
-                self.transfers().memcpy_htod(piece, &mut target).map_err(self.driver("writing a KV block"))?;
+                self.gpu.transfers().memcpy_htod(piece, &mut target).map_err(self.gpu.driver("writing a KV block"))?;
                 rest = after;
             }
         }
@@ -584,19 +358,21 @@ impl Backend for CudaBackend {
 
     fn upload(&self, values: &[f32], out: &mut CudaRows) -> Result<(), BackendError> {
         out.buffer = Some(
-            self.transfers()
+            self.gpu
+                .transfers()
                 .clone_htod(if values.is_empty() { &[0.0][..] } else { values })
-                .map_err(self.driver("uploading"))?,
+                .map_err(self.gpu.driver("uploading"))?,
         );
         out.len = values.len();
         Ok(())
     }
 
     fn download(&self, rows: &CudaRows) -> Result<Vec<f32>, BackendError> {
-        self.check()?;
+        self.gpu.check()?;
         let Some(buffer) = &rows.buffer else { return Ok(Vec::new()) };
-        let values = self.transfers().clone_dtoh(&buffer.slice(..rows.len)).map_err(self.driver("downloading"))?;
-        self.check()?;
+        let values =
+            self.gpu.transfers().clone_dtoh(&buffer.slice(..rows.len)).map_err(self.gpu.driver("downloading"))?;
+        self.gpu.check()?;
         Ok(values)
     }
 
@@ -605,7 +381,7 @@ impl Backend for CudaBackend {
     }
 
     fn prepare(&self, rope: &Rope, layout: &PassLayout<'_>, out: &mut CudaPass) -> Result<(), BackendError> {
-        super::pass::prepare(self, rope, layout, out)
+        super::pass::prepare(&self.gpu, rope, layout, out)
     }
 
     /// Record decode passes (at most [`MATVEC_ROWS`] rows) as CUDA graphs.
@@ -615,14 +391,14 @@ impl Backend for CudaBackend {
         // would end the record at once.
         let decoding = pass.tables.as_ref().is_some_and(|tables| pass.rows <= 2 * tables.runs.len());
         if pass.id != 0 && (1..=MATVEC_ROWS).contains(&pass.rows) && decoding {
-            let begun = self.graphs.begin(&self.stream, (pass.id, pass.rows));
-            self.record("beginning a CUDA graph (graphs now off)", begun);
+            let begun = self.gpu.graphs.begin(self.gpu.stream(), (pass.id, pass.rows));
+            self.gpu.record("beginning a CUDA graph (graphs now off)", begun);
         }
     }
 
     fn end_layers(&self, _pass: &CudaPass) -> Result<(), BackendError> {
-        self.transfers();
-        self.check()
+        self.gpu.transfers();
+        self.gpu.check()
     }
 
     fn embed(
@@ -632,25 +408,25 @@ impl Backend for CudaBackend {
         width: usize,
         out: &mut CudaRows,
     ) -> Result<(), BackendError> {
-        super::pass::embed(self, table, inputs, width, out)
+        super::pass::embed(&self.gpu, table, inputs, width, out)
     }
 
     fn rms_norm(&self, x: &CudaRows, weight: &CudaSlice<f32>, eps: f32, out: &mut CudaRows) {
         let width = weight.len();
         let rows = x.len / width.max(1);
-        if !self.size(out, rows * width) || rows == 0 {
+        if !self.gpu.size(out, rows * width) || rows == 0 {
             return;
         }
         let (Some(input), Some(width_int), Some(output)) = (&x.buffer, int(width), out.buffer.as_mut()) else {
-            return self.fail(format!("rms_norm: rows of {width}"));
+            return self.gpu.fail(format!("rms_norm: rows of {width}"));
         };
-        let Some(function) = self.function("sl_rms_norm") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_rms_norm") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(output).arg(input).arg(weight).arg(&width_int).arg(&eps);
         // SAFETY: sl_rms_norm(float* out, const float* x, const float*
         // weight, int width, float eps): rows × width floats in and out
         // (distinct buffers), `weight` width floats.
-        self.record("rms_norm", unsafe { args.launch(grid((rows, 1, 1), 256)) });
+        self.gpu.record("rms_norm", unsafe { args.launch(grid((rows, 1, 1), 256)) });
     }
 
     fn rms_norm_in_place(&self, x: &mut CudaRows, weight: &CudaSlice<f32>, eps: f32) {
@@ -660,20 +436,20 @@ impl Backend for CudaBackend {
         if pieces == 0 {
             return;
         }
-        let Some(function) = self.function("sl_rms_norm_in_place") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_rms_norm_in_place") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(values).arg(weight).arg(&width_int).arg(&pieces).arg(&eps);
         // SAFETY: sl_rms_norm_in_place(float* x, const float* weight, int
         // width, long long n_pieces, float eps): `x` holds n_pieces × width
         // floats, `weight` width.
-        self.record("rms_norm_in_place", unsafe { args.launch(grid(((pieces as usize).div_ceil(8), 1, 1), 256)) });
+        self.gpu.record("rms_norm_in_place", unsafe { args.launch(grid(((pieces as usize).div_ceil(8), 1, 1), 256)) });
     }
 
     fn matmuls(&self, x: &CudaRows, m: usize, products: &mut [(&CudaMatrix, &mut CudaRows)]) {
         let Some(input) = &x.buffer else { return };
         for (weights, out) in products.iter_mut() {
             if x.len < m * weights.n_in {
-                self.fail(format!("matmul: {} values for {m} rows of {}", x.len, weights.n_in));
+                self.gpu.fail(format!("matmul: {} values for {m} rows of {}", x.len, weights.n_in));
                 continue;
             }
             self.product(weights, input, m, out);
@@ -681,7 +457,7 @@ impl Backend for CudaBackend {
     }
 
     fn add_low_rank(&self, x: &CudaRows, terms: &[LowRankTerm<'_, CudaLowRank>], out: &mut CudaRows) {
-        super::pass::add_low_rank(self, x, terms, out)
+        super::pass::add_low_rank(&self.gpu, x, terms, out)
     }
 
     fn add_bias(&self, x: &mut CudaRows, bias: &CudaSlice<f32>) {
@@ -691,67 +467,67 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return;
         }
-        let Some(function) = self.function("sl_add_bias") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_add_bias") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(values).arg(bias).arg(&width_int);
         // SAFETY: sl_add_bias(float* x, const float* bias, int width): `x`
         // rows × width floats, `bias` width.
-        self.record("add_bias", unsafe { args.launch(grid((rows, 1, 1), 256)) });
+        self.gpu.record("add_bias", unsafe { args.launch(grid((rows, 1, 1), 256)) });
     }
 
     fn add(&self, x: &mut CudaRows, y: &CudaRows) {
         if x.len != y.len {
-            return self.fail(format!("add: {} values and {}", x.len, y.len));
+            return self.gpu.fail(format!("add: {} values and {}", x.len, y.len));
         }
         let n = x.len as i64;
         let (Some(values), Some(other)) = (x.buffer.as_mut(), &y.buffer) else { return };
         if n == 0 {
             return;
         }
-        let Some(function) = self.function("sl_add") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_add") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(values).arg(other).arg(&n);
         // SAFETY: sl_add(float* x, const float* y, long long n): both hold
         // at least n floats.
-        self.record("add", unsafe { args.launch(grid(((n as usize).div_ceil(256).min(65535), 1, 1), 256)) });
+        self.gpu.record("add", unsafe { args.launch(grid(((n as usize).div_ceil(256).min(65535), 1, 1), 256)) });
     }
 
     fn swiglu(&self, gate: &CudaRows, up: &CudaRows, out: &mut CudaRows) {
         if gate.len != up.len {
-            return self.fail(format!("swiglu: {} gate values and {} up", gate.len, up.len));
+            return self.gpu.fail(format!("swiglu: {} gate values and {} up", gate.len, up.len));
         }
         let n = gate.len;
-        if !self.size(out, n) || n == 0 {
+        if !self.gpu.size(out, n) || n == 0 {
             return;
         }
         let (Some(g), Some(u), Some(output)) = (&gate.buffer, &up.buffer, out.buffer.as_mut()) else { return };
         let count = n as i64;
-        let Some(function) = self.function("sl_swiglu") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_swiglu") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(output).arg(g).arg(u).arg(&count);
         // SAFETY: sl_swiglu(float* out, const float* gate, const float* up,
         // long long n): all three hold at least n floats.
-        self.record("swiglu", unsafe { args.launch(grid((n.div_ceil(256).min(65535), 1, 1), 256)) });
+        self.gpu.record("swiglu", unsafe { args.launch(grid((n.div_ceil(256).min(65535), 1, 1), 256)) });
     }
 
     fn gather(&self, x: &CudaRows, rows: &[usize], width: usize, out: &mut CudaRows) {
         let available = x.len / width.max(1);
         let indices: Option<Vec<i32>> = rows.iter().map(|&row| if row < available { int(row) } else { None }).collect();
         let (Some(indices), Some(input), Some(width_int)) = (indices, &x.buffer, int(width)) else {
-            return self.fail(format!("gather: rows {rows:?} of {available} rows of {width}"));
+            return self.gpu.fail(format!("gather: rows {rows:?} of {available} rows of {width}"));
         };
-        if !self.size(out, indices.len() * width) || indices.is_empty() {
+        if !self.gpu.size(out, indices.len() * width) || indices.is_empty() {
             return;
         }
-        let Some(list) = self.record("gather", self.transfers().clone_htod(&indices)) else { return };
+        let Some(list) = self.gpu.record("gather", self.gpu.transfers().clone_htod(&indices)) else { return };
         let Some(output) = out.buffer.as_mut() else { return };
-        let Some(function) = self.function("sl_gather") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_gather") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(output).arg(input).arg(&list).arg(&width_int);
         // SAFETY: sl_gather(float* out, const float* x, const int* rows, int
         // width): every index is a row of `x` (checked above), `out` holds
         // as many rows.
-        self.record("gather", unsafe { args.launch(grid((indices.len(), 1, 1), 256)) });
+        self.gpu.record("gather", unsafe { args.launch(grid((indices.len(), 1, 1), 256)) });
     }
 
     fn rope(&self, rope: &Rope, pass: &CudaPass, x: &mut CudaRows) {
@@ -768,17 +544,17 @@ impl Backend for CudaBackend {
             return;
         }
         let adjacent = i32::from(rope.adjacent());
-        let Some(function) = self.function("sl_rope") else { return };
-        let mut args = self.stream.launch_builder(&function);
+        let Some(function) = self.gpu.function("sl_rope") else { return };
+        let mut args = self.gpu.stream().launch_builder(&function);
         args.arg(values).arg(&tables.cos).arg(&tables.sin).arg(&heads).arg(&head_dim).arg(&pairs).arg(&adjacent);
         // SAFETY: sl_rope(float* x, const float* cos, const float* sin, int
         // n_heads, int head_dim, int pairs, int adjacent): `x` holds the
         // pass's rows of n_heads × head_dim, the tables a row of pairs each.
-        self.record("rope", unsafe { args.launch(grid((pass.rows, 1, 1), 128)) });
+        self.gpu.record("rope", unsafe { args.launch(grid((pass.rows, 1, 1), 128)) });
     }
 
     fn store_kv(&self, kv: &mut CudaKv, layer: usize, k: &CudaRows, v: &CudaRows, pass: &CudaPass) {
-        super::pass::store_kv(self, kv, layer, k, v, pass)
+        super::pass::store_kv(&self.gpu, kv, layer, k, v, pass)
     }
 
     fn attend(
@@ -791,7 +567,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaRows,
     ) -> Result<(), BackendError> {
-        super::pass::attend(self, kv, layer, q, pass, heads, scale, out)
+        super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scale, out)
     }
 }
 

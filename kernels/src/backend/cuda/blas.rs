@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::{CudaBlas, result as blas, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
-use super::backend::{CudaBackend, CudaMatrix, int};
 use super::functions::grid;
+use super::gpu::{CudaMatrix, Gpu, MATVEC_ROWS, int};
 use crate::quant::DType;
 
 pub(super) struct Blas {
@@ -38,14 +38,14 @@ impl Blas {
 
     /// Whether cuBLAS takes this product.
     pub(super) fn takes(weights: &CudaMatrix, m: usize) -> bool {
-        matches!(weights.dtype(), DType::F16 | DType::BF16) && m > super::MATVEC_ROWS
+        matches!(weights.dtype(), DType::F16 | DType::BF16) && m > MATVEC_ROWS
     }
 
     /// `y = x · weightsᵀ` for `m` rows; `y` holds m × n_out floats, `x`
-    /// m × n_in. Failures are kept by `backend` for the next download.
+    /// m × n_in. Failures are kept by `gpu` for the next download.
     pub(super) fn product(
         &self,
-        backend: &CudaBackend,
+        gpu: &Gpu,
         weights: &CudaMatrix,
         x: &CudaSlice<f32>,
         m: usize,
@@ -55,15 +55,15 @@ impl Blas {
         let (Some(len), Some(rows), Some(n_in_int), Some(n_out_int)) =
             (m.checked_mul(n_in), int(m), int(n_in), int(n_out))
         else {
-            return backend.fail(format!("a cuBLAS product of {m} rows of {n_in}"));
+            return gpu.fail(format!("a cuBLAS product of {m} rows of {n_in}"));
         };
         let bf16 = weights.dtype() == DType::BF16;
         let mut half = self.half.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if half.as_ref().is_none_or(|buffer| buffer.len() < len) {
-            *half = backend.record("allocating activations", backend.transfers().alloc_zeros::<u16>(len));
+            *half = gpu.record("allocating activations", gpu.transfers().alloc_zeros::<u16>(len));
         }
-        let (Some(half), Some(function)) = (half.as_mut(), backend.function("sl_round_half")) else { return };
-        let stream = backend.stream();
+        let (Some(half), Some(function)) = (half.as_mut(), gpu.function("sl_round_half")) else { return };
+        let stream = gpu.stream();
         let (n, flag) = (len as i64, i32::from(bf16));
         let mut args = stream.launch_builder(&function);
         args.arg(&mut *half).arg(x).arg(&n).arg(&flag);
@@ -72,7 +72,7 @@ impl Blas {
         // bf16): `half` holds at least len halves (sized above), `x` the
         // m × n_in floats the caller checked.
         let rounded = unsafe { args.launch(config) };
-        if backend.record("rounding activations", rounded).is_none() {
+        if gpu.record("rounding activations", rounded).is_none() {
             return;
         }
         let kind = if bf16 { sys::cudaDataType_t::CUDA_R_16BF } else { sys::cudaDataType_t::CUDA_R_16F };
@@ -113,7 +113,7 @@ impl Blas {
             )
         };
         if let Err(error) = done {
-            backend.fail(format!("cuBLAS product: {error}"));
+            gpu.fail(format!("cuBLAS product: {error}"));
         }
     }
 }

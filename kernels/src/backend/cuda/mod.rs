@@ -11,6 +11,7 @@ mod backend;
 mod blas;
 mod cache;
 mod functions;
+mod gpu;
 mod graphs;
 mod nvrtc;
 #[cfg(test)]
@@ -19,8 +20,10 @@ mod pass;
 mod probe;
 mod programs;
 
-pub use backend::{CudaBackend, CudaKv, CudaLowRank, CudaMatrix, CudaPass, CudaRows, MATVEC_ROWS, kernel_names};
+pub use backend::{CudaBackend, kernel_names};
 pub use cache::{CacheError, Cached, KernelCache};
+pub use gpu::{CudaKv, CudaLowRank, CudaMatrix, CudaRows, MATVEC_ROWS};
 pub use nvrtc::{Arch, Compiled, KernelResources, Nvrtc, NvrtcError, library_from_env};
+pub use pass::CudaPass;
 pub use probe::probe;
 pub use programs::{Program, programs};

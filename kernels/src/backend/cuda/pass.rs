@@ -1,12 +1,45 @@
 //! The CUDA backend's operations that read a pass's layout: preparing it,
 //! embedding, KV writes, attention and LoRA deltas.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::super::{BackendError, Embed, KvShape, LowRankTerm, PassLayout};
-use super::backend::{CudaBackend, CudaKv, CudaLowRank, CudaMatrix, CudaPass, CudaRows, PassTables, int};
 use super::functions::{decode_heads_per_block, grid, head_variant};
+use super::gpu::{CudaKv, CudaLowRank, CudaMatrix, CudaRows, Gpu, int};
 use crate::ops::{HeadShape, KvType, Rope, RopeAngles};
+
+/// A pass's layout on the device (the arrays attention.cu describes).
+#[derive(Default)]
+pub struct CudaPass {
+    /// Which pass this is (0 until prepared), for its recorded graphs.
+    pub(super) id: u64,
+    pub(super) rows: usize,
+    pub(super) tables: Option<PassTables>,
+}
+
+pub(super) struct PassTables {
+    /// Rotary pairs per row, and each row's cosines and sines.
+    pub(super) pairs: usize,
+    pub(super) cos: CudaSlice<f32>,
+    pub(super) sin: CudaSlice<f32>,
+    pub(super) slots: CudaSlice<u32>,
+    pub(super) row_seq: CudaSlice<u32>,
+    pub(super) row_visible: CudaSlice<u32>,
+    pub(super) block_start: CudaSlice<u32>,
+    pub(super) block_count: CudaSlice<u32>,
+    pub(super) blocks: CudaSlice<u32>,
+    pub(super) hidden_start: CudaSlice<u32>,
+    pub(super) hidden_count: CudaSlice<u32>,
+    pub(super) hidden: CudaSlice<u32>,
+    /// Runs of consecutive rows of one sequence, (first row, rows), at most
+    /// 32 rows each: the prefill kernel's tiles before its head grouping
+    /// splits them further.
+    pub(super) runs: Vec<(u32, u32)>,
+    /// Rows that see the most cells: the decode kernel's split count.
+    pub(super) max_visible: usize,
+    /// Per sequence, what attention checks against the store.
+    pub(super) reach: Vec<SequenceReach>,
+}
 
 /// Ids of prepared passes (0: never prepared), keys of their graphs.
 static NEXT_PASS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -20,14 +53,9 @@ fn tile_rows(per_chunk: usize) -> usize {
     (32 / per_chunk.max(1)).max(1)
 }
 
-pub(super) fn prepare(
-    backend: &CudaBackend,
-    rope: &Rope,
-    layout: &PassLayout<'_>,
-    out: &mut CudaPass,
-) -> Result<(), BackendError> {
+pub(super) fn prepare(gpu: &Gpu, rope: &Rope, layout: &PassLayout<'_>, out: &mut CudaPass) -> Result<(), BackendError> {
     // The previous pass's tables are freed below: a record cannot hold that.
-    backend.transfers();
+    gpu.transfers();
     let n_seq = layout.sequences.len();
     if let Some(row) = layout.rows.iter().find(|row| row.seq >= n_seq) {
         return Err(BackendError::Input(format!("a row of sequence {} in a pass of {n_seq} sequences", row.seq)));
@@ -72,10 +100,9 @@ pub(super) fn prepare(
         }
     }
     let floats = |values: &[f32]| {
-        backend
-            .transfers()
+        gpu.transfers()
             .clone_htod(if values.is_empty() { &[0.0][..] } else { values })
-            .map_err(backend.driver("uploading a pass"))
+            .map_err(gpu.driver("uploading a pass"))
     };
     // Nothing of the previous pass stays if an upload below fails: its
     // tables would not match the new row count.
@@ -103,15 +130,15 @@ pub(super) fn prepare(
         pairs,
         cos: floats(&cos)?,
         sin: floats(&sin)?,
-        slots: backend.upload_u32(&slots)?,
-        row_seq: backend.upload_u32(&row_seq)?,
-        row_visible: backend.upload_u32(&row_visible)?,
-        block_start: backend.upload_u32(&block_start)?,
-        block_count: backend.upload_u32(&block_count)?,
-        blocks: backend.upload_u32(&blocks)?,
-        hidden_start: backend.upload_u32(&hidden_start)?,
-        hidden_count: backend.upload_u32(&hidden_count)?,
-        hidden: backend.upload_u32(&hidden)?,
+        slots: gpu.upload_u32(&slots)?,
+        row_seq: gpu.upload_u32(&row_seq)?,
+        row_visible: gpu.upload_u32(&row_visible)?,
+        block_start: gpu.upload_u32(&block_start)?,
+        block_count: gpu.upload_u32(&block_count)?,
+        blocks: gpu.upload_u32(&blocks)?,
+        hidden_start: gpu.upload_u32(&hidden_start)?,
+        hidden_count: gpu.upload_u32(&hidden_count)?,
+        hidden: gpu.upload_u32(&hidden)?,
         max_visible: layout.rows.iter().map(|row| row.visible).max().unwrap_or(0),
         runs,
         reach,
@@ -161,7 +188,7 @@ impl SequenceReach {
 }
 
 pub(super) fn embed(
-    backend: &CudaBackend,
+    gpu: &Gpu,
     table: Option<&CudaMatrix>,
     inputs: &[Embed<'_>],
     width: usize,
@@ -183,47 +210,40 @@ pub(super) fn embed(
             (Embed::Values(_), _) => tokens.push(0),
         }
     }
-    if !backend.size(out, inputs.len() * width) || inputs.is_empty() {
-        return backend.check();
+    if !gpu.size(out, inputs.len() * width) || inputs.is_empty() {
+        return gpu.check();
     }
     let width_int = int(width).ok_or_else(|| BackendError::Unsupported(format!("rows of {width} values")))?;
     if let Some(table) = table.filter(|_| inputs.iter().any(|input| matches!(input, Embed::Token(_)))) {
-        let list = backend.upload_u32(&tokens)?;
+        let list = gpu.upload_u32(&tokens)?;
         let name = format!("sl_embed_{}", table.dtype().name().to_lowercase());
-        if let (Some(function), Some(output)) = (backend.function(&name), out.buffer_mut()) {
-            let mut args = backend.stream().launch_builder(&function);
+        if let (Some(function), Some(output)) = (gpu.function(&name), out.buffer_mut()) {
+            let mut args = gpu.stream().launch_builder(&function);
             let n_tokens = int(tokens.len()).unwrap_or(i32::MAX);
             args.arg(table.bytes()).arg(&list).arg(output).arg(&width_int).arg(&n_tokens);
             // SAFETY: sl_embed_<fmt>(const u8* table, const u32* tokens, float*
             // out, int width, int n_tokens): every token is a row of the
             // table (checked above), `out` holds a row of `width` per token.
-            backend.record("embedding", unsafe { args.launch(grid((tokens.len(), 1, 1), 128)) });
+            gpu.record("embedding", unsafe { args.launch(grid((tokens.len(), 1, 1), 128)) });
         }
     }
     for (row, input) in inputs.iter().enumerate() {
         if let (Embed::Values(values), Some(output)) = (input, out.buffer_mut()) {
             let mut target = output.slice_mut(row * width..(row + 1) * width);
-            backend.transfers().memcpy_htod(*values, &mut target).map_err(backend.driver("uploading embeddings"))?;
+            gpu.transfers().memcpy_htod(*values, &mut target).map_err(gpu.driver("uploading embeddings"))?;
         }
     }
-    backend.check()
+    gpu.check()
 }
 
-pub(super) fn store_kv(
-    backend: &CudaBackend,
-    kv: &mut CudaKv,
-    layer: usize,
-    k: &CudaRows,
-    v: &CudaRows,
-    pass: &CudaPass,
-) {
+pub(super) fn store_kv(gpu: &Gpu, kv: &mut CudaKv, layer: usize, k: &CudaRows, v: &CudaRows, pass: &CudaPass) {
     let shape = kv.shape();
-    let Some(tables) = &pass.tables else { return backend.fail("store_kv: no prepared pass".into()) };
+    let Some(tables) = &pass.tables else { return gpu.fail("store_kv: no prepared pass".into()) };
     let (Some(kv_dim), Ok(n_cells)) = (int(shape.kv_dim), u32::try_from(shape.cells().unwrap_or(usize::MAX))) else {
-        return backend.fail(format!("store_kv: a store of {shape:?}"));
+        return gpu.fail(format!("store_kv: a store of {shape:?}"));
     };
     if layer >= shape.n_layer {
-        return backend.fail(format!("store_kv: layer {layer} of {}", shape.n_layer));
+        return gpu.fail(format!("store_kv: layer {layer} of {}", shape.n_layer));
     }
     if pass.rows == 0 {
         return;
@@ -233,28 +253,28 @@ pub(super) fn store_kv(
         [(keys, arena_bytes.0, shape.types.k, k), (values, arena_bytes.1, shape.types.v, v)]
     {
         let Some(src) = rows.buffer().filter(|_| rows.len() >= pass.rows * shape.kv_dim) else {
-            backend.fail(format!("store_kv: {} values for {} rows of {}", rows.len(), pass.rows, shape.kv_dim));
+            gpu.fail(format!("store_kv: {} values for {} rows of {}", rows.len(), pass.rows, shape.kv_dim));
             return;
         };
         let name = match kv_type {
             KvType::F16 => "sl_store_kv_f16",
             KvType::Q8_0 => "sl_store_kv_q8_0",
         };
-        let Some(function) = backend.function(name) else { return };
+        let Some(function) = gpu.function(name) else { return };
         let mut view = arena.slice_mut(layer * stride..(layer + 1) * stride);
-        let mut args = backend.stream().launch_builder(&function);
+        let mut args = gpu.stream().launch_builder(&function);
         args.arg(src).arg(&tables.slots).arg(&mut view).arg(&kv_dim).arg(&n_cells);
         // SAFETY: sl_store_kv_<type>(const float* src, const u32* slots, u8*
         // arena, int kv_dim, u32 n_cells): `src` holds a row of kv_dim per
         // pass row (checked above), `slots` a slot per row, the view one
         // layer's arena of n_cells cells; the kernel skips slots past it.
-        backend.record("store_kv", unsafe { args.launch(grid((pass.rows, shape.kv_dim.div_ceil(256), 1), 256)) });
+        gpu.record("store_kv", unsafe { args.launch(grid((pass.rows, shape.kv_dim.div_ceil(256), 1), 256)) });
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
-    backend: &CudaBackend,
+    gpu: &Gpu,
     kv: &CudaKv,
     layer: usize,
     q: &CudaRows,
@@ -276,8 +296,8 @@ pub(super) fn attend(
     }
     let q_dim = heads.q_len();
     let Some(tables) = &pass.tables else {
-        backend.size(out, 0);
-        return backend.check();
+        gpu.size(out, 0);
+        return gpu.check();
     };
     for sequence in &tables.reach {
         sequence.check(&shape).map_err(|why| BackendError::Input(format!("attention: {why}")))?;
@@ -285,8 +305,8 @@ pub(super) fn attend(
     let Some(q_buffer) = q.buffer().filter(|_| q.len() >= pass.rows * q_dim) else {
         return Err(BackendError::Input(format!("{} query values for {} rows of {q_dim}", q.len(), pass.rows)));
     };
-    if !backend.size(out, pass.rows * q_dim) || pass.rows == 0 {
-        return backend.check();
+    if !gpu.size(out, pass.rows * q_dim) || pass.rows == 0 {
+        return gpu.check();
     }
     let unsupported = || BackendError::Unsupported("a KV store too large for CUDA attention".into());
     let (ints, n_cells) = (
@@ -304,7 +324,7 @@ pub(super) fn attend(
     let k_arena = keys.slice(layer * arena_bytes.0..(layer + 1) * arena_bytes.0);
     let v_arena = values.slice(layer * arena_bytes.1..(layer + 1) * arena_bytes.1);
     let group = n_head / n_kv_head;
-    let Some(output) = out.buffer_mut() else { return backend.check() };
+    let Some(output) = out.buffer_mut() else { return gpu.check() };
     // Few rows per sequence (decoding, drafts): a block per row, the cells
     // split across blocks; long runs (prompts): tiles of rows share each
     // staged tile of cells.
@@ -314,7 +334,7 @@ pub(super) fn attend(
         // Splits fill the GPU when few rows decode over long contexts; with
         // enough rows × heads to fill it already, fewer (down to one).
         let blocks_per_split = pass.rows * n_kv_head * group.div_ceil(per_block);
-        let wanted = (2 * backend.multiprocessors()).div_ceil(blocks_per_split.max(1));
+        let wanted = (2 * gpu.multiprocessors()).div_ceil(blocks_per_split.max(1));
         let splits = tables.max_visible.div_ceil(SPLIT_CELLS).min(wanted).max(1);
         // A multiple of 64 cells keeps the kernel's four warps even.
         let split_cells = if splits == 1 {
@@ -323,13 +343,13 @@ pub(super) fn attend(
             tables.max_visible.div_ceil(splits).next_multiple_of(64)
         };
         let parts = if splits == 1 { 1 } else { pass.rows * n_head * splits };
-        let mut scratch = backend.scratch([parts * head_dim.max(1), parts * 2])?;
-        let [Some(part_o), Some(part_ml)] = &mut *scratch else { return backend.check() };
+        let mut scratch = gpu.scratch([parts * head_dim.max(1), parts * 2])?;
+        let [Some(part_o), Some(part_ml)] = &mut *scratch else { return gpu.check() };
         let (splits_int, split_cells_u32) = (int(splits).ok_or_else(unsupported)?, split_cells as u32);
-        let Some(function) = backend.function(&format!("sl_attend_decode_d{d}_l{lanes}")) else {
-            return backend.check();
+        let Some(function) = gpu.function(&format!("sl_attend_decode_d{d}_l{lanes}")) else {
+            return gpu.check();
         };
-        let mut args = backend.stream().launch_builder(&function);
+        let mut args = gpu.stream().launch_builder(&function);
         args.arg(q_buffer).arg(&mut *output).arg(&mut *part_o).arg(&mut *part_ml).arg(&k_arena).arg(&v_arena);
         args.arg(&k_type).arg(&v_type).arg(&tables.row_seq).arg(&tables.row_visible);
         args.arg(&tables.block_start).arg(&tables.block_count).arg(&tables.blocks);
@@ -342,17 +362,17 @@ pub(super) fn attend(
         // floats, the partial buffers rows × n_head × splits × (head_dim,
         // 2) when splits > 1, the tables the prepared pass, the arenas one
         // layer of n_cells cells.
-        backend.record("attention", unsafe { args.launch(config) });
+        gpu.record("attention", unsafe { args.launch(config) });
         if splits > 1 {
-            let Some(merge) = backend.function("sl_attend_merge") else { return backend.check() };
-            let mut args = backend.stream().launch_builder(&merge);
+            let Some(merge) = gpu.function("sl_attend_merge") else { return gpu.check() };
+            let mut args = gpu.stream().launch_builder(&merge);
             args.arg(&*part_o).arg(&*part_ml).arg(&tables.row_visible).arg(output);
             args.arg(&n_head_int).arg(&head_dim_int).arg(&splits_int).arg(&split_cells_u32);
             // SAFETY: sl_attend_merge(const float* part_o, const float*
             // part_ml, const u32* row_visible, float* out, int n_head, int
             // head_dim, int n_splits, u32 split_cells), with what the decode
             // kernel above was given.
-            backend.record("attention merge", unsafe { args.launch(grid((pass.rows, n_head, 1), 128)) });
+            gpu.record("attention merge", unsafe { args.launch(grid((pass.rows, n_head, 1), 128)) });
         }
     } else {
         let per_chunk = group.min(32);
@@ -365,9 +385,9 @@ pub(super) fn attend(
                 start += take;
             }
         }
-        let tile_list = backend.upload_u32(&tiles)?;
-        let Some(function) = backend.function(&format!("sl_attend_prefill_d{d}")) else { return backend.check() };
-        let mut args = backend.stream().launch_builder(&function);
+        let tile_list = gpu.upload_u32(&tiles)?;
+        let Some(function) = gpu.function(&format!("sl_attend_prefill_d{d}")) else { return gpu.check() };
+        let mut args = gpu.stream().launch_builder(&function);
         args.arg(q_buffer).arg(output).arg(&k_arena).arg(&v_arena).arg(&k_type).arg(&v_type).arg(&tile_list);
         args.arg(&tables.row_seq).arg(&tables.row_visible).arg(&tables.block_start).arg(&tables.block_count);
         args.arg(&tables.blocks).arg(&tables.hidden_start).arg(&tables.hidden_count).arg(&tables.hidden);
@@ -376,28 +396,23 @@ pub(super) fn attend(
         // SAFETY: the argument list of sl_attend_prefill_d<D> in
         // attention.cu, in order; every row in exactly one tile of at most
         // 32 / H rows of one sequence, the rest as for decode above.
-        backend.record("attention", unsafe { args.launch(config) });
+        gpu.record("attention", unsafe { args.launch(config) });
     }
-    backend.check()
+    gpu.check()
 }
 
-pub(super) fn add_low_rank(
-    backend: &CudaBackend,
-    x: &CudaRows,
-    terms: &[LowRankTerm<'_, CudaLowRank>],
-    out: &mut CudaRows,
-) {
+pub(super) fn add_low_rank(gpu: &Gpu, x: &CudaRows, terms: &[LowRankTerm<'_, CudaLowRank>], out: &mut CudaRows) {
     for term in terms {
         let factors = term.factors;
         let (rows_in, rows_out) = (x.len() / factors.n_in.max(1), out.len() / factors.n_out.max(1));
         if term.rows.iter().any(|&(row, _)| row >= rows_in || row >= rows_out) {
-            backend.fail(format!("add_low_rank: a row past the {rows_in} rows of the pass"));
+            gpu.fail(format!("add_low_rank: a row past the {rows_in} rows of the pass"));
             return;
         }
         let mut seen = std::collections::HashSet::new();
         if !term.rows.iter().all(|&(row, _)| seen.insert(row)) {
             // Two threads would add into one row at once.
-            return backend.fail("add_low_rank: a row listed twice in one term".into());
+            return gpu.fail("add_low_rank: a row listed twice in one term".into());
         }
         if term.rows.is_empty() {
             continue;
@@ -408,31 +423,31 @@ pub(super) fn add_low_rank(
         let sizes = [listed.len(), factors.n_in, factors.rank, factors.n_out].map(int);
         let [Some(n_listed), Some(n_in), Some(rank), Some(n_out)] = sizes else { return };
         let uploaded = (
-            backend.transfers().clone_htod(&listed),
-            backend.transfers().clone_htod(&scales),
-            backend.transfers().alloc_zeros::<f32>(listed.len() * factors.rank),
+            gpu.transfers().clone_htod(&listed),
+            gpu.transfers().clone_htod(&scales),
+            gpu.transfers().alloc_zeros::<f32>(listed.len() * factors.rank),
         );
         let (Some(list), Some(scale_list), Some(mut t)) = (
-            backend.record("uploading LoRA rows", uploaded.0),
-            backend.record("uploading LoRA scales", uploaded.1),
-            backend.record("allocating", uploaded.2),
+            gpu.record("uploading LoRA rows", uploaded.0),
+            gpu.record("uploading LoRA scales", uploaded.1),
+            gpu.record("allocating", uploaded.2),
         ) else {
             return;
         };
         let (Some(input), Some(down), Some(up)) =
-            (x.buffer(), backend.function("sl_lora_down"), backend.function("sl_lora_up"))
+            (x.buffer(), gpu.function("sl_lora_down"), gpu.function("sl_lora_up"))
         else {
             return;
         };
-        let mut args = backend.stream().launch_builder(&down);
+        let mut args = gpu.stream().launch_builder(&down);
         args.arg(&mut t).arg(input).arg(&factors.a).arg(&list).arg(&n_listed).arg(&n_in).arg(&rank);
         // SAFETY: sl_lora_down(float* t, const float* x, const float* a,
         // const int* rows, int n_listed, int n_in, int rank): `t` holds
         // n_listed × rank floats, every listed row is a row of `x` (checked
         // above), `a` rank × n_in.
-        backend.record("LoRA down", unsafe { args.launch(grid((listed.len().div_ceil(4), 1, 1), 256)) });
+        gpu.record("LoRA down", unsafe { args.launch(grid((listed.len().div_ceil(4), 1, 1), 256)) });
         let Some(output) = out.buffer_mut() else { return };
-        let mut args = backend.stream().launch_builder(&up);
+        let mut args = gpu.stream().launch_builder(&up);
         args.arg(output).arg(&t).arg(&factors.b_t).arg(&list).arg(&scale_list);
         args.arg(&n_listed).arg(&rank).arg(&n_out);
         let config = grid((listed.len().div_ceil(8), factors.n_out.div_ceil(256), 1), 256);
@@ -440,6 +455,6 @@ pub(super) fn add_low_rank(
         // const int* rows, const float* scales, int n_listed, int rank, int
         // n_out): every listed row is a row of `out` (checked above), `b_t`
         // rank × n_out.
-        backend.record("LoRA up", unsafe { args.launch(config) });
+        gpu.record("LoRA up", unsafe { args.launch(config) });
     }
 }

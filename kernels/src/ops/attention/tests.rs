@@ -3,10 +3,10 @@
 //! every pair of K and V storage types.
 
 use super::*;
+use crate::cpu::same_on_every_level;
 use crate::ops::KvType;
 use crate::ops::kv::KvArena;
 use crate::ops::noise;
-use crate::ops::simd::same_on_every_level;
 use crate::quant::dequantize_row;
 
 /// K and V storage types.
