@@ -8,9 +8,9 @@ use serde_json::{Map, Value, json};
 
 use super::Ready;
 use super::error::{ApiError, ErrorType};
+use super::media::Prompt;
 use super::params::Generation;
 use super::probs;
-use super::prompt::Prompt;
 use crate::engine::EngineHandle;
 use crate::engine::delivery::EventReceiver;
 use crate::engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};
