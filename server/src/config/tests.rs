@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::engine::OnFault;
 use crate::plugins::{PluginLimits, PluginSource};
 
 #[test]

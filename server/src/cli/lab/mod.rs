@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::json;
-use sluice::config::{OnFault, PolicyConfig, PolicySpec, policy_spec};
+use sluice::config::{PolicyConfig, PolicySpec, policy_spec};
+use sluice::engine::OnFault;
 use sluice::engine::supervisor::Supervisor;
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
