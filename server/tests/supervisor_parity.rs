@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sluice::config::{OnFault, PolicyConfig};
+use sluice::config::PolicyConfig;
 use sluice::engine::request::{Event, GenerationRequest};
 use sluice::engine::sampling::SamplingParams;
 use sluice::engine::supervisor::Supervisor;
-use sluice::engine::{EngineConfig, EngineHandle, FaultAction, FaultEvent};
+use sluice::engine::{EngineConfig, EngineHandle, FaultAction, FaultEvent, OnFault};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::workload::TraceRequest;
 use sluice::model::gguf::GgufFile;

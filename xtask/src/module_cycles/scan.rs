@@ -93,12 +93,13 @@ fn lex(source: &str) -> Vec<Token> {
                 end += 1;
             }
             let word: String = chars[i..end].iter().collect();
-            if matches!(word.as_str(), "r" | "br" | "cr") && matches!(at(end), '"' | '#') {
-                if let Some((text, after)) = raw_string(&chars, end, &mut line) {
-                    tokens.push(Token { tok: Tok::Str(text), line: start_line });
-                    i = after;
-                    continue;
-                }
+            if matches!(word.as_str(), "r" | "br" | "cr")
+                && matches!(at(end), '"' | '#')
+                && let Some((text, after)) = raw_string(&chars, end, &mut line)
+            {
+                tokens.push(Token { tok: Tok::Str(text), line: start_line });
+                i = after;
+                continue;
             }
             if matches!(word.as_str(), "b" | "c") && at(end) == '"' {
                 let (text, after) = quoted(&chars, end + 1, &mut line);
@@ -341,9 +342,8 @@ impl Parser {
                     while !matches!(self.peek(0), None | Some(Tok::Punct('}' | ';'))) {
                         let before = self.at;
                         self.use_tree(path.clone(), paths);
-                        if self.peek(0) == Some(Tok::Punct(',')) {
-                            self.at += 1;
-                        } else if self.at == before {
+                        // Past the comma, or past a token no tree starts with.
+                        if self.peek(0) == Some(Tok::Punct(',')) || self.at == before {
                             self.at += 1;
                         }
                     }
