@@ -92,7 +92,7 @@ pub enum Family {
 }
 
 impl Family {
-    const ALL: [Family; 3] = [Family::Ops, Family::Gemm, Family::Quant];
+    pub(crate) const ALL: [Family; 3] = [Family::Ops, Family::Gemm, Family::Quant];
 
     /// The best level `features` allow this family.
     pub fn best(self, features: Features) -> SimdLevel {
@@ -189,4 +189,4 @@ pub(crate) fn same_on_every_level(mut f: impl FnMut() -> Vec<f32>) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -5,6 +5,8 @@
 //! bottom, decides which instruction set every CPU kernel runs.
 pub mod backend;
 pub mod cpu;
+#[cfg(test)]
+mod dispatch_tests;
 pub mod gemm;
 pub mod matmul;
 pub mod ops;

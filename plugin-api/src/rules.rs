@@ -192,13 +192,6 @@ pub fn has_runnable_work(view: &StepView) -> bool {
     !view.occupied.is_empty() || (!view.waiting.is_empty() && !view.free_slots.is_empty())
 }
 
-/// Tokens a decision spends: prefill tokens plus one per decode slot
-/// (saturating: a hostile decision may name more than a `u32` holds).
-pub fn tokens_used(decision: &Decision) -> u32 {
-    let prefill = decision.prefill.iter().fold(0u32, |sum, chunk| sum.saturating_add(chunk.tokens));
-    prefill.saturating_add(u32::try_from(decision.decode.len()).unwrap_or(u32::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

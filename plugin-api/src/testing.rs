@@ -11,7 +11,7 @@
 //! assert_eq!(view.free_slots, vec![1, 2, 3]);
 //! ```
 
-use crate::{EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepCosts, StepView, WaitingRequest};
+use crate::{Decision, EndReason, EndedRequest, OccupiedSlot, Phase, RequestInfo, StepCosts, StepView, WaitingRequest};
 
 /// A request with `prompt_tokens` prompt tokens, nothing done, 128 max tokens,
 /// adapter group 0, priority 0, arrival 0.
@@ -127,4 +127,9 @@ impl ViewBuilder {
     }
 }
 
-pub use crate::rules::tokens_used;
+/// Tokens a decision spends: prefill tokens plus one per decode slot
+/// (saturating: a hostile decision may name more than a `u32` holds).
+pub fn tokens_used(decision: &Decision) -> u32 {
+    let prefill = decision.prefill.iter().fold(0u32, |sum, chunk| sum.saturating_add(chunk.tokens));
+    prefill.saturating_add(u32::try_from(decision.decode.len()).unwrap_or(u32::MAX))
+}

@@ -6,14 +6,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sluice::config::{OnFault, PolicyConfig};
+use sluice::config::PolicyConfig;
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::workload::TraceRequest;
 use sluice::startup::{fallback, fault_rules, load_policy};
 use sluice_engine::request::{Event, GenerationRequest};
 use sluice_engine::sampling::SamplingParams;
 use sluice_engine::supervisor::Supervisor;
-use sluice_engine::{EngineConfig, EngineHandle, FaultAction, FaultEvent};
+use sluice_engine::{EngineConfig, EngineHandle, FaultAction, FaultEvent, OnFault};
 use sluice_kernels::backend::CpuBackend;
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;

@@ -10,6 +10,7 @@ mod device_check;
 mod fuzz;
 mod loadtest;
 mod models;
+mod module_cycles;
 mod peer_suite;
 mod plugins;
 mod toolchain;
@@ -33,7 +34,7 @@ struct Cli {
 enum Task {
     /// Build every plugin into a component (see plugins/dist/).
     Plugins(plugins::PluginsArgs),
-    /// Everything CI runs: the plugin check, formatting, clippy and docs
+    /// Everything CI runs: the module cycle check, the plugin check, formatting, clippy and docs
     /// with warnings denied, plugin unit tests, all host tests.
     Test,
     /// Fetch the default model if missing and serve it with config/sluice.toml
@@ -77,6 +78,10 @@ enum Task {
     /// does: `--seconds N` per target (default 300), `--target NAME`,
     /// `--seed N`; prints inputs per second per target.
     Fuzz(fuzz::FuzzArgs),
+    /// Fail if sibling modules of any workspace crate import each other
+    /// (two files of one folder, directly or round a longer loop), naming
+    /// the files and the imports; `test` runs it first.
+    ModuleCycles,
     /// Run llama.cpp's server test suite (pytest) against sluice, and with
     /// `--llama-server BIN` against llama-server, every preset on the default
     /// model; writes target/peer-suite/results.md. Never part of `test`.
@@ -103,6 +108,7 @@ fn main() {
         Task::Bench { suite, args } => bench(&suite, &args),
         Task::PeerSuite(args) => peer_suite::peer_suite(args),
         Task::Fuzz(args) => fuzz::fuzz(args),
+        Task::ModuleCycles => module_cycles::module_cycles(),
         Task::Loadtest { args } => loadtest::loadtest(&args),
     };
     if let Err(error) = result {
@@ -140,6 +146,7 @@ const FEATURES: [&str; 2] = ["--features", "sluice/lab,sluice/cuda"];
 fn test() -> anyhow::Result<()> {
     let started = Instant::now();
     let plugins_native = ["--manifest-path", "plugins/Cargo.toml", "--target-dir", "target/plugins/native"];
+    stage("no import cycles between sibling modules", module_cycles::module_cycles)?;
     stage("plugins/dist/ against a fresh pinned build", || plugins::plugins(plugins::PluginsArgs::check()))?;
     stage("the default model", || models::fetch_model().map(drop))?;
     let nvrtc = stage_value("NVIDIA's NVRTC, for the CUDA kernel check", cuda::fetch_nvrtc)?;

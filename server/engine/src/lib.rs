@@ -10,8 +10,8 @@
 //! [`supervisor`]'s fault rules; [`sampling`], [`constraint`] (grammars
 //! over a vocabulary) and [`speculative`] (drafters); [`trace`],
 //! [`shadow`], [`step_cost`], [`metrics`] and [`slot_store`] for what the
-//! server shows and saves; `testing` (feature `testing`) for the tests of
-//! the crates above.
+//! server shows and saves. With feature `testing`, `constraint::testing` and
+//! `step_cost::testing` hold helpers for the tests of the crates above.
 //!
 //! Files: `handle` (the public face) and `core` (the loop) share only
 //! `state`; `supervisor` gets each step's decision; `batch` assembles the
@@ -45,8 +45,6 @@ pub mod speculative;
 mod state;
 pub mod step_cost;
 pub mod supervisor;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 pub mod text;
 pub mod trace;
 

@@ -167,10 +167,13 @@ fn solve(mut a: [[f64; 5]; 4]) -> Option<[f64; 4]> {
     Some(std::array::from_fn(|i| a[i][4] / a[i][i] / scale[i]))
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{assert_close, step};
     use super::*;
-    use crate::testing::{assert_close, step};
 
     const TRUTH: CostModel =
         CostModel { base_ms: 1.5, prefill_token_ms: 0.2, decode_token_ms: 0.7, attention_kpair_ms: 0.01 };

@@ -20,13 +20,31 @@ use super::policy::{Decision, SchedulingPolicy, StepView};
 /// on a fresh instance.
 pub const QUARANTINE_AFTER: u32 = 2;
 
-/// What happens when a policy is quarantined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What happens when a policy is quarantined: `[policy] on_fault` (and the
+/// lab's `--on-fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum OnFault {
-    /// End every request with an error and refuse new ones until a reload.
+    /// End every request with an error and refuse new ones until reloaded.
     FailClosed,
-    /// Switch to the fallback policy and report "degraded".
+    /// Switch to the embedded `continuous` policy and report "degraded".
     Fallback,
+}
+
+impl OnFault {
+    pub const ALL: [OnFault; 2] = [OnFault::FailClosed, OnFault::Fallback];
+
+    /// The value by its name in the config (`fail-closed`, `fallback`).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|value| value.as_str() == name)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFault::FailClosed => "fail-closed",
+            OnFault::Fallback => "fallback",
+        }
+    }
 }
 
 /// The supervisor's rules (`[policy] on_fault`, `stall_steps`).

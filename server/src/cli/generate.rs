@@ -32,23 +32,23 @@ pub struct GenerateArgs {
     /// Prefill chunk size (tokens per forward pass).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = SamplingParams::default().temperature)]
     temperature: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
+    #[arg(long = "top-k", default_value_t = SamplingParams::default().top_k)]
     top_k: i32,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = SamplingParams::default().top_p)]
     top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = SamplingParams::default().min_p)]
     min_p: f32,
-    #[arg(long = "typical", default_value_t = 1.0)]
+    #[arg(long = "typical", default_value_t = SamplingParams::default().typical_p)]
     typical_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = SamplingParams::default().repeat_penalty)]
     repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    #[arg(long = "repeat-last-n", default_value_t = SamplingParams::default().repeat_last_n)]
     repeat_last_n: usize,
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    #[arg(long = "presence-penalty", default_value_t = SamplingParams::default().presence_penalty)]
     presence_penalty: f32,
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    #[arg(long = "frequency-penalty", default_value_t = SamplingParams::default().frequency_penalty)]
     frequency_penalty: f32,
     /// RNG seed (default: random).
     #[arg(long = "seed")]

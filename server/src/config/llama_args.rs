@@ -6,32 +6,7 @@
 
 use std::ffi::OsString;
 
-use super::llama_table::FLAGS;
-
-/// What `sluice serve` does with one of llama-server's flags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Action {
-    /// One of sluice's own flags, spelt as llama-server spells it.
-    Native,
-    /// sluice's flag of this long name.
-    Alias(&'static str),
-    /// Nothing, for this reason (logged once at start): sluice already
-    /// behaves so, or the flag has no meaning here.
-    Ignore(&'static str),
-    /// The start is refused: this is what sluice lacks.
-    Refuse(&'static str),
-    /// Ignored when its value is one of `off` (llama-server's default,
-    /// which sluice matches), refused otherwise.
-    Unless { off: &'static [&'static str], missing: &'static str },
-}
-
-/// One of llama-server's flags: its spellings and whether it takes a value.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Flag {
-    pub names: &'static [&'static str],
-    pub value: bool,
-    pub action: Action,
-}
+use super::llama_table::{Action, FLAGS};
 
 /// The `serve` command line with llama-server's spellings translated, and
 /// what was ignored.

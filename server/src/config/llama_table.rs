@@ -1,8 +1,32 @@
 //! Every flag of llama-server b11434, in its `--help` order, and what
 //! `sluice serve` does with it (see `llama_args`).
 
-use super::llama_args::Action::{self, Alias, Ignore, Native, Refuse, Unless};
-use super::llama_args::Flag;
+use self::Action::{Alias, Ignore, Native, Refuse, Unless};
+
+/// What `sluice serve` does with one of llama-server's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    /// One of sluice's own flags, spelt as llama-server spells it.
+    Native,
+    /// sluice's flag of this long name.
+    Alias(&'static str),
+    /// Nothing, for this reason (logged once at start): sluice already
+    /// behaves so, or the flag has no meaning here.
+    Ignore(&'static str),
+    /// The start is refused: this is what sluice lacks.
+    Refuse(&'static str),
+    /// Ignored when its value is one of `off` (llama-server's default,
+    /// which sluice matches), refused otherwise.
+    Unless { off: &'static [&'static str], missing: &'static str },
+}
+
+/// One of llama-server's flags: its spellings and whether it takes a value.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Flag {
+    pub names: &'static [&'static str],
+    pub value: bool,
+    pub action: Action,
+}
 
 const fn flag(names: &'static [&'static str], value: bool, action: Action) -> Flag {
     Flag { names, value, action }

@@ -2,8 +2,9 @@
 //! validating a file, and the `sluice serve` flags that override it.
 //! Errors name the file, the line and the key.
 //!
-//! The config knows nothing of the engine: `startup` turns these sections
-//! into the engine's settings.
+//! `startup` turns these sections into the engine's settings; the config
+//! takes from the engine only the values both name (`on_fault`, the
+//! sampling defaults), so that each has one definition.
 
 mod flags;
 mod llama_args;

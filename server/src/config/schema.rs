@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer};
 use sluice_kernels::backend::KvType;
 
+use sluice_engine::OnFault;
+use sluice_engine::sampling::SamplingParams;
 use sluice_plugin_host::PluginLimits;
 
 /// The model `sluice serve` loads when neither the file nor `-m` names one
@@ -50,7 +52,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// When set, every endpoint but `/health` needs this key.
     pub api_key: Option<String>,
-    /// Threads serving HTTP (tokenizing, templating, JSON); 0 = one per core.
+    /// Threads serving HTTP (reading bodies, JSON, SSE; tokenizing and
+    /// templating run on tokio's blocking pool); 0 = one per core.
     pub threads_http: usize,
     /// Serve `/metrics` (501 otherwise; off by default, as in llama-server).
     pub metrics: bool,
@@ -349,23 +352,24 @@ pub struct RequestDefaults {
 }
 
 impl Default for RequestDefaults {
-    /// llama-server's defaults.
+    /// llama-server's defaults; the sampling ones are the engine's.
     fn default() -> Self {
+        let sampling = SamplingParams::default();
         RequestDefaults {
             n_predict: -1,
-            temperature: 0.8,
+            temperature: sampling.temperature,
             seed: -1,
             cache_prompt: true,
             n_keep: 0,
             verbose: false,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            typical_p: 1.0,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+            min_p: sampling.min_p,
+            typical_p: sampling.typical_p,
+            repeat_penalty: sampling.repeat_penalty,
+            repeat_last_n: sampling.repeat_last_n as i64,
+            presence_penalty: sampling.presence_penalty,
+            frequency_penalty: sampling.frequency_penalty,
             reasoning_format: ReasoningFormat::Auto,
             reasoning: Thinking::Auto,
         }
@@ -487,25 +491,6 @@ impl Default for PolicyConfig {
             shadow: Vec::new(),
             shadow_budget_us: 200,
             plugin_dir: None,
-        }
-    }
-}
-
-/// `policy.on_fault` (and the lab's `--on-fault`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnFault {
-    /// End every request with an error and refuse new ones until reloaded.
-    FailClosed,
-    /// Switch to the embedded `continuous` policy and report "degraded".
-    Fallback,
-}
-
-impl OnFault {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnFault::FailClosed => "fail-closed",
-            OnFault::Fallback => "fallback",
         }
     }
 }

@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::*;
+use sluice_engine::OnFault;
 use sluice_plugin_host::{PluginLimits, PluginSource};
 
 #[test]

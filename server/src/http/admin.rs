@@ -13,8 +13,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
+use super::extract::JsonBody;
 use super::generate::blocking;
-use super::params::{Fields, JsonBody, object, wrong};
+use super::params::{Fields, object, wrong};
 use crate::config::{Config, Overrides, PolicyConfig, PolicySpec, policy_source};
 use crate::startup::{PluginError, confine, load_policy, load_shadows};
 use sluice_engine::policy::SchedulingPolicy;

@@ -18,11 +18,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{Keep, Plan, blocking, collect, engine_gone, submit};
+use super::extract::JsonBody;
+use super::generate::{Keep, blocking, collect, engine_gone, submit};
 use super::ids::random_id;
-use super::openai::chat_tokens;
-use super::params::{self, Fields, JsonBody, object, wrong};
-use super::reasoning::{Parts, Reasoning, Splitter};
+use super::openai::{ChatParse, chat_tokens};
+use super::params::{Fields, object, wrong};
+use super::reasoning::{Parts, Splitter};
 use super::{AppState, sse};
 use sluice_engine::request::{Completion, StopType, TokenEvent};
 
@@ -41,11 +42,7 @@ pub async fn messages(State(state): State<AppState>, JsonBody(body): JsonBody) -
     let defaults = state.config().defaults.clone();
     let (plan, reasoning) = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), true)?;
-        let fields = Fields(&chat);
-        let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
-        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
+        ChatParse::plan(&parsing, &defaults, Fields(&chat))
     })
     .await?;
     // llama-server gives Anthropic messages its chat completion ids.
@@ -417,6 +414,7 @@ mod tests {
     use super::*;
     use crate::config::ReasoningFormat;
     use crate::http::error::ErrorType;
+    use crate::http::reasoning::Reasoning;
 
     fn chat(request: Value) -> Result<Value, ApiError> {
         let object = request.as_object().cloned().unwrap_or_default();

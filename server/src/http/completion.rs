@@ -8,8 +8,9 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::extract::JsonBody;
 use super::generate::{Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, submit, timings_json};
-use super::params::{self, Fields, JsonBody, object, settings_json};
+use super::params::{self, Fields, object, settings_json};
 use super::probs::probs_json;
 use super::spliced::Spliced;
 use super::{AppState, Ready, prompt, sse};

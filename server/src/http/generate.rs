@@ -8,9 +8,9 @@ use serde_json::{Map, Value, json};
 
 use super::Ready;
 use super::error::{ApiError, ErrorType};
+use super::media::Prompt;
 use super::params::Generation;
 use super::probs;
-use super::prompt::Prompt;
 use sluice_engine::EngineHandle;
 use sluice_engine::delivery::EventReceiver;
 use sluice_engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};

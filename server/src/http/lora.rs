@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use super::params::{Fields, JsonBody, wrong};
+use super::extract::JsonBody;
+use super::fields::{Fields, wrong};
 use crate::config::{LoraConfig, adapter_names};
 use sluice_model::AdapterInfo;
 

@@ -13,7 +13,6 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use sha2::{Digest, Sha256};
 
 use super::error::{ApiError, ErrorType};
-use super::prompt::Prompt;
 use sluice_engine::request::ImageInput;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::vision::image::ImageSpec;
@@ -23,6 +22,19 @@ use sluice_model::vision::{Encoder, ProjectorKind};
 const CACHED_IMAGES: usize = 16;
 /// …and at most this many values in all (256 MB of f32).
 const CACHED_VALUES: usize = 64 << 20;
+
+/// A tokenized prompt and the images among its tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    pub images: Vec<ImageInput>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Prompt { tokens, images: Vec::new() }
+    }
+}
 
 /// The vision tower as the API uses it.
 pub struct Vision {

@@ -25,6 +25,7 @@ pub mod completion;
 mod conn;
 mod cors;
 pub mod error;
+pub mod extract;
 pub mod fields;
 pub mod generate;
 pub mod ids;

@@ -12,19 +12,21 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
+use super::extract::JsonBody;
 use super::generate::{
     Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, finish_reason, submit, timings_json,
     usage_json,
 };
 use super::ids::random_id;
-use super::params::{self, Fields, JsonBody, object, wrong};
+use super::media::Prompt;
+use super::params::{self, Fields, Generation, object, wrong};
 use super::probs::probs_json;
-use super::prompt::{Prompt, Reader};
+use super::prompt::Reader;
 use super::reasoning::{self, Parts, Reasoning, Splitter};
 use super::spliced::{List, Spliced};
 use super::tools::{self, ChatTools, ToolFormat, ToolStream};
 use super::{AppState, Ready, completion, media, prompt, sse, structured};
-use crate::config::Thinking;
+use crate::config::{RequestDefaults, Thinking};
 use sluice_engine::request::{Completion, Progress, TokenEvent, TokenProbs};
 use sluice_model::chat_template::TemplateError;
 
@@ -111,7 +113,8 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
     let (parsed, reasoning) = blocking(move || {
         let fields = Fields(object(&body)?);
         let limits = parsing.limits(&defaults);
-        let mut generation = params::generation(fields, &limits)?;
+        let mut chat = ChatParse::new(&parsing, &defaults, fields)?;
+        let generation = &mut chat.generation;
         let top_n = match (fields.bool("logprobs")?, fields.int("top_logprobs")?) {
             (Some(true), top) => {
                 let top = params::probabilities("top_logprobs", top.unwrap_or(DEFAULT_TOP_LOGPROBS), &limits)?;
@@ -124,7 +127,8 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
             (_, Some(_)) => return Err(ApiError::invalid("`top_logprobs` requires `logprobs` to be set to true")),
             _ => generation.request.n_probs,
         };
-        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
+        let prompt = chat.prompt()?;
+        let generation = &mut chat.generation;
         if let Some(source) = prompt.tools.as_ref().and_then(ChatTools::grammar) {
             if generation.request.grammar.is_some() {
                 return Err(ApiError::invalid(
@@ -141,13 +145,56 @@ pub async fn chat(State(state): State<AppState>, JsonBody(body): JsonBody) -> Re
                  turn thinking off (`reasoning_effort: \"none\"` or `chat_template_kwargs: {\"enable_thinking\": false}`)",
             ));
         }
-        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        let plan = Plan { generation, prompts: vec![prompt.prompt] };
-        let tool_format = prompt.tools.map(|tools| tools.format);
+        let tool_format = prompt.tools.as_ref().map(|tools| tools.format);
+        let (plan, reasoning) = chat.finish(prompt)?;
         Ok((Parsed { plan, envelope: Envelope::new(&parsing, fields), top_n, tool_format }, reasoning))
     })
     .await?;
     run(state, ready, parsed, Kind::Chat(reasoning)).await
+}
+
+/// A chat body on its way to the engine, parsed the same way by every
+/// dialect that speaks chat (`/v1/chat/completions`, `/v1/messages`,
+/// `/v1/responses`): the generation fields, then the templated prompt,
+/// then how the reply's reasoning is split off. A dialect's own fields
+/// adjust `generation` between the steps.
+pub struct ChatParse<'a> {
+    ready: &'a Ready,
+    defaults: &'a RequestDefaults,
+    fields: Fields<'a>,
+    pub generation: Generation,
+}
+
+impl<'a> ChatParse<'a> {
+    /// The whole pipeline, for a dialect with nothing of its own between
+    /// the steps.
+    pub fn plan(
+        ready: &'a Ready,
+        defaults: &'a RequestDefaults,
+        fields: Fields<'a>,
+    ) -> Result<(Plan, Reasoning), ApiError> {
+        let chat = ChatParse::new(ready, defaults, fields)?;
+        let prompt = chat.prompt()?;
+        chat.finish(prompt)
+    }
+
+    /// The generation fields.
+    pub fn new(ready: &'a Ready, defaults: &'a RequestDefaults, fields: Fields<'a>) -> Result<Self, ApiError> {
+        let generation = params::generation(fields, &ready.limits(defaults))?;
+        Ok(ChatParse { ready, defaults, fields, generation })
+    }
+
+    /// The prompt, which must fit the context.
+    pub fn prompt(&self) -> Result<ChatPrompt, ApiError> {
+        chat_tokens(self.ready, self.ready.reader(), self.fields, self.defaults.reasoning)
+    }
+
+    /// The work for the engine and the reply's reasoning split.
+    pub fn finish(self, prompt: ChatPrompt) -> Result<(Plan, Reasoning), ApiError> {
+        let stream = self.generation.stream;
+        let reasoning = Reasoning::new(self.fields, self.defaults.reasoning_format, stream, prompt.opens_thinking)?;
+        Ok((Plan { generation: self.generation, prompts: vec![prompt.prompt] }, reasoning))
+    }
 }
 
 /// A rendered chat prompt, tokenized.

@@ -117,7 +117,7 @@ fn logprob(prob: f32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_engine::testing::test_spm;
+    use sluice_engine::constraint::testing::test_spm;
 
     #[test]
     fn zero_probability_is_minus_flt_max() {

@@ -7,23 +7,9 @@
 use serde_json::Value;
 
 use super::error::{ApiError, exceeds_context_untokenized};
-use super::media::{self, Vision};
+use super::media::{self, Prompt, Vision};
 use super::tokenizing::{Gate, Pass};
-use sluice_engine::request::ImageInput;
 use sluice_model::tokenizer::Tokenizer;
-
-/// A tokenized prompt and the images among its tokens.
-#[derive(Debug, Clone, Default)]
-pub struct Prompt {
-    pub tokens: Vec<u32>,
-    pub images: Vec<ImageInput>,
-}
-
-impl From<Vec<u32>> for Prompt {
-    fn from(tokens: Vec<u32>) -> Self {
-        Prompt { tokens, images: Vec::new() }
-    }
-}
 
 /// What tokenizing a prompt needs.
 #[derive(Clone, Copy)]

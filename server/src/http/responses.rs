@@ -7,8 +7,7 @@
 //! completion request (`input` and `instructions` become `messages`,
 //! `max_output_tokens` becomes `max_tokens`, every other field passes
 //! through), so the prompt, the sampling fields and the engine work are the
-//! chat endpoint's ([`super::openai::chat_tokens`], [`params::generation`],
-//! [`super::generate`]); only the answer's shape is this module's, with a
+//! chat endpoint's ([`super::openai::ChatParse`], [`super::generate`]); only the answer's shape is this module's, with a
 //! reply's reasoning (see [`super::reasoning`]) as a `reasoning` item before
 //! the message. Server-side state (`previous_response_id`, `conversation`),
 //! tools, reasoning items in the input, structured outputs and non-text input
@@ -23,13 +22,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::generate::{
-    Keep, Plan, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json,
-};
+use super::extract::JsonBody;
+use super::generate::{Keep, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json};
 use super::ids::random_id;
-use super::openai::chat_tokens;
-use super::params::{self, Fields, JsonBody, object, wrong};
-use super::reasoning::{Parts, Reasoning, Splitter};
+use super::openai::{ChatParse, chat_tokens};
+use super::params::{Fields, object, wrong};
+use super::reasoning::{Parts, Splitter};
 use super::{AppState, sse};
 use sluice_engine::request::{Completion, Progress, TokenEvent};
 
@@ -50,11 +48,7 @@ pub async fn responses(State(state): State<AppState>, JsonBody(body): JsonBody) 
             }
         }
         let chat = to_chat(request)?;
-        let fields = Fields(&chat);
-        let generation = params::generation(fields, &parsing.limits(&defaults))?;
-        let prompt = chat_tokens(&parsing, parsing.reader(), fields, defaults.reasoning)?;
-        let reasoning = Reasoning::new(fields, defaults.reasoning_format, generation.stream, prompt.opens_thinking)?;
-        Ok((Plan { generation, prompts: vec![prompt.prompt] }, reasoning))
+        ChatParse::plan(&parsing, &defaults, Fields(&chat))
     })
     .await?;
     let ids = Ids::new();
@@ -525,6 +519,7 @@ impl sse::Render for ResponsesStream {
 mod tests {
     use super::*;
     use crate::http::error::ErrorType;
+    use crate::http::reasoning::Reasoning;
 
     fn chat(request: Value) -> Result<Map<String, Value>, ApiError> {
         to_chat(request.as_object().expect("an object"))

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::{ApiError, ErrorType};
+use super::extract::RawBody;
 use super::generate::blocking;
-use super::params::RawBody;
 use sluice_engine::slot_store::{KvLayout, SlotActionError, SlotFile};
 
 /// The longest file name most file systems take.

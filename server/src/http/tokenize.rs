@@ -9,9 +9,10 @@ use serde::ser::{SerializeMap, Serializer};
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::extract::JsonBody;
 use super::generate::blocking;
 use super::openai::chat_prompt;
-use super::params::{Fields, JsonBody, object, wrong};
+use super::params::{Fields, object, wrong};
 use super::spliced::json_response;
 use super::{AppState, Ready};
 use sluice_model::tokenizer::Tokenizer;

@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 
 use super::error::{ApiError, ErrorType};
-use super::params::JsonBody;
+use super::extract::JsonBody;
 use super::{AppState, get_routes, info, post_routes};
 
 /// llama-server's bound on the instances of one prediction request.

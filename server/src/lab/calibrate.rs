@@ -95,7 +95,7 @@ pub fn fit(samples: &[Sample]) -> Option<CostModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_engine::testing::{assert_close, step};
+    use sluice_engine::step_cost::testing::{assert_close, step};
 
     #[test]
     fn the_fit_recovers_a_known_model() {

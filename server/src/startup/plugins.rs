@@ -7,7 +7,7 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{OnFault, PolicyConfig, SpeculativeConfig};
+use crate::config::{PolicyConfig, SpeculativeConfig};
 use sluice_engine::policy::SchedulingPolicy;
 use sluice_engine::shadow::MAX_SHADOWS;
 use sluice_engine::{FallbackPolicy, FaultRules};
@@ -164,16 +164,13 @@ pub fn fallback(host: &PluginHost, config: &PolicyConfig) -> FallbackPolicy {
 
 /// The supervisor's rules from `[policy]`.
 pub fn fault_rules(config: &PolicyConfig) -> FaultRules {
-    let on_fault = match config.on_fault {
-        OnFault::FailClosed => sluice_engine::OnFault::FailClosed,
-        OnFault::Fallback => sluice_engine::OnFault::Fallback,
-    };
-    FaultRules { on_fault, stall_steps: config.stall_steps }
+    FaultRules { on_fault: config.on_fault, stall_steps: config.stall_steps }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_engine::OnFault;
 
     #[test]
     fn builtins_come_from_their_world_and_paths_from_disk() {
@@ -188,7 +185,7 @@ mod tests {
     #[test]
     fn the_fault_rules_follow_the_policy_section() {
         let config = PolicyConfig { on_fault: OnFault::Fallback, stall_steps: 9, ..PolicyConfig::default() };
-        assert_eq!(fault_rules(&config), FaultRules { on_fault: sluice_engine::OnFault::Fallback, stall_steps: 9 });
+        assert_eq!(fault_rules(&config), FaultRules { on_fault: OnFault::Fallback, stall_steps: 9 });
         assert_eq!(fault_rules(&PolicyConfig::default()), FaultRules::default());
     }
 

@@ -15,7 +15,7 @@ use reqwest::header::RETRY_AFTER;
 use serde_json::{Value, json};
 
 use super::api::Api;
-use super::report::{Class, Tally};
+use super::report::{Answer, Class, Tally};
 use super::{API_KEY, Mode, N_PROBS, QUEUE_LIMIT, SEND_TIMEOUT_S, SLOT_CTX};
 use crate::gguf_writer::Rng;
 use crate::raw::{post_head, read_until_closed, unread_connection};
@@ -274,20 +274,6 @@ fn read_answer(response: Response, plan: &Plan) -> Answer {
         Answer::new(Class::Completed, String::new())
     } else {
         Answer::new(Class::Malformed, format!("200 without an answer: {}", clip(&text)))
-    }
-}
-
-/// One request's class, what to show of it, and the waiting count a full
-/// queue named.
-pub struct Answer {
-    pub class: Class,
-    pub detail: String,
-    pub waiting: Option<usize>,
-}
-
-impl Answer {
-    fn new(class: Class, detail: String) -> Self {
-        Answer { class, detail, waiting: None }
     }
 }
 

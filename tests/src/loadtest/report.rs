@@ -6,10 +6,23 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::clients::Answer;
 use super::faults::{FaultRecord, Reload};
 use super::idle::Idle;
 use super::{Mode, QUEUE_LIMIT, RSS_BOUND_MIB, SLOT_CTX, SLOTS};
+
+/// One request's class, what to show of it, and the waiting count a full
+/// queue named.
+pub struct Answer {
+    pub class: Class,
+    pub detail: String,
+    pub waiting: Option<usize>,
+}
+
+impl Answer {
+    pub fn new(class: Class, detail: String) -> Self {
+        Answer { class, detail, waiting: None }
+    }
+}
 
 /// How a request was answered. The first five are what the rules allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -375,5 +375,7 @@ fn step_failure(kind: &str, detail: &str) -> String {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::testing::{generate, test_spm};
 use super::*;
-use crate::testing::{generate, test_spm};
 use sluice_model::tokenizer::Tokenizer;
 
 fn grammars() -> (Arc<Tokenizer>, Grammars) {

@@ -6,14 +6,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use serde_json::json;
-use sluice::config::{OnFault, PolicyConfig, PolicySpec, policy_spec};
+use sluice::config::{PolicyConfig, PolicySpec, policy_spec};
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
 use sluice::lab::stats::{Percentiles, RequestRecord, Slo, Summary};
 use sluice::lab::workload::{Arrivals, Generator, Length, TraceRequest, read_workload, to_jsonl};
 use sluice::startup::{fallback, fault_rules, load_policy};
+use sluice_engine::OnFault;
 use sluice_engine::supervisor::Supervisor;
 use sluice_plugin_host::PluginHost;
 
@@ -64,7 +66,7 @@ pub struct LabArgs {
     stall_steps: u32,
     /// After two faults in a row: fail-closed, or fallback to continuous
     /// (as `[policy] on_fault`).
-    #[arg(long, value_enum, default_value_t = OnFault::FailClosed)]
+    #[arg(long, default_value = "fail-closed", value_parser = on_fault_parser())]
     on_fault: OnFault,
     /// The step-cost model from `sluice bench calibrate`.
     #[arg(long, value_name = "FILE", default_value = "target/lab/cost-model.json")]
@@ -345,4 +347,10 @@ fn print_table(trace: &[TraceRequest], runs: &[PolicyRun]) {
             println!("  {}: quarantined: {fault}", run.label);
         }
     }
+}
+
+/// `--on-fault`: one of the config's names, listed in `--help`.
+fn on_fault_parser() -> impl TypedValueParser<Value = OnFault> {
+    PossibleValuesParser::new(OnFault::ALL.map(OnFault::as_str))
+        .try_map(|name: String| OnFault::named(&name).ok_or_else(|| format!("unknown value {name:?}")))
 }

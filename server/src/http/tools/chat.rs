@@ -255,8 +255,8 @@ mod grammar_tests {
     use serde_json::{Value, json};
 
     use super::super::{ToolChoice, ToolFormat, grammar, parse_output, parse_tools};
+    use sluice_engine::constraint::testing::{generate, test_spm};
     use sluice_engine::constraint::{GrammarSource, Grammars};
-    use sluice_engine::testing::{generate, test_spm};
 
     #[test]
     fn every_format_and_choice_compiles_and_parses_back() {

@@ -1,12 +1,12 @@
-//! Helpers the tests of this crate and of the crates above share (cargo
-//! feature `testing`, which only test builds turn on).
+//! Helpers for tests of grammars, here and in the crates above (cargo
+//! feature `testing`, which only test builds turn on): a tokenizer that can
+//! write any text, and a constrained greedy generation.
 
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::vocab::spm_vocabulary;
 
-use crate::constraint::Grammar;
-use crate::step_cost::{CostModel, StepWork};
+use super::Grammar;
 
 /// A SentencePiece tokenizer over `pieces`, with byte fallback.
 pub fn test_spm(pieces: &[(&str, f32)]) -> Tokenizer {
@@ -40,25 +40,4 @@ pub fn generate(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64, limit: usiz
         text.extend_from_slice(tokenizer.token_bytes(token));
     }
     (String::from_utf8_lossy(&text).into_owned(), false)
-}
-
-/// A prefill chunk and `decodes` decode rows, all at `context`.
-pub fn step(prefill: u32, context: u64, decodes: u32) -> StepWork {
-    let mut work = StepWork::default();
-    work.add_rows(context, prefill, false);
-    for _ in 0..decodes {
-        work.add_rows(context, 1, true);
-    }
-    work
-}
-
-pub fn assert_close(got: CostModel, want: CostModel) {
-    for (got, want) in [
-        (got.base_ms, want.base_ms),
-        (got.prefill_token_ms, want.prefill_token_ms),
-        (got.decode_token_ms, want.decode_token_ms),
-        (got.attention_kpair_ms, want.attention_kpair_ms),
-    ] {
-        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
-    }
 }
