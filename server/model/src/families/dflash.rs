@@ -4,7 +4,7 @@
 //! one row per `d2t` entry. Its DFlash settings (taps, block size) are
 //! `model::dflash`'s.
 
-use super::{Family, Outer, qwen3, uniform};
+use super::{Family, Outer, qwen3};
 use crate::dflash::{ARCHITECTURE, DflashParams};
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle, invalid, sections};
@@ -23,7 +23,7 @@ impl Family for Dflash {
     }
 
     fn layers(&self, _file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
-        Ok(uniform(hp, qwen3::LAYER))
+        Ok(vec![qwen3::QWEN3.layer; hp.n_layer])
     }
 
     fn outer(&self, file: &GgufFile, hp: &HParams) -> Result<Outer, LoadError> {

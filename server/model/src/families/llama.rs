@@ -2,25 +2,12 @@
 //! RoPE rotates adjacent pairs (the converter permutes Q and K to match);
 //! a file with Q/K/V biases has them applied.
 
-use super::{Family, uniform};
-use crate::gguf::GgufFile;
-use crate::hparams::{HParams, HParamsError, RopeStyle};
+use super::Uniform;
+use crate::hparams::RopeStyle;
 use crate::layer::{Attention, Ffn, LayerKind, Mixer};
-use crate::weights::LoadError;
 
-pub(super) struct Llama;
-
-impl Family for Llama {
-    fn name(&self) -> &'static str {
-        "llama"
-    }
-
-    fn rope(&self, _file: &GgufFile, _n_rot: usize) -> Result<RopeStyle, HParamsError> {
-        Ok(RopeStyle::Norm)
-    }
-
-    fn layers(&self, _file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
-        let attention = Attention { qkv_bias: false, qk_norm: false };
-        Ok(uniform(hp, LayerKind { mixer: Mixer::Attention(attention), ffn: Ffn::SwiGlu }))
-    }
-}
+pub(super) const LLAMA: Uniform = Uniform {
+    name: "llama",
+    rope: |_, _| Ok(RopeStyle::Norm),
+    layer: LayerKind { mixer: Mixer::Attention(Attention { qkv_bias: false, qk_norm: false }), ffn: Ffn::SwiGlu },
+};

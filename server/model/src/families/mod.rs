@@ -2,8 +2,9 @@
 //!
 //! A family reads what is its own in a GGUF file — its rotary style, the
 //! kind of each layer, what surrounds the layers — and declares it; the
-//! shared blocks (`model::blocks`) do the loading and the arithmetic. Adding
-//! a family is a new file here and a line in [`FAMILIES`]; a layer no block
+//! shared blocks (`crate::blocks`) do the loading and the arithmetic. Adding
+//! a family is a new file here (for most, one [`Uniform`] constant) and a
+//! line in [`FAMILIES`]; a layer no block
 //! runs yet is a new [`Mixer`](super::layer::Mixer) or
 //! [`Ffn`](super::layer::Ffn) variant with its block.
 //!
@@ -66,7 +67,7 @@ pub(crate) struct Outer {
 }
 
 static FAMILIES: [&dyn Family; 6] =
-    [&llama::Llama, &qwen2::Qwen2, &qwen3::Qwen3, &qwen2vl::Qwen2Vl, &qwen3vl::Qwen3Vl, &dflash::Dflash];
+    [&llama::LLAMA, &qwen2::QWEN2, &qwen3::QWEN3, &qwen2vl::QWEN2VL, &qwen3vl::QWEN3VL, &dflash::Dflash];
 
 /// The family of `arch` (every [`Architecture`] names one).
 pub(crate) fn of(arch: Architecture) -> Result<&'static dyn Family, HParamsError> {
@@ -80,9 +81,26 @@ fn find(name: &str) -> Result<&'static dyn Family, HParamsError> {
     })
 }
 
-/// Every layer of the kind `kind`.
-fn uniform(hp: &HParams, kind: LayerKind) -> Vec<LayerKind> {
-    vec![kind; hp.n_layer]
+/// A family whose layers are all of one kind and whose rotary style
+/// follows from its metadata alone: most dense families are one of these.
+struct Uniform {
+    name: &'static str,
+    rope: fn(&GgufFile, usize) -> Result<RopeStyle, HParamsError>,
+    layer: LayerKind,
+}
+
+impl Family for Uniform {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
+        (self.rope)(file, n_rot)
+    }
+
+    fn layers(&self, _file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
+        Ok(vec![self.layer; hp.n_layer])
+    }
 }
 
 impl HParams {

@@ -2,24 +2,11 @@
 //! position components (temporal, height, width, extra) over contiguous
 //! sections of the rotated pairs (`rope.dimension_sections`).
 
-use super::{Family, qwen2, uniform};
-use crate::gguf::GgufFile;
-use crate::hparams::{HParams, HParamsError, RopeStyle, sections};
-use crate::layer::LayerKind;
-use crate::weights::LoadError;
+use super::{Uniform, qwen2};
+use crate::hparams::{RopeStyle, sections};
 
-pub(super) struct Qwen2Vl;
-
-impl Family for Qwen2Vl {
-    fn name(&self) -> &'static str {
-        "qwen2vl"
-    }
-
-    fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
-        Ok(RopeStyle::MRope(sections(file, "qwen2vl.rope.dimension_sections", n_rot)?))
-    }
-
-    fn layers(&self, _file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
-        Ok(uniform(hp, qwen2::LAYER))
-    }
-}
+pub(super) const QWEN2VL: Uniform = Uniform {
+    name: "qwen2vl",
+    rope: |file, n_rot| Ok(RopeStyle::MRope(sections(file, "qwen2vl.rope.dimension_sections", n_rot)?)),
+    layer: qwen2::QWEN2.layer,
+};
