@@ -28,9 +28,9 @@ use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
-use super::packed as layout;
 use super::scalar::{self, LANES};
 use super::{ActFormat, DType, Dot, PackedDot, QuantizeFn};
+use crate::quant::packed as layout;
 
 // ---- helpers shared by both levels -----------------------------------------
 

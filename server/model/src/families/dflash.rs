@@ -4,7 +4,8 @@
 //! one row per `d2t` entry. Its DFlash settings (taps, block size) are
 //! `model::dflash`'s.
 
-use super::{Family, Outer, qwen3};
+use super::family::{Family, Outer};
+use super::qwen3;
 use crate::dflash::{ARCHITECTURE, DflashParams};
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle, invalid, sections};

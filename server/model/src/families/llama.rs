@@ -2,7 +2,7 @@
 //! RoPE rotates adjacent pairs (the converter permutes Q and K to match);
 //! a file with Q/K/V biases has them applied.
 
-use super::Uniform;
+use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, Ffn, LayerKind, Mixer};
 

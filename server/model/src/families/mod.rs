@@ -3,7 +3,7 @@
 //! A family reads what is its own in a GGUF file — its rotary style, the
 //! kind of each layer, what surrounds the layers — and declares it; the
 //! shared blocks (`crate::blocks`) do the loading and the arithmetic. Adding
-//! a family is a new file here (for most, one [`Uniform`] constant) and a
+//! a family is a new file here (for most, one `family::Uniform` constant) and a
 //! line in [`FAMILIES`]; a layer no block
 //! runs yet is a new [`Mixer`](super::layer::Mixer) or
 //! [`Ffn`](super::layer::Ffn) variant with its block.
@@ -18,6 +18,7 @@
 //! | `dflash.rs` | `dflash` | a DFlash draft: Qwen3 layers, lent embeddings and head, feature fusion |
 
 mod dflash;
+mod family;
 mod llama;
 mod qwen2;
 mod qwen2vl;
@@ -25,46 +26,8 @@ mod qwen3;
 mod qwen3vl;
 
 use super::gguf::GgufFile;
-use super::hparams::{Architecture, HParams, HParamsError, RopeStyle};
-use super::layer::LayerKind;
-use super::weights::LoadError;
-
-/// What a family declares about a file of its architecture.
-pub(crate) trait Family: Sync {
-    /// Its `general.architecture` name, also its metadata keys' prefix.
-    fn name(&self) -> &'static str;
-
-    /// Its rotary style, given the rotated width (`rope.dimension_count`).
-    fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError>;
-
-    /// The kind of each of the `hp.n_layer` layers, in order.
-    fn layers(&self, file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError>;
-
-    /// What surrounds its layers.
-    fn outer(&self, _file: &GgufFile, hp: &HParams) -> Result<Outer, LoadError> {
-        Ok(Outer { lent: false, head_rows: hp.n_vocab, fusion: None })
-    }
-
-    /// Whether its files may carry no vocabulary (a draft using its
-    /// target's).
-    fn vocabulary_optional(&self) -> bool {
-        false
-    }
-}
-
-/// The embedding table, the LM head and anything in front of the layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Outer {
-    /// The embedding table and LM head may be missing from the file, lent
-    /// by the target model it drafts for.
-    pub(crate) lent: bool,
-    /// Rows of the LM head: the vocabulary, or a reduced one's size.
-    pub(crate) head_rows: usize,
-    /// Features fused in front of the layers (a DFlash draft's target
-    /// taps): their concatenated width, projected by `fc.weight` to
-    /// `n_embd` and normed by `enc.output_norm.weight`.
-    pub(crate) fusion: Option<usize>,
-}
+use super::hparams::{Architecture, HParams, HParamsError};
+pub(crate) use family::Family;
 
 static FAMILIES: [&dyn Family; 6] =
     [&llama::LLAMA, &qwen2::QWEN2, &qwen3::QWEN3, &qwen2vl::QWEN2VL, &qwen3vl::QWEN3VL, &dflash::Dflash];
@@ -79,28 +42,6 @@ fn find(name: &str) -> Result<&'static dyn Family, HParamsError> {
         name: name.into(),
         supported: FAMILIES.map(|family| family.name()).join(", "),
     })
-}
-
-/// A family whose layers are all of one kind and whose rotary style
-/// follows from its metadata alone: most dense families are one of these.
-struct Uniform {
-    name: &'static str,
-    rope: fn(&GgufFile, usize) -> Result<RopeStyle, HParamsError>,
-    layer: LayerKind,
-}
-
-impl Family for Uniform {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
-        (self.rope)(file, n_rot)
-    }
-
-    fn layers(&self, _file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
-        Ok(vec![self.layer; hp.n_layer])
-    }
 }
 
 impl HParams {

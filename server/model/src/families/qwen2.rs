@@ -1,7 +1,7 @@
 //! `qwen2`: Qwen2 and Qwen2.5 text models. NEOX RoPE, biases on the Q, K
 //! and V projections.
 
-use super::Uniform;
+use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, Ffn, LayerKind, Mixer};
 

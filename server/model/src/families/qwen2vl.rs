@@ -2,7 +2,8 @@
 //! position components (temporal, height, width, extra) over contiguous
 //! sections of the rotated pairs (`rope.dimension_sections`).
 
-use super::{Uniform, qwen2};
+use super::family::Uniform;
+use super::qwen2;
 use crate::hparams::{RopeStyle, sections};
 
 pub(super) const QWEN2VL: Uniform = Uniform {

@@ -1,7 +1,7 @@
 //! `qwen3`: Qwen3 dense text models. NEOX RoPE, an RMSNorm on every Q and
 //! K head before rotation, no biases.
 
-use super::Uniform;
+use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, Ffn, LayerKind, Mixer};
 

@@ -1,7 +1,8 @@
 //! `qwen3vl`: Qwen3-VL's text model. Qwen3's layers with interleaved
 //! M-RoPE: the position components take turns over the rotated pairs.
 
-use super::{Uniform, qwen3};
+use super::family::Uniform;
+use super::qwen3;
 use crate::hparams::{RopeStyle, sections};
 
 pub(super) const QWEN3VL: Uniform = Uniform {

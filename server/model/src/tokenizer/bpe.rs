@@ -9,8 +9,9 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 
+use super::byte_level;
+use super::error::TokenizerError;
 use super::vocab::{KEY_MERGES, KEY_PRE, Vocab};
-use super::{TokenizerError, byte_level};
 use crate::gguf::GgufFile;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::TokenizerError;
+use super::error::TokenizerError;
 use crate::gguf::GgufFile;
 
 pub(super) const KEY_MODEL: &str = "tokenizer.ggml.model";
