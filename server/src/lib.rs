@@ -1,12 +1,14 @@
 //! sluice: an LLM inference server whose scheduling policies and
 //! draft-metadata fixups are sandboxed WebAssembly components.
 //!
-//! A request's path reads top to bottom: `config` → `http` → `engine`
+//! A request's path reads top to bottom: `config` → `http` → `chat`
+//! (the dialects' shared chat input) → `engine`
 //! (each step's decision from a policy, which `plugins` runs in its
 //! sandbox) → `model` → `sluice_kernels::backend`. `startup` wires them
 //! together; `lab` (cargo feature `lab`) compares policies offline and
 //! live. docs/architecture.md draws the seams.
 
+pub mod chat;
 pub mod config;
 pub mod http;
 #[cfg(feature = "lab")]

@@ -3,87 +3,34 @@
 //! attach, detach, report and promote (`/admin/policy/shadow`,
 //! `/admin/policy/promote`).
 
-use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 
-use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::JsonBody;
 use super::generate::blocking;
-use super::params::{Fields, object, wrong};
-use crate::config::{Config, Overrides, PolicyConfig, PolicySpec, policy_source};
+use super::state::AppState;
+use crate::chat::fields::{Fields, object, wrong};
+use crate::config::{PolicyConfig, PolicySpec, policy_source};
 use crate::startup::{PluginError, confine, load_policy, load_shadows};
 use sluice_engine::policy::SchedulingPolicy;
 use sluice_engine::shadow::ShadowRecord;
-use sluice_plugin_host::{PluginHost, PluginSource, WasmPolicy};
+use sluice_plugin_host::{PluginSource, WasmPolicy};
 
 /// Longest wait for the engine to take a new policy or shadow (it does so
 /// between two steps, and a step with a long prefill can take seconds on a
 /// CPU, so this only runs out if a step hangs).
 const SWAP_WAIT: Duration = Duration::from_secs(60);
 
-/// The policy side of the server: the plugin host, where the configuration
-/// came from (for reloads), and the active policy's configuration.
-pub struct Policies {
-    host: PluginHost,
-    config_file: Option<PathBuf>,
-    flags: Overrides,
-    active: Mutex<PolicyConfig>,
-}
-
-impl Policies {
-    pub fn new(host: PluginHost, config_file: Option<PathBuf>, flags: Overrides, active: PolicyConfig) -> Self {
-        Policies { host, config_file, flags, active: Mutex::new(active) }
-    }
-
-    /// The plugin host (shared by policies and draft fixups).
-    pub fn host(&self) -> &PluginHost {
-        &self.host
-    }
-
-    /// The active policy's configuration (its shadows included).
-    pub fn active(&self) -> PolicyConfig {
-        self.active.lock().map(|active| active.clone()).unwrap_or_default()
-    }
-
-    fn edit(&self, change: impl FnOnce(&mut PolicyConfig)) {
-        if let Ok(mut active) = self.active.lock() {
-            change(&mut active);
-        }
-    }
-
-    /// Load `config`'s policy and make it the one `/props` reports.
-    pub fn load(&self, config: PolicyConfig) -> Result<WasmPolicy, PluginError> {
-        let policy = load_policy(&self.host, &config)?;
-        if let Ok(mut active) = self.active.lock() {
-            *active = config;
-        }
-        Ok(policy)
-    }
-
-    /// The `[policy]` section as it stands now: the config file read again,
-    /// with the command-line flags applied over it.
-    pub fn from_file(&self) -> Result<PolicyConfig, PluginError> {
-        let mut config = match &self.config_file {
-            Some(path) => Config::load(path).map_err(|error| PluginError::Config(error.to_string()))?,
-            None => Config::default(),
-        };
-        config.apply(&self.flags).map_err(PluginError::Config)?;
-        Ok(config.policy)
-    }
-}
-
 /// Reload the policy and its shadows from the config file and hand them to
 /// the engine (the SIGHUP action). Blocking: it compiles the plugins.
 pub fn reload_from_file(state: &AppState) -> Result<String, PluginError> {
     let policies = state.policies();
     let config = policies.from_file()?;
-    let shadows = load_shadows(&policies.host, &config)?;
+    let shadows = load_shadows(policies.host(), &config)?;
     let policy = policies.load(config)?;
     let name = install(state, policy)?;
     let ready = state.ready().map_err(|error| PluginError::Config(error.message))?;
@@ -174,7 +121,7 @@ pub async fn attach_shadow(State(state): State<AppState>, JsonBody(body): JsonBo
     let name = blocking(move || {
         let policies = worker.policies();
         let spec = PolicySpec { plugin, settings };
-        let policy = load_policy(&policies.host, &policies.active().for_shadow(&spec))
+        let policy = load_policy(policies.host(), &policies.active().for_shadow(&spec))
             .map_err(|error| ApiError::invalid(format!("`policy`: {error}")))?;
         let name = policy.name().to_owned();
         let ready = worker.ready()?;
@@ -280,5 +227,6 @@ fn settings_table(value: &Value) -> Result<toml::Table, ApiError> {
             };
             Ok((key.clone(), value))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map_err(ApiError::from)
 }

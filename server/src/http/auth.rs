@@ -3,14 +3,9 @@
 //! constant time, so neither the key's content nor its length shows in the
 //! timing of a refusal.
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-
-use super::AppState;
-use super::error::{ApiError, ErrorType};
 
 /// The configured key, kept only as its digest.
 #[derive(Clone)]
@@ -49,15 +44,13 @@ fn presented(headers: &HeaderMap) -> Option<&str> {
     headers.get("x-api-key").and_then(|value| value.to_str().ok()).map(str::trim)
 }
 
-/// Middleware: refuse requests without the right key (401).
-pub async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(key) = state.api_key() else { return next.run(request).await };
-    if is_public(request.uri().path()) {
-        return next.run(request).await;
-    }
-    match presented(request.headers()) {
-        Some(candidate) if key.matches(candidate) => next.run(request).await,
-        _ => ApiError::new(ErrorType::Authentication, "Invalid API Key").into_response(),
+/// Whether a request may pass: no key is configured, its path is public,
+/// or it presents the key.
+pub fn admits(key: Option<&ApiKey>, request: &Request) -> bool {
+    match key {
+        None => true,
+        Some(_) if is_public(request.uri().path()) => true,
+        Some(key) => presented(request.headers()).is_some_and(|candidate| key.matches(candidate)),
     }
 }
 

@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
+use super::state::AppState;
 
 const ALLOW_METHODS: &str = "GET, POST, DELETE, OPTIONS";
 

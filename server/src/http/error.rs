@@ -5,6 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::chat;
 use sluice_engine::SubmitError;
 use sluice_engine::request::EngineError;
 
@@ -78,7 +79,7 @@ impl ApiError {
 
     /// 501 for a feature sluice does not implement yet; `what` names it.
     pub fn unsupported(what: &str) -> Self {
-        Self::new(ErrorType::NotSupported, format!("{what} is not supported by sluice yet"))
+        chat::Error::Unsupported(what.to_owned()).into()
     }
 
     pub fn loading() -> Self {
@@ -155,6 +156,24 @@ impl From<SubmitError> for ApiError {
     }
 }
 
+impl From<chat::Error> for ApiError {
+    fn from(error: chat::Error) -> Self {
+        let message = error.to_string();
+        match error {
+            chat::Error::Invalid(_) => ApiError::invalid(message),
+            chat::Error::Unsupported(_) => ApiError::new(ErrorType::NotSupported, message),
+            chat::Error::ExceedsContext { least, n_ctx } => ApiError::new(ErrorType::ExceedContextSize, message)
+                .with("n_prompt_tokens", json!(least))
+                .with("n_ctx", json!(n_ctx)),
+            // Another turn may come soon.
+            chat::Error::Busy { .. } => {
+                ApiError { retry_after: Some(1), ..ApiError::new(ErrorType::Unavailable, message) }
+            }
+            chat::Error::Server(_) => ApiError::new(ErrorType::Server, message),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         match error {
@@ -187,20 +206,6 @@ pub fn exceeds_context(n_prompt_tokens: usize, n_ctx: usize) -> ApiError {
         format!("the request exceeds the available context size ({n_prompt_tokens} prompt tokens, context {n_ctx})"),
     )
     .with("n_prompt_tokens", json!(n_prompt_tokens))
-    .with("n_ctx", json!(n_ctx))
-}
-
-/// [`exceeds_context`] for a prompt refused before it was tokenized: it
-/// has at least `least` tokens.
-pub fn exceeds_context_untokenized(least: usize, n_ctx: usize) -> ApiError {
-    ApiError::new(
-        ErrorType::ExceedContextSize,
-        format!(
-            "the request exceeds the available context size (at least {least} prompt tokens, found without \
-             tokenizing the whole text; context {n_ctx})"
-        ),
-    )
-    .with("n_prompt_tokens", json!(least))
     .with("n_ctx", json!(n_ctx))
 }
 

@@ -10,9 +10,9 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_LENGTH;
 use serde_json::Value;
 
-use super::AppState;
 use super::bodies::{self, Turn};
 use super::error::ApiError;
+use super::state::AppState;
 
 /// A request body parsed as JSON, with its turn among large bodies
 /// (`bodies`), which lasts while the value does.

@@ -6,11 +6,11 @@ use futures_util::{Stream, StreamExt};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::Ready;
 use super::error::{ApiError, ErrorType};
-use super::media::Prompt;
 use super::params::Generation;
 use super::probs;
+use super::state::Ready;
+use crate::chat::media::Prompt;
 use sluice_engine::EngineHandle;
 use sluice_engine::delivery::EventReceiver;
 use sluice_engine::request::{Completion, Event, Progress, RequestId, StopType, Timings, TokenEvent};

@@ -11,8 +11,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, ErrorType};
-use super::params::{self, Fields, settings_json};
-use super::{AppState, Ready, tools};
+use super::params::{self, settings_json};
+use super::state::{AppState, RateWindow, Ready};
+use crate::chat::fields::Fields;
+use crate::chat::tools;
 use sluice_engine::Health;
 use sluice_engine::metrics::{Metrics, POLICY_CALL_BUCKETS};
 use sluice_engine::policy::Phase;
@@ -244,16 +246,6 @@ pub async fn slots(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
         })
         .collect();
     Ok(Json(Value::Array(slots)))
-}
-
-/// Counter values at the previous scrape, for llama-server's per-scrape
-/// throughput gauges.
-#[derive(Debug, Default)]
-pub struct RateWindow {
-    prompt_tokens: u64,
-    prompt_micros: u64,
-    predicted_tokens: u64,
-    predicted_micros: u64,
 }
 
 /// Prometheus text, one family at a time.

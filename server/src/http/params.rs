@@ -7,11 +7,10 @@
 
 use serde_json::{Value, json};
 
+use super::adapters::Adapters;
 use super::error::ApiError;
-use super::fields::integer;
-pub use super::fields::{Fields, object, wrong};
-use super::lora::Adapters;
-use super::structured::{self, Compiler};
+use crate::chat::fields::{Fields, integer, wrong};
+use crate::chat::structured::{self, Compiler};
 use crate::config::RequestDefaults;
 use sluice_engine::request::GenerationRequest;
 use sluice_engine::sampling::{SamplingParams, Stage};
@@ -140,7 +139,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
             // boolean `logprobs` is read by the chat handler.
             Some(Value::Number(_)) => fields.int("logprobs")?.map(|n| ("logprobs", n)),
             Some(Value::Bool(_)) | None => None,
-            Some(_) => return Err(wrong("logprobs", "an integer (a boolean on chat completions)")),
+            Some(_) => return Err(wrong("logprobs", "an integer (a boolean on chat completions)").into()),
         },
     };
     let n_probs = match n_probs {
@@ -165,7 +164,7 @@ pub fn generation(fields: Fields<'_>, limits: &Limits<'_>) -> Result<Generation,
         fields.strings("stop")?.unwrap_or_default().into_iter().filter(|word| !word.is_empty()).collect();
     let include_usage = match fields.get("stream_options") {
         Some(Value::Object(options)) => Fields(options).bool_or("include_usage", false)?,
-        Some(_) => return Err(wrong("stream_options", "an object")),
+        Some(_) => return Err(wrong("stream_options", "an object").into()),
         None => false,
     };
     let n_keep = match fields.int("n_keep")?.unwrap_or(defaults.n_keep) {
@@ -241,7 +240,7 @@ fn samplers(fields: Fields<'_>) -> Result<Option<Vec<Stage>>, ApiError> {
             .into_iter()
             .filter_map(Stage::from_name)
             .collect(),
-        _ => return Err(wrong("samplers", "an array of sampler names or a string")),
+        _ => return Err(wrong("samplers", "an array of sampler names or a string").into()),
     };
     Ok(Some(stages))
 }

@@ -14,9 +14,12 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use super::admin::{self, Policies};
+use super::api::vertex;
 use super::conn::Timeouts;
-use super::{AppState, Ready, listen, router, vertex};
+use super::policies::Policies;
+use super::routes::{self, router};
+use super::state::{AppState, Ready};
+use super::{admin, listen};
 use crate::config::{Config, Overrides, ServerTimeouts};
 use crate::startup;
 use sluice_engine::request::EngineError;
@@ -59,7 +62,7 @@ pub enum StartError {
 /// Listen, load, serve until a stop signal.
 pub async fn serve(launch: Launch) -> Result<(), StartError> {
     let Launch { mut config, config_file, flags, host, policy, shadows } = launch;
-    let vertex = vertex::Settings::from_env()?;
+    let vertex = vertex::Settings::from_env(&routes::paths())?;
     if let Some(vertex) = &vertex {
         if vertex.port != config.server.port {
             tracing::warn!("Vertex AI: AIP_HTTP_PORT {} replaces the port {}", vertex.port, config.server.port);

@@ -14,10 +14,10 @@ use axum::Json;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use serde_json::{Value, json};
 
-use super::AppState;
 use super::error::{ApiError, ErrorType};
 use super::extract::RawBody;
 use super::generate::blocking;
+use super::state::AppState;
 use sluice_engine::slot_store::{KvLayout, SlotActionError, SlotFile};
 
 /// The longest file name most file systems take.

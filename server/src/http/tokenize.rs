@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::extract::JsonBody;
 use super::generate::blocking;
-use super::openai::chat_prompt;
-use super::params::{Fields, object, wrong};
 use super::spliced::json_response;
-use super::{AppState, Ready};
+use super::state::{AppState, Ready};
+use crate::chat::fields::{Fields, object, wrong};
+use crate::chat::messages::chat_prompt;
 use sluice_model::tokenizer::Tokenizer;
 
 /// `POST /tokenize`: `content`, `add_special` (false), `parse_special`
@@ -138,7 +138,7 @@ pub async fn apply_template(State(state): State<AppState>, JsonBody(body): JsonB
     let thinking = state.config().defaults.reasoning;
     blocking(move || {
         let fields = Fields(object(&body)?);
-        Ok(Json(json!({ "prompt": chat_prompt(&ready, fields, thinking)? })))
+        Ok(Json(json!({ "prompt": chat_prompt(&ready.template, ready.counter(), fields, thinking)? })))
     })
     .await
 }

@@ -12,8 +12,8 @@
 //! Tags are found across piece boundaries: a piece ending in what may be
 //! the start of a tag is held back until the next piece decides it.
 
-use super::error::ApiError;
-use super::params::Fields;
+use super::error::Error;
+use super::fields::Fields;
 use crate::config::ReasoningFormat;
 
 const OPEN: &str = "<think>";
@@ -53,11 +53,11 @@ impl Reasoning {
     /// `deepseek-legacy` splits only what is not streamed, as in
     /// llama-server; `auto` is `deepseek`, as it is there for templates that
     /// think in `<think>` blocks (the only kind sluice recognises).
-    pub fn new(fields: Fields<'_>, default: ReasoningFormat, stream: bool, opened: bool) -> Result<Self, ApiError> {
+    pub fn new(fields: Fields<'_>, default: ReasoningFormat, stream: bool, opened: bool) -> Result<Self, Error> {
         let format = match fields.str("reasoning_format")? {
             None => default,
             Some(name) => ReasoningFormat::parse(name).ok_or_else(|| {
-                ApiError::invalid(format!(
+                Error::invalid(format!(
                     "`reasoning_format` must be \"none\", \"auto\", \"deepseek\" or \"deepseek-legacy\", not {name:?}"
                 ))
             })?,
@@ -373,7 +373,7 @@ mod tests {
         let body = json!({"reasoning_format": "nothink"});
         let error = Reasoning::new(Fields(body.as_object().expect("object")), ReasoningFormat::Auto, false, false)
             .expect_err("unknown format");
-        assert!(error.message.contains("reasoning_format"), "{}", error.message);
+        assert!(error.to_string().contains("reasoning_format"), "{error}");
     }
 
     #[test]

@@ -8,9 +8,9 @@ use super::{
     StreamEvent, StreamParser, Tool, ToolChoice, ToolFormat, detect, grammar, parse_output, parse_tool_choice,
     parse_tools, preamble,
 };
-use crate::http::error::ApiError;
-use crate::http::fields::Fields;
-use crate::http::ids::random_id;
+use crate::chat::error::Error;
+use crate::chat::fields::Fields;
+use crate::chat::ids::random_id;
 use sluice_engine::constraint::GrammarSource;
 
 /// The tools of one chat request that may call them.
@@ -30,10 +30,10 @@ impl ChatTools {
     /// The request's tools; `None` without tools or with `tool_choice`
     /// `none` (the reply is then plain text, and the template is not shown
     /// the tools).
-    pub fn read(fields: Fields<'_>, template_source: &str) -> Result<Option<ChatTools>, ApiError> {
+    pub fn read(fields: Fields<'_>, template_source: &str) -> Result<Option<ChatTools>, Error> {
         let given = fields.get("tools").cloned().unwrap_or(Value::Null);
-        let tools = parse_tools(&given).map_err(ApiError::invalid)?;
-        let choice = parse_tool_choice(fields.get("tool_choice"), &tools).map_err(ApiError::invalid)?;
+        let tools = parse_tools(&given).map_err(Error::invalid)?;
+        let choice = parse_tool_choice(fields.get("tool_choice"), &tools).map_err(Error::invalid)?;
         if choice == ToolChoice::None {
             return Ok(None);
         }

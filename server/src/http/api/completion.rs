@@ -7,13 +7,18 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::error::ApiError;
-use super::extract::JsonBody;
-use super::generate::{Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, submit, timings_json};
-use super::params::{self, Fields, object, settings_json};
-use super::probs::probs_json;
-use super::spliced::Spliced;
-use super::{AppState, Ready, prompt, sse};
+use crate::chat::fields::{Fields, object};
+use crate::chat::prompt;
+use crate::http::error::ApiError;
+use crate::http::extract::JsonBody;
+use crate::http::generate::{
+    Keep, Outcome, Plan, StreamProgress, attach_progress, blocking, collect, submit, timings_json,
+};
+use crate::http::params::{self, settings_json};
+use crate::http::probs::probs_json;
+use crate::http::spliced::Spliced;
+use crate::http::sse;
+use crate::http::state::{AppState, Ready};
 use sluice_engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /completion`.

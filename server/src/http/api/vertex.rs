@@ -20,9 +20,10 @@ use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 
-use super::error::{ApiError, ErrorType};
-use super::extract::JsonBody;
-use super::{AppState, get_routes, info, post_routes};
+use crate::http::error::{ApiError, ErrorType};
+use crate::http::extract::JsonBody;
+use crate::http::info;
+use crate::http::state::AppState;
 
 /// llama-server's bound on the instances of one prediction request.
 const MAX_INSTANCES: usize = 128;
@@ -53,16 +54,24 @@ pub enum SettingsError {
     Conflict(String),
 }
 
+/// The API's paths: what instances name, and what the prediction routes
+/// must not take over.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub get: Vec<&'static str>,
+    pub post: Vec<&'static str>,
+}
+
 impl Settings {
     /// The settings of this process's environment; `None` unless
     /// `AIP_MODE=PREDICTION`.
-    pub fn from_env() -> Result<Option<Settings>, SettingsError> {
-        Settings::parse(|name| std::env::var(name).ok())
+    pub fn from_env(paths: &Paths) -> Result<Option<Settings>, SettingsError> {
+        Settings::parse(|name| std::env::var(name).ok(), paths)
     }
 
     /// The settings `var` gives (a variable's value by name); empty values
     /// count as unset, as in llama-server.
-    pub fn parse(var: impl Fn(&str) -> Option<String>) -> Result<Option<Settings>, SettingsError> {
+    pub fn parse(var: impl Fn(&str) -> Option<String>, paths: &Paths) -> Result<Option<Settings>, SettingsError> {
         let var = |name: &str| var(name).filter(|value| !value.is_empty());
         if var("AIP_MODE").as_deref() != Some("PREDICTION") {
             return Ok(None);
@@ -72,8 +81,8 @@ impl Settings {
             None => DEFAULT_PORT,
         };
         let predict_route = route("AIP_PREDICT_ROUTE", var("AIP_PREDICT_ROUTE").as_deref().unwrap_or("/predict"))?;
-        let (gets, posts) = (paths(get_routes()), paths(post_routes()));
-        if gets.iter().chain(&posts).any(|path| *path == predict_route) {
+        let gets = &paths.get;
+        if gets.iter().chain(&paths.post).any(|path| *path == predict_route) {
             return Err(SettingsError::Conflict(predict_route));
         }
         let health_route = var("AIP_HEALTH_ROUTE")
@@ -82,10 +91,6 @@ impl Settings {
             .filter(|health| !gets.contains(&health.as_str()));
         Ok(Some(Settings { port, predict_route, health_route }))
     }
-}
-
-fn paths<T>(routes: Vec<(&'static str, T)>) -> Vec<&'static str> {
-    routes.into_iter().map(|(path, _)| path).collect()
 }
 
 /// `value` as a path with its leading `/`, refused where the router would
@@ -123,8 +128,13 @@ pub fn alias(path: &str) -> String {
 
 /// Add the prediction routes to `routes`; `api` (the router without them)
 /// answers the instances.
-pub fn add_routes(routes: Router<AppState>, settings: &Settings, api: Router) -> Router<AppState> {
-    let dispatch = Arc::new(Dispatch::new(api));
+pub fn add_routes(
+    routes: Router<AppState>,
+    settings: &Settings,
+    api: Router,
+    posts: &[&'static str],
+) -> Router<AppState> {
+    let dispatch = Arc::new(Dispatch::new(api, posts));
     let predict = post(move |uri: Uri, headers: HeaderMap, JsonBody(body): JsonBody| {
         let dispatch = Arc::clone(&dispatch);
         async move {
@@ -148,10 +158,9 @@ struct Dispatch {
 }
 
 impl Dispatch {
-    fn new(api: Router) -> Self {
-        let posts = paths(post_routes());
+    fn new(api: Router, posts: &[&'static str]) -> Self {
         let mut targets = HashMap::new();
-        for path in &posts {
+        for path in posts {
             targets.entry(alias(path)).or_insert(*path);
         }
         targets.extend(posts.iter().map(|path| ((*path).to_owned(), *path)));
@@ -239,8 +248,18 @@ impl Dispatch {
 mod tests {
     use super::*;
 
+    /// Routes in the order and of the kinds the API has (its own table is
+    /// checked end to end in `http_vertex`).
+    fn paths() -> Paths {
+        Paths {
+            get: vec!["/health", "/props"],
+            post: vec!["/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions"],
+        }
+    }
+
     fn parse(vars: &[(&str, &str)]) -> Result<Option<Settings>, SettingsError> {
-        Settings::parse(|name| vars.iter().find(|(key, _)| *key == name).map(|(_, value)| (*value).to_owned()))
+        let var = |name: &str| vars.iter().find(|(key, _)| *key == name).map(|(_, value)| (*value).to_owned());
+        Settings::parse(var, &paths())
     }
 
     #[test]
@@ -262,7 +281,7 @@ mod tests {
 
     #[test]
     fn the_first_path_of_an_alias_wins_and_paths_stand_for_themselves() {
-        let dispatch = Dispatch::new(Router::new());
+        let dispatch = Dispatch::new(Router::new(), &paths().post);
         assert_eq!(dispatch.targets.get("completions"), Some(&"/completions"));
         assert_eq!(dispatch.targets.get("chatCompletions"), Some(&"/v1/chat/completions"));
         assert_eq!(dispatch.targets.get("/completion"), Some(&"/completion"));

@@ -21,14 +21,18 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
-use super::extract::JsonBody;
-use super::generate::{Keep, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json};
-use super::ids::random_id;
-use super::openai::{ChatParse, chat_tokens};
-use super::params::{Fields, object, wrong};
-use super::reasoning::{Parts, Splitter};
-use super::{AppState, sse};
+use super::chat::ChatParse;
+use crate::chat::fields::{Fields, object, wrong};
+use crate::chat::ids::random_id;
+use crate::chat::messages::chat_tokens;
+use crate::chat::reasoning::{Parts, Splitter};
+use crate::http::error::ApiError;
+use crate::http::extract::JsonBody;
+use crate::http::generate::{
+    Keep, StreamProgress, attach_progress, blocking, collect, engine_gone, submit, timings_json,
+};
+use crate::http::sse;
+use crate::http::state::AppState;
 use sluice_engine::request::{Completion, Progress, TokenEvent};
 
 /// `POST /v1/responses`.
@@ -117,7 +121,7 @@ async fn count(
         } else {
             request
         };
-        let n_tokens = chat_tokens(&ready, ready.counter(), Fields(chat), thinking)?.prompt.tokens.len();
+        let n_tokens = chat_tokens(&ready.template, ready.counter(), Fields(chat), thinking)?.prompt.tokens.len();
         Ok(Json(json!({ "object": "response.input_tokens", "input_tokens": n_tokens })))
     })
     .await
@@ -139,7 +143,7 @@ fn to_chat(request: &Map<String, Value>) -> Result<Map<String, Value>, ApiError>
                 push_item(&mut messages, index, item)?;
             }
         }
-        _ => return Err(wrong("input", "a string or an array of input items")),
+        _ => return Err(wrong("input", "a string or an array of input items").into()),
     }
     if messages.is_empty() {
         return Err(ApiError::invalid("`input` must not be empty"));
@@ -154,7 +158,7 @@ fn to_chat(request: &Map<String, Value>) -> Result<Map<String, Value>, ApiError>
         let reasoning = reasoning.as_object().ok_or_else(|| wrong("reasoning", "an object"))?;
         if let Some(effort) = Fields(reasoning).get("effort") {
             if !effort.is_string() {
-                return Err(wrong("reasoning.effort", "a string"));
+                return Err(wrong("reasoning.effort", "a string").into());
             }
             chat.insert("reasoning_effort".into(), effort.clone());
         }
@@ -202,7 +206,7 @@ fn check_tools(fields: Fields<'_>) -> Result<(), ApiError> {
         None => Ok(()),
         Some(Value::Array(tools)) if tools.is_empty() => Ok(()),
         Some(Value::Array(_)) => Err(ApiError::unsupported("`tools`")),
-        Some(_) => Err(wrong("tools", "an array of tools")),
+        Some(_) => Err(wrong("tools", "an array of tools").into()),
     }
 }
 
@@ -261,7 +265,7 @@ fn content_parts(index: usize, content: Option<&Value>) -> Result<Vec<Value>, Ap
     let parts = match content {
         Some(Value::String(text)) => return Ok(vec![json!({ "type": "text", "text": text })]),
         Some(Value::Array(parts)) => parts,
-        _ => return Err(wrong(&format!("input[{index}].content"), "a string or an array of content parts")),
+        _ => return Err(wrong(&format!("input[{index}].content"), "a string or an array of content parts").into()),
     };
     let mut texts = Vec::with_capacity(parts.len());
     for (number, part) in parts.iter().enumerate() {
@@ -270,12 +274,12 @@ fn content_parts(index: usize, content: Option<&Value>) -> Result<Vec<Value>, Ap
         match part.get("type").and_then(Value::as_str) {
             Some("input_text" | "output_text") => match part.get("text") {
                 Some(Value::String(text)) => texts.push(json!({ "type": "text", "text": text })),
-                _ => return Err(wrong(&format!("{at}.text"), "a string")),
+                _ => return Err(wrong(&format!("{at}.text"), "a string").into()),
             },
             Some(kind @ ("input_image" | "input_file" | "input_audio" | "refusal")) => {
                 return Err(ApiError::unsupported(&format!("`{at}` of type {kind:?}")));
             }
-            _ => return Err(wrong(&format!("{at}.type"), "\"input_text\" or \"output_text\"")),
+            _ => return Err(wrong(&format!("{at}.type"), "\"input_text\" or \"output_text\"").into()),
         }
     }
     Ok(texts)
@@ -519,7 +523,7 @@ impl sse::Render for ResponsesStream {
 mod tests {
     use super::*;
     use crate::http::error::ErrorType;
-    use crate::http::reasoning::Reasoning;
+    use crate::chat::reasoning::Reasoning;
 
     fn chat(request: Value) -> Result<Map<String, Value>, ApiError> {
         to_chat(request.as_object().expect("an object"))

@@ -17,14 +17,16 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
-use super::extract::JsonBody;
-use super::generate::{Keep, blocking, collect, engine_gone, submit};
-use super::ids::random_id;
-use super::openai::{ChatParse, chat_tokens};
-use super::params::{Fields, object, wrong};
-use super::reasoning::{Parts, Splitter};
-use super::{AppState, sse};
+use super::chat::ChatParse;
+use crate::chat::fields::{Fields, object, wrong};
+use crate::chat::ids::random_id;
+use crate::chat::messages::chat_tokens;
+use crate::chat::reasoning::{Parts, Splitter};
+use crate::http::error::ApiError;
+use crate::http::extract::JsonBody;
+use crate::http::generate::{Keep, blocking, collect, engine_gone, submit};
+use crate::http::sse;
+use crate::http::state::AppState;
 use sluice_engine::request::{Completion, StopType, TokenEvent};
 
 /// The limit when `max_tokens` is absent: Anthropic requires the field,
@@ -84,7 +86,7 @@ pub async fn count_tokens(State(state): State<AppState>, JsonBody(body): JsonBod
     let thinking = state.config().defaults.reasoning;
     let input_tokens = blocking(move || {
         let chat = to_chat(Fields(object(&body)?), false)?;
-        Ok(chat_tokens(&ready, ready.counter(), Fields(&chat), thinking)?.prompt.tokens.len())
+        Ok(chat_tokens(&ready.template, ready.counter(), Fields(&chat), thinking)?.prompt.tokens.len())
     })
     .await?;
     Ok(axum::Json(json!({ "input_tokens": input_tokens })).into_response())
@@ -110,7 +112,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
         None => {}
         Some(Value::Array(tools)) if tools.is_empty() => {}
         Some(Value::Array(_)) => return Err(ApiError::unsupported("`tools`")),
-        Some(_) => return Err(wrong("tools", "an array of tools")),
+        Some(_) => return Err(wrong("tools", "an array of tools").into()),
     }
     if let Some(kwargs) = request.get("chat_template_kwargs") {
         chat.insert("chat_template_kwargs".into(), kwargs.clone());
@@ -133,7 +135,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
     if let Some(thinking) = request.get("thinking") {
         let kind = thinking.get("type").and_then(Value::as_str).ok_or_else(|| wrong("thinking.type", "a string"))?;
         if !matches!(kind, "enabled" | "adaptive" | "disabled") {
-            return Err(wrong("thinking.type", "\"enabled\", \"adaptive\" or \"disabled\""));
+            return Err(wrong("thinking.type", "\"enabled\", \"adaptive\" or \"disabled\"").into());
         }
     }
     // The chat fields would accept -1 (no limit); Anthropic's limit is a
@@ -148,7 +150,7 @@ fn to_chat(request: Fields<'_>, generating: bool) -> Result<Map<String, Value>, 
     chat.insert("max_tokens".into(), json!(max_tokens));
     if let Some(stops) = request.get("stop_sequences") {
         if !stops.as_array().is_some_and(|stops| stops.iter().all(Value::is_string)) {
-            return Err(wrong("stop_sequences", "an array of strings"));
+            return Err(wrong("stop_sequences", "an array of strings").into());
         }
         chat.insert("stop".into(), stops.clone());
     }
@@ -170,7 +172,7 @@ fn system_text(system: &Value) -> Result<String, ApiError> {
             .enumerate()
             .map(|(index, block)| text_of(&format!("system[{index}]"), block).map(steady_billing_header))
             .collect(),
-        _ => Err(wrong("system", "a string or an array of text blocks")),
+        _ => Err(wrong("system", "a string or an array of text blocks").into()),
     }
 }
 
@@ -203,7 +205,7 @@ fn to_chat_message(index: usize, message: &Value) -> Result<Option<Value>, ApiEr
             // The chat pipeline joins the parts as it does OpenAI's.
             Ok((!parts.is_empty()).then(|| json!({ "role": role, "content": parts })))
         }
-        Some(_) => Err(wrong(&format!("{at}.content"), "a string or an array of content blocks")),
+        Some(_) => Err(wrong(&format!("{at}.content"), "a string or an array of content blocks").into()),
     }
 }
 
@@ -228,7 +230,11 @@ fn text_of<'a>(at: &str, block: &'a Value) -> Result<&'a str, ApiError> {
         }
         _ => return Err(ApiError::invalid(format!("`{at}.type` must be a content block type, not {kind:?}"))),
     }
-    object.get("text").and_then(Value::as_str).ok_or_else(|| wrong(&format!("{at}.text"), "a string"))
+    object
+        .get("text")
+        .and_then(Value::as_str)
+        .ok_or_else(|| wrong(&format!("{at}.text"), "a string"))
+        .map_err(ApiError::from)
 }
 
 /// Claude Code opens its system prompt with `x-anthropic-billing-header:
@@ -414,7 +420,7 @@ mod tests {
     use super::*;
     use crate::config::ReasoningFormat;
     use crate::http::error::ErrorType;
-    use crate::http::reasoning::Reasoning;
+    use crate::chat::reasoning::Reasoning;
 
     fn chat(request: Value) -> Result<Value, ApiError> {
         let object = request.as_object().cloned().unwrap_or_default();

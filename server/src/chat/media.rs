@@ -12,7 +12,7 @@ use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use sha2::{Digest, Sha256};
 
-use super::error::{ApiError, ErrorType};
+use super::error::Error;
 use sluice_engine::request::ImageInput;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::vision::image::ImageSpec;
@@ -54,34 +54,34 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 );
 
 /// The bytes of base64 text `data`, or a 400 naming `field`.
-pub fn decode_base64(data: &str, field: &str) -> Result<Vec<u8>, ApiError> {
+pub fn decode_base64(data: &str, field: &str) -> Result<Vec<u8>, Error> {
     let bytes = BASE64
         .decode(data.trim())
-        .map_err(|error| ApiError::invalid(format!("`{field}` is not valid base64: {error}")))?;
+        .map_err(|error| Error::invalid(format!("`{field}` is not valid base64: {error}")))?;
     if bytes.is_empty() {
-        return Err(ApiError::invalid(format!("`{field}` is empty")));
+        return Err(Error::invalid(format!("`{field}` is empty")));
     }
     Ok(bytes)
 }
 
 /// The file of an `image_url` part's `url`: only `data:image/…;base64,`
 /// URIs (sluice fetches nothing).
-pub fn image_url(url: &str, field: &str) -> Result<Vec<u8>, ApiError> {
+pub fn image_url(url: &str, field: &str) -> Result<Vec<u8>, Error> {
     let Some(rest) = url.strip_prefix("data:") else {
         let scheme = url.split_once(':').map_or("a bare string", |(scheme, _)| scheme);
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "`{field}`: only data: URIs are accepted (sluice fetches nothing; send the image as \
              data:image/png;base64,…), not {scheme}"
         )));
     };
     let Some((kind, data)) = rest.split_once(',') else {
-        return Err(ApiError::invalid(format!("`{field}`: a data: URI needs a comma before its data")));
+        return Err(Error::invalid(format!("`{field}`: a data: URI needs a comma before its data")));
     };
     if !kind.starts_with("image/") {
-        return Err(ApiError::invalid(format!("`{field}`: data:{kind} is not an image")));
+        return Err(Error::invalid(format!("`{field}`: data:{kind} is not an image")));
     }
     if !kind.ends_with("base64") {
-        return Err(ApiError::invalid(format!("`{field}`: the data: URI must be base64 encoded")));
+        return Err(Error::invalid(format!("`{field}`: the data: URI must be base64 encoded")));
     }
     decode_base64(data, field)
 }
@@ -110,10 +110,10 @@ impl Vision {
         tokenizer: &Tokenizer,
         add_special: bool,
         field: &str,
-    ) -> Result<Prompt, ApiError> {
+    ) -> Result<Prompt, Error> {
         let pieces: Vec<&str> = text.split(self.marker.as_str()).collect();
         if pieces.len() - 1 != images.len() {
-            return Err(ApiError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "the prompt has {} media markers ({}) for {} images in `{field}`",
                 pieces.len() - 1,
                 self.marker,
@@ -134,7 +134,7 @@ impl Vision {
             prompt.tokens.extend(tokenizer.encode(piece, false, true));
             let Some(bytes) = images.get(index) else { break };
             if index + 1 < pieces.len() - 1 && pieces[index + 1].is_empty() {
-                return Err(ApiError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "images {} and {} of `{field}` are adjacent; llama.cpp merges adjacent images into \
                      video frames, which sluice does not support: put text between them",
                     index + 1,
@@ -153,18 +153,15 @@ impl Vision {
 
     /// One image file's rows, from the cache when the same bytes were
     /// encoded lately.
-    fn encode(&self, bytes: &[u8], field: &str) -> Result<ImageInput, ApiError> {
+    fn encode(&self, bytes: &[u8], field: &str) -> Result<ImageInput, Error> {
         let key: [u8; 32] = Sha256::digest(bytes).into();
         if let Ok(cache) = self.cache.lock()
             && let Some((_, encoded)) = cache.iter().find(|(cached, _)| *cached == key)
         {
             return Ok(encoded.clone());
         }
-        let prepared = self.spec.prepare(bytes).map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))?;
-        let encoded = self
-            .encoder
-            .encode(&prepared)
-            .map_err(|error| ApiError::new(ErrorType::Server, format!("`{field}`: {error}")))?;
+        let prepared = self.spec.prepare(bytes).map_err(|error| Error::invalid(format!("`{field}`: {error}")))?;
+        let encoded = self.encoder.encode(&prepared).map_err(|error| Error::Server(format!("`{field}`: {error}")))?;
         let encoded = ImageInput { start: 0, nx: encoded.nx, ny: encoded.ny, embeddings: Arc::from(encoded.rows) };
         if let Ok(mut cache) = self.cache.lock() {
             cache.retain(|(cached, _)| *cached != key);
@@ -211,8 +208,8 @@ mod tests {
             ("data:image/png;base64,", "is empty"),
         ] {
             let error = image_url(url, "messages[0].content[1].image_url.url").expect_err(url);
-            assert!(error.message.contains(says), "{url}: {}", error.message);
-            assert!(error.message.contains("messages[0].content[1].image_url.url"));
+            assert!(error.to_string().contains(says), "{url}: {error}");
+            assert!(error.to_string().contains("messages[0].content[1].image_url.url"));
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::error::{ApiError, ErrorType};
+use super::error::Error;
 
 /// The longest a text waits for its turn.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -35,7 +35,7 @@ impl Gate {
 
     /// Wait for the turn of a text of `bytes` (blocking: tokenizing runs on
     /// the blocking pool); it lasts while the pass lives.
-    pub fn enter(&self, bytes: usize) -> Result<Pass<'_>, ApiError> {
+    pub fn enter(&self, bytes: usize) -> Result<Pass<'_>, Error> {
         let deadline = Instant::now() + WAIT;
         // The count stays right even if a holder panicked: it is only ever
         // changed in one step.
@@ -43,18 +43,7 @@ impl Gate {
         while bytes > SMALL_BYTES && *busy > 0 && busy.saturating_add(bytes) > self.budget {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ApiError {
-                    retry_after: Some(1),
-                    ..ApiError::new(
-                        ErrorType::Unavailable,
-                        format!(
-                            "the server is tokenizing other large texts (server.limits.tokenizing_mib); this one \
-                             ({} KiB) waited {} s for its turn",
-                            bytes >> 10,
-                            WAIT.as_secs()
-                        ),
-                    )
-                });
+                return Err(Error::Busy { kib: bytes >> 10, waited_s: WAIT.as_secs() });
             }
             busy = self.freed.wait_timeout(busy, left).unwrap_or_else(PoisonError::into_inner).0;
         }

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::error::ApiError;
+use super::error::Error;
 use super::fields::{Fields, wrong};
 use sluice_engine::constraint::{Grammar, GrammarSource, Grammars};
 
@@ -13,15 +13,15 @@ use sluice_engine::constraint::{Grammar, GrammarSource, Grammars};
 pub type Compiler = Result<Grammars, String>;
 
 /// The request's grammar, if it asks for one.
-pub fn grammar(fields: Fields<'_>, compiler: &Compiler) -> Result<Option<Grammar>, ApiError> {
+pub fn grammar(fields: Fields<'_>, compiler: &Compiler) -> Result<Option<Grammar>, Error> {
     let Some((field, source)) = source(fields)? else { return Ok(None) };
     compile(field, &source, compiler).map(Some)
 }
 
 /// Compile `source`, read from `field`.
-pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Result<Grammar, ApiError> {
+pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Result<Grammar, Error> {
     let grammars = compiler.as_ref().map_err(|reason| {
-        ApiError::invalid(format!(
+        Error::invalid(format!(
             "`{field}` cannot be used: constrained decoding is unavailable for this model ({reason})"
         ))
     })?;
@@ -29,15 +29,15 @@ pub fn compile(field: &str, source: &GrammarSource, compiler: &Compiler) -> Resu
     // still the grammar's: compiling is a function of it alone, so the
     // same request fails the same way every time. The client gets the id
     // of the logged detail.
-    grammars.compile(source).map_err(|error| ApiError::invalid(format!("`{field}`: {error}")))
+    grammars.compile(source).map_err(|error| Error::invalid(format!("`{field}`: {error}")))
 }
 
 /// Which field asks for what, if any does.
-fn source(fields: Fields<'_>) -> Result<Option<(&'static str, GrammarSource)>, ApiError> {
+fn source(fields: Fields<'_>) -> Result<Option<(&'static str, GrammarSource)>, Error> {
     let grammar = fields.str("grammar")?.filter(|grammar| !grammar.is_empty());
     let schema = match (fields.get("json_schema"), response_format(fields)?) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid("either `json_schema` or `response_format` can be given, not both"));
+            return Err(Error::invalid("either `json_schema` or `response_format` can be given, not both"));
         }
         (Some(schema @ (Value::Object(_) | Value::Bool(_))), None) => Some(("json_schema", schema.clone())),
         (Some(_), None) => return Err(wrong("json_schema", "a JSON schema (an object)")),
@@ -45,7 +45,7 @@ fn source(fields: Fields<'_>) -> Result<Option<(&'static str, GrammarSource)>, A
     };
     Ok(match (grammar, schema) {
         (Some(_), Some((field, _))) => {
-            return Err(ApiError::invalid(format!("either `{field}` or `grammar` can be given, not both")));
+            return Err(Error::invalid(format!("either `{field}` or `grammar` can be given, not both")));
         }
         // llama.cpp hands grammars that start so to llguidance as they are.
         (Some(text), None) if text.trim_start().starts_with("%llguidance") => {
@@ -60,7 +60,7 @@ fn source(fields: Fields<'_>) -> Result<Option<(&'static str, GrammarSource)>, A
 /// OpenAI's `response_format`: `text`, `json_object` (any JSON object, or
 /// the `schema` given beside it, as llama-server reads it) or `json_schema`
 /// (`{json_schema: {name, schema, strict}}`; the schema is always enforced).
-fn response_format(fields: Fields<'_>) -> Result<Option<Value>, ApiError> {
+fn response_format(fields: Fields<'_>) -> Result<Option<Value>, Error> {
     let Some(format) = fields.get("response_format") else { return Ok(None) };
     let Value::Object(format) = format else { return Err(wrong("response_format", "an object")) };
     let format = Fields(format);
@@ -87,7 +87,7 @@ fn response_format(fields: Fields<'_>) -> Result<Option<Value>, ApiError> {
                 .or(schema(format.get("schema"), "response_format.schema")?);
             Ok(Some(given.unwrap_or_else(|| json!({}))))
         }
-        other => Err(ApiError::invalid(format!(
+        other => Err(Error::invalid(format!(
             "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\", not {other:?}"
         ))),
     }
@@ -101,7 +101,7 @@ mod tests {
 
     fn read(body: Value) -> Result<Option<(&'static str, GrammarSource)>, String> {
         let map: Map<String, Value> = body.as_object().cloned().unwrap_or_default();
-        source(Fields(&map)).map_err(|error| error.message)
+        source(Fields(&map)).map_err(|error| error.to_string())
     }
 
     #[test]
