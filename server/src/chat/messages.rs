@@ -13,6 +13,7 @@ use super::reasoning;
 use super::tools::{self, ChatTools};
 use crate::config::Thinking;
 use sluice_model::chat_template::{ChatTemplate, TemplateError};
+use sluice_model::tokenizer::Tokenizer;
 
 /// A rendered chat prompt, tokenized.
 pub struct ChatPrompt {
@@ -65,93 +66,132 @@ struct Rendered {
     tools: Option<ChatTools>,
 }
 
+/// A chat request's conversation, read from its fields and checked once:
+/// everything the template is given.
+struct Conversation {
+    /// The messages as templates expect them (see [`normalize`]), the
+    /// tools already shown to the template where it has no tool support.
+    messages: Vec<Value>,
+    /// The image files, in the order of their markers in `messages`.
+    files: Vec<Vec<u8>>,
+    add_generation_prompt: bool,
+    /// The template's other variables: `enable_thinking`,
+    /// `reasoning_effort`, the request's `chat_template_kwargs`, `tools`.
+    extra: Map<String, Value>,
+    tools: Option<ChatTools>,
+}
+
+impl Conversation {
+    /// `thinking` (the server's `--reasoning`) sets `enable_thinking`
+    /// unless the request's `chat_template_kwargs` or `reasoning_effort`
+    /// do; `marker` stands for each image (none without a projector).
+    fn read(
+        fields: Fields<'_>,
+        template: &ChatTemplate,
+        marker: Option<&str>,
+        thinking: Thinking,
+    ) -> Result<Self, Error> {
+        let messages = fields.get("messages").ok_or_else(|| Error::invalid("'messages' is required"))?;
+        let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
+        // An empty conversation renders as the template has it (llama-server
+        // accepts one too): usually just the generation prompt.
+        // A final assistant message is continued (below): llama-server joins
+        // its text parts with a blank line, every other message's with a newline.
+        let mut files = Vec::new();
+        let mut media = Media { marker, files: &mut files };
+        let mut normalized = messages
+            .iter()
+            .enumerate()
+            .map(|(index, message)| {
+                let continued = index + 1 == messages.len() && message["role"] == "assistant";
+                normalize(index, message, if continued { "\n\n" } else { "\n" }, &mut media)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
+        // A trailing assistant message is always continued (below); asking for
+        // that and for a new assistant turn at once is a contradiction.
+        if fields.bool_or("continue_final_message", false)?
+            && fields.get("add_generation_prompt") == Some(&Value::Bool(true))
+        {
+            return Err(Error::invalid("Cannot set both add_generation_prompt and continue_final_message to true."));
+        }
+        let is_assistant = |message: &Value| message["role"] == "assistant";
+        if let Some((last, before)) = normalized.split_last()
+            && is_assistant(last)
+            && before.last().is_some_and(is_assistant)
+        {
+            return Err(Error::invalid("Cannot have 2 or more assistant messages at the end of the list."));
+        }
+        let mut extra = Map::new();
+        extra.insert("enable_thinking".into(), Value::Bool(thinking.enable_thinking()));
+        match fields.get("chat_template_kwargs") {
+            Some(Value::Object(kwargs)) => extra.extend(kwargs.clone()),
+            Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
+            None => {}
+        }
+        // OpenAI's effort levels reach templates that read them (gpt-oss's);
+        // "none" turns thinking off instead, as llama-server has it.
+        match fields.str("reasoning_effort")? {
+            Some("none") => {
+                extra.insert("enable_thinking".into(), Value::Bool(false));
+                extra.remove("reasoning_effort");
+            }
+            Some(effort) if !effort.is_empty() => {
+                extra.insert("reasoning_effort".into(), Value::String(effort.to_owned()));
+            }
+            _ => {}
+        }
+        let tools = ChatTools::read(fields, template.source())?;
+        if let Some(tools) = &tools {
+            tools.prepare(&mut normalized, &mut extra);
+        }
+        Ok(Conversation { messages: normalized, files, add_generation_prompt, extra, tools })
+    }
+
+    /// The conversation rendered by `template`; `tokenizer` says whether
+    /// the prompt will get BOS.
+    fn render(self, template: &ChatTemplate, tokenizer: &Tokenizer) -> Result<Rendered, Error> {
+        let Conversation { messages, files, add_generation_prompt, extra, tools } = self;
+        let render = |messages: &[Value], add_generation_prompt: bool| {
+            template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
+                TemplateError::Raised(message) => Error::invalid(message),
+                // The template compiled at start; what it cannot render now is
+                // what these messages hold.
+                TemplateError::Render(message) => {
+                    Error::invalid(format!("the chat template cannot render these messages: {message}"))
+                }
+                other => Error::Server(other.to_string()),
+            })
+        };
+        let rendered = match messages.split_last() {
+            // Assistant prefill, as llama-server does by default: the reply
+            // continues the final assistant message, so the prompt is the
+            // conversation before it with the generation prompt, then its text.
+            Some((last, before)) if last["role"] == "assistant" => {
+                render(before, true)? + last["content"].as_str().unwrap_or_default()
+            }
+            _ => render(&messages, add_generation_prompt)?,
+        };
+        // The prompt is tokenized with BOS added where the vocabulary asks for
+        // it; a template that writes BOS itself would double it, so its text is
+        // dropped here (as llama.cpp does).
+        let bos = tokenizer.bos().map(|id| tokenizer.piece(id)).filter(|bos| !bos.is_empty());
+        let text = match bos {
+            Some(bos) if tokenizer.adds_bos() => rendered.strip_prefix(bos).map(str::to_owned).unwrap_or(rendered),
+            _ => rendered,
+        };
+        Ok(Rendered { text, files, tools })
+    }
+}
+
 fn render(
     template: &ChatTemplate,
     reader: Reader<'_>,
     fields: Fields<'_>,
     thinking: Thinking,
 ) -> Result<Rendered, Error> {
-    let messages = fields.get("messages").ok_or_else(|| Error::invalid("'messages' is required"))?;
-    let messages = messages.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
-    // An empty conversation renders as the template has it (llama-server
-    // accepts one too): usually just the generation prompt.
-    // A final assistant message is continued (below): llama-server joins
-    // its text parts with a blank line, every other message's with a newline.
-    let mut files = Vec::new();
-    let mut media = Media { marker: reader.vision.map(|vision| vision.marker()), files: &mut files };
-    let mut messages = messages
-        .iter()
-        .enumerate()
-        .map(|(index, message)| {
-            let continued = index + 1 == messages.len() && message["role"] == "assistant";
-            normalize(index, message, if continued { "\n\n" } else { "\n" }, &mut media)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let add_generation_prompt = fields.bool_or("add_generation_prompt", true)?;
-    // A trailing assistant message is always continued (below); asking for
-    // that and for a new assistant turn at once is a contradiction.
-    if fields.bool_or("continue_final_message", false)?
-        && fields.get("add_generation_prompt") == Some(&Value::Bool(true))
-    {
-        return Err(Error::invalid("Cannot set both add_generation_prompt and continue_final_message to true."));
-    }
-    let mut extra = Map::new();
-    extra.insert("enable_thinking".into(), Value::Bool(thinking.enable_thinking()));
-    match fields.get("chat_template_kwargs") {
-        Some(Value::Object(kwargs)) => extra.extend(kwargs.clone()),
-        Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
-        None => {}
-    }
-    // OpenAI's effort levels reach templates that read them (gpt-oss's);
-    // "none" turns thinking off instead, as llama-server has it.
-    match fields.str("reasoning_effort")? {
-        Some("none") => {
-            extra.insert("enable_thinking".into(), Value::Bool(false));
-            extra.remove("reasoning_effort");
-        }
-        Some(effort) if !effort.is_empty() => {
-            extra.insert("reasoning_effort".into(), Value::String(effort.to_owned()));
-        }
-        _ => {}
-    }
-    let tools = ChatTools::read(fields, template.source())?;
-    if let Some(tools) = &tools {
-        tools.prepare(&mut messages, &mut extra);
-    }
-    let render = |messages: &[Value], add_generation_prompt: bool| {
-        template.render_with(messages, add_generation_prompt, &extra).map_err(|error| match error {
-            TemplateError::Raised(message) => Error::invalid(message),
-            // The template compiled at start; what it cannot render now is
-            // what these messages hold.
-            TemplateError::Render(message) => {
-                Error::invalid(format!("the chat template cannot render these messages: {message}"))
-            }
-            other => Error::Server(other.to_string()),
-        })
-    };
-    let is_assistant = |message: &Value| message["role"] == "assistant";
-    let rendered = match messages.split_last() {
-        // Assistant prefill, as llama-server does by default: the reply
-        // continues the final assistant message, so the prompt is the
-        // conversation before it with the generation prompt, then its text.
-        Some((last, before)) if is_assistant(last) => {
-            if before.last().is_some_and(is_assistant) {
-                return Err(Error::invalid("Cannot have 2 or more assistant messages at the end of the list."));
-            }
-            render(before, true)? + last["content"].as_str().unwrap_or_default()
-        }
-        _ => render(&messages, add_generation_prompt)?,
-    };
-    // The prompt is tokenized with BOS added where the vocabulary asks for
-    // it; a template that writes BOS itself would double it, so its text is
-    // dropped here (as llama.cpp does).
-    let tokenizer = reader.tokenizer;
-    let bos = tokenizer.bos().map(|id| tokenizer.piece(id)).filter(|bos| !bos.is_empty());
-    let rendered = match bos {
-        Some(bos) if tokenizer.adds_bos() => rendered.strip_prefix(bos).map(str::to_owned).unwrap_or(rendered),
-        _ => rendered,
-    };
-    Ok(Rendered { text: rendered, files, tools })
+    let marker = reader.vision.map(|vision| vision.marker());
+    Conversation::read(fields, template, marker, thinking)?.render(template, reader.tokenizer)
 }
 
 /// Where a conversation's images go: the files, in order, and the marker
@@ -264,7 +304,10 @@ mod tests {
             assert!(matches!(&error, Error::Invalid(message) if message.contains(field)), "{content}: {error}");
         }
         assert!(
-            normalize(1, &json!({"content": "x"}), "\n", &mut media).unwrap_err().to_string().contains("messages[1].role")
+            normalize(1, &json!({"content": "x"}), "\n", &mut media)
+                .unwrap_err()
+                .to_string()
+                .contains("messages[1].role")
         );
         let mut media = Media { marker: Some("<M>"), files: &mut files };
         let mixed = json!({"role": "user", "content": [

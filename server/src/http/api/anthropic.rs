@@ -418,9 +418,9 @@ impl sse::Render for MessageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::reasoning::Reasoning;
     use crate::config::ReasoningFormat;
     use crate::http::error::ErrorType;
-    use crate::chat::reasoning::Reasoning;
 
     fn chat(request: Value) -> Result<Value, ApiError> {
         let object = request.as_object().cloned().unwrap_or_default();

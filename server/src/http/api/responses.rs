@@ -522,8 +522,8 @@ impl sse::Render for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::error::ErrorType;
     use crate::chat::reasoning::Reasoning;
+    use crate::http::error::ErrorType;
 
     fn chat(request: Value) -> Result<Map<String, Value>, ApiError> {
         to_chat(request.as_object().expect("an object"))
