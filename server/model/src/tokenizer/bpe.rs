@@ -168,7 +168,7 @@ fn parts(text: &str, size: usize) -> impl Iterator<Item = &str> {
 mod tests {
     use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _};
 
-    use super::super::tests::bpe_entries;
+    use super::super::testing::bpe_entries;
     use super::*;
 
     const NAMES: [&str; 10] =

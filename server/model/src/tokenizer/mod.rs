@@ -17,6 +17,8 @@ mod byte_level;
 mod error;
 mod spm;
 mod stream;
+#[cfg(test)]
+mod testing;
 mod vocab;
 
 pub use error::TokenizerError;
