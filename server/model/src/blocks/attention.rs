@@ -5,7 +5,7 @@
 
 use sluice_kernels::backend::Backend;
 
-use super::{LayerTensors, Pass, Scratch};
+use super::pass::{LayerTensors, Pass, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::Attention;

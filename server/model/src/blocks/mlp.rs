@@ -3,7 +3,7 @@
 
 use sluice_kernels::backend::Backend;
 
-use super::{LayerTensors, Pass, Scratch};
+use super::pass::{LayerTensors, Pass, Scratch};
 use crate::hparams::HParams;
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};

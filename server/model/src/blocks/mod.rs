@@ -4,25 +4,28 @@
 //!
 //! - `attention.rs`: causal self-attention over the paged KV store, with
 //!   optional Q/K/V biases and Q/K norms;
-//! - `mlp.rs`: the SwiGLU feed-forward.
+//! - `mlp.rs`: the SwiGLU feed-forward;
+//! - `pass.rs`: what they share (the pass, its buffers, a layer's tensors).
 //!
 //! [`Layer`] composes a layer's blocks from its declared
 //! [`LayerKind`](super::layer::LayerKind).
 
 mod attention;
 mod mlp;
+mod pass;
 
 use sluice_kernels::backend::Backend;
-use sluice_kernels::ops::{HeadShape, Rope};
 
 use super::batch::ForwardError;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
 use super::layer::{Cache, Ffn, LayerKind, Mixer};
-use super::lora::{Adapter, PassAdapters, Site};
-use super::weights::{LoadError, Weight, tensor_problem, vector, weight};
+use super::lora::Site;
+use super::weights::{LoadError, Weight};
 use attention::AttentionBlock;
 use mlp::Mlp;
+use pass::LayerTensors;
+pub(crate) use pass::{Pass, Scratch};
 
 /// One loaded layer: its mixer's residual step, then its feed-forward's.
 pub(crate) struct Layer<B: Backend> {
@@ -100,86 +103,5 @@ impl<B: Backend> Layer<B> {
         let MixerBlock::Attention(attention) = &self.mixer;
         let FfnBlock::SwiGlu(mlp) = &self.ffn;
         attention.weight(site).or_else(|| mlp.weight(site))
-    }
-}
-
-/// What every block of one forward pass reads.
-pub(crate) struct Pass<'a, B: Backend> {
-    pub(crate) backend: &'a B,
-    /// The rows' layout on the backend (positions, KV slots, visibility).
-    pub(crate) layout: &'a B::Pass,
-    pub(crate) rows: usize,
-    pub(crate) rms_eps: f32,
-    pub(crate) rope: &'a Rope,
-    pub(crate) heads: HeadShape,
-    pub(crate) lora: &'a PassAdapters,
-    pub(crate) adapters: &'a [Adapter<B>],
-}
-
-impl<B: Backend> Pass<'_, B> {
-    /// Add the adapters' deltas for the weight at `site` of `layer`.
-    fn adapted(&self, layer: usize, site: Site, x: &B::Rows, out: &mut B::Rows) {
-        self.lora.apply(self.backend, self.adapters, Some((layer, site)), x, out);
-    }
-}
-
-/// The buffers of a pass: the residual stream `x` and the blocks' working
-/// rows, kept between passes so that steady decoding allocates nothing.
-pub(crate) struct Scratch<B: Backend> {
-    pub(crate) x: B::Rows,
-    pub(crate) h: B::Rows,
-    q: B::Rows,
-    pub(crate) k: B::Rows,
-    pub(crate) v: B::Rows,
-    attn: B::Rows,
-    gate: B::Rows,
-    up: B::Rows,
-    pub(crate) ffn: B::Rows,
-}
-
-impl<B: Backend> Default for Scratch<B> {
-    fn default() -> Self {
-        Scratch {
-            x: B::Rows::default(),
-            h: B::Rows::default(),
-            q: B::Rows::default(),
-            k: B::Rows::default(),
-            v: B::Rows::default(),
-            attn: B::Rows::default(),
-            gate: B::Rows::default(),
-            up: B::Rows::default(),
-            ffn: B::Rows::default(),
-        }
-    }
-}
-
-/// The tensors of one layer, `blk.<index>.<suffix>`.
-struct LayerTensors<'a, B: Backend> {
-    backend: &'a B,
-    file: &'a GgufFile,
-    index: usize,
-}
-
-impl<B: Backend> LayerTensors<'_, B> {
-    fn name(&self, suffix: &str) -> String {
-        format!("blk.{}.{suffix}", self.index)
-    }
-
-    fn weight(&self, suffix: &str, n_in: usize, n_out: usize) -> Result<Weight<B>, LoadError> {
-        weight(self.backend, self.file, &self.name(suffix), n_in, n_out)
-    }
-
-    fn vector(&self, suffix: &str, len: usize) -> Result<B::Vector, LoadError> {
-        vector(self.backend, self.file, &self.name(suffix), len)
-    }
-
-    /// A vector the file may carry; `required` makes its absence an error.
-    fn optional(&self, suffix: &str, len: usize, required: bool) -> Result<Option<B::Vector>, LoadError> {
-        let name = self.name(suffix);
-        match self.file.tensor(&name) {
-            Some(_) => vector(self.backend, self.file, &name, len).map(Some),
-            None if required => Err(tensor_problem(&name, "missing")),
-            None => Ok(None),
-        }
     }
 }

@@ -1,0 +1,90 @@
+//! What the blocks of a layer share: the pass they run in, its buffers, and
+//! the tensors they load.
+
+use sluice_kernels::backend::Backend;
+use sluice_kernels::ops::{HeadShape, Rope};
+
+use crate::gguf::GgufFile;
+use crate::lora::{Adapter, PassAdapters, Site};
+use crate::weights::{LoadError, Weight, tensor_problem, vector, weight};
+
+/// What every block of one forward pass reads.
+pub(crate) struct Pass<'a, B: Backend> {
+    pub(crate) backend: &'a B,
+    /// The rows' layout on the backend (positions, KV slots, visibility).
+    pub(crate) layout: &'a B::Pass,
+    pub(crate) rows: usize,
+    pub(crate) rms_eps: f32,
+    pub(crate) rope: &'a Rope,
+    pub(crate) heads: HeadShape,
+    pub(crate) lora: &'a PassAdapters,
+    pub(crate) adapters: &'a [Adapter<B>],
+}
+
+impl<B: Backend> Pass<'_, B> {
+    /// Add the adapters' deltas for the weight at `site` of `layer`.
+    pub(super) fn adapted(&self, layer: usize, site: Site, x: &B::Rows, out: &mut B::Rows) {
+        self.lora.apply(self.backend, self.adapters, Some((layer, site)), x, out);
+    }
+}
+
+/// The buffers of a pass: the residual stream `x` and the blocks' working
+/// rows, kept between passes so that steady decoding allocates nothing.
+pub(crate) struct Scratch<B: Backend> {
+    pub(crate) x: B::Rows,
+    pub(crate) h: B::Rows,
+    pub(super) q: B::Rows,
+    pub(crate) k: B::Rows,
+    pub(crate) v: B::Rows,
+    pub(super) attn: B::Rows,
+    pub(super) gate: B::Rows,
+    pub(super) up: B::Rows,
+    pub(crate) ffn: B::Rows,
+}
+
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch {
+            x: B::Rows::default(),
+            h: B::Rows::default(),
+            q: B::Rows::default(),
+            k: B::Rows::default(),
+            v: B::Rows::default(),
+            attn: B::Rows::default(),
+            gate: B::Rows::default(),
+            up: B::Rows::default(),
+            ffn: B::Rows::default(),
+        }
+    }
+}
+
+/// The tensors of one layer, `blk.<index>.<suffix>`.
+pub(super) struct LayerTensors<'a, B: Backend> {
+    pub(super) backend: &'a B,
+    pub(super) file: &'a GgufFile,
+    pub(super) index: usize,
+}
+
+impl<B: Backend> LayerTensors<'_, B> {
+    pub(super) fn name(&self, suffix: &str) -> String {
+        format!("blk.{}.{suffix}", self.index)
+    }
+
+    pub(super) fn weight(&self, suffix: &str, n_in: usize, n_out: usize) -> Result<Weight<B>, LoadError> {
+        weight(self.backend, self.file, &self.name(suffix), n_in, n_out)
+    }
+
+    pub(super) fn vector(&self, suffix: &str, len: usize) -> Result<B::Vector, LoadError> {
+        vector(self.backend, self.file, &self.name(suffix), len)
+    }
+
+    /// A vector the file may carry; `required` makes its absence an error.
+    pub(super) fn optional(&self, suffix: &str, len: usize, required: bool) -> Result<Option<B::Vector>, LoadError> {
+        let name = self.name(suffix);
+        match self.file.tensor(&name) {
+            Some(_) => vector(self.backend, self.file, &name, len).map(Some),
+            None if required => Err(tensor_problem(&name, "missing")),
+            None => Ok(None),
+        }
+    }
+}
