@@ -1,21 +1,33 @@
 //! `cargo xtask module-cycles` (also a stage of `cargo xtask test`): fails
-//! when sibling modules import each other, directly or round a longer loop.
+//! when the files of one module import each other, directly or round a
+//! longer loop.
 //!
 //! Each workspace crate's module tree is followed from its roots through its
-//! `mod` declarations (`#[path]` included). Every path starting with `crate`,
-//! `super` or `self` (in `use` trees and in code) is resolved to the deepest
-//! module file it names. An import between two files is an edge between the
-//! two children of their nearest common module that hold them: between
-//! `http/lora.rs` and `http/params.rs` directly, and between `model/vision/`
-//! (`vision.rs` or `vision/mod.rs` with everything under it) and
-//! `model/lora.rs` when a file under `vision/` names `lora`. A module naming
-//! its own descendant, or its ancestor, makes no edge. The siblings of each
-//! module form a graph, and each strongly connected set of more than one of
-//! them is a cycle, reported with the imports that close it.
+//! `mod` declarations (`#[path]` included). Every path in `use` trees and in
+//! code that starts with `crate`, `super`, `self` or a child module's name is
+//! resolved to the deepest module file it names and the item after it. Each
+//! module has a graph whose nodes are its own file and its children (a child
+//! stands for its whole subtree: `vision.rs` or `vision/mod.rs` with
+//! everything under it; an inline `mod tests { … }` of the module's file is a
+//! node of its own). Edges:
+//! - between two children, when a file under one names the other: `http/lora.rs`
+//!   naming `super::params::X`, or `model/vision/encoder.rs` naming
+//!   `crate::model::lora::Y` (an edge `vision` -> `lora`);
+//! - child -> the module's file, when a file under the child names an item
+//!   the module's file defines (`super::Thing`);
+//! - the module's file -> a child, when its code names something in the
+//!   child. Declaring the child (`mod a;`) is no edge, nor is importing from
+//!   it (`pub use a::A;`) unless the file's code then mentions the name
+//!   (`fn f(_: A)`); only a private glob import counts as it stands.
+//!
+//! An item that a module's file imports rather than defines (`pub use
+//! b::B;`, `use crate::x::Y;`) is followed to where it comes from: a child
+//! naming `super::B` makes an edge to `b`, and naming an item from another
+//! crate makes none. Each strongly connected set of more than one node is a
+//! cycle, reported with the imports that close it.
 //!
 //! Plain text: a small lexer skips comments and literals (`scan`); nothing is
-//! compiled. Re-exports are not followed: `use super::X` where the parent
-//! re-exports `X` from a sibling counts as naming the parent.
+//! compiled, so glob imports and macros are taken at their word.
 
 mod scan;
 
@@ -26,7 +38,7 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::repo_root;
-use scan::{FileScan, PathRef, scan};
+use scan::{FileScan, Import, PathRef, scan};
 
 pub fn module_cycles() -> anyhow::Result<()> {
     let root = repo_root();
@@ -36,13 +48,13 @@ pub fn module_cycles() -> anyhow::Result<()> {
         eprintln!("xtask: note: {} is in no crate's module tree (not checked)", file.display());
     }
     if report.cycles.is_empty() {
-        eprintln!("xtask: no import cycles between sibling modules ({} files)", workspace.files.len());
+        eprintln!("xtask: no import cycles inside any module ({} files)", workspace.files.len());
         return Ok(());
     }
     for cycle in &report.cycles {
         eprintln!("{cycle}");
     }
-    bail!("{} import cycle(s) between sibling modules (listed above)", report.cycles.len())
+    bail!("{} import cycle(s) inside modules (listed above)", report.cycles.len())
 }
 
 /// Every `.rs` file of the workspace's crates (paths relative to the
@@ -152,8 +164,8 @@ pub struct Evidence {
     pub path: String,
 }
 
-/// Sibling modules (named by their files) that import each other, children
-/// of the module in `parent`, with the imports between them.
+/// Nodes of the module in `parent` (its children and the file itself, by
+/// their files) that import each other, with the imports between them.
 #[derive(Debug, PartialEq)]
 pub struct Cycle {
     pub parent: PathBuf,
@@ -164,7 +176,7 @@ pub struct Cycle {
 impl fmt::Display for Cycle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let members: Vec<String> = self.members.iter().map(|file| file.display().to_string()).collect();
-        writeln!(f, "import cycle among the children of {}: {}", self.parent.display(), members.join(", "))?;
+        writeln!(f, "import cycle in the module of {}: {}", self.parent.display(), members.join(", "))?;
         for (from, to, evidence) in &self.edges {
             // One path per line: a `use` tree names several.
             let mut lines: Vec<&Evidence> = evidence.iter().collect();
@@ -189,7 +201,7 @@ pub struct Report {
     pub unreached: Vec<PathBuf>,
 }
 
-/// The sibling edges of every module, keyed by the module's file: for each
+/// The edges inside every module, keyed by the module's file: for each
 /// (from, to) pair of its children's files, the imports that make it.
 type Edges = BTreeMap<PathBuf, BTreeMap<(PathBuf, PathBuf), BTreeSet<Evidence>>>;
 
@@ -201,26 +213,160 @@ pub fn check(files: &BTreeMap<PathBuf, String>, roots: &[PathBuf]) -> Report {
     let mut reached = BTreeSet::new();
     for root in roots {
         let modules = module_tree(root, &scans);
+        let tree = Tree { modules: &modules, scans: &scans };
         for (module, file) in &modules {
             reached.insert(file.clone());
             let Some(scanned) = scans.get(file) else { continue };
             for path in &scanned.paths {
-                let Some(target) = resolve(module, path, &modules) else { continue };
-                let common = module.iter().zip(&target).take_while(|(a, b)| a == b).count();
-                if common == module.len() || common == target.len() {
-                    continue;
-                }
-                let parent = &modules[&module[..common]];
-                let from = modules[&module[..=common]].clone();
-                let to = modules[&target[..=common]].clone();
+                let Some(Edge { parent, from, to }) = tree.edge(module, scanned, path) else { continue };
                 let evidence = Evidence { file: file.clone(), line: path.line, path: path.segments.join("::") };
-                edges.entry(parent.clone()).or_default().entry((from, to)).or_default().insert(evidence);
+                edges.entry(parent).or_default().entry((from, to)).or_default().insert(evidence);
             }
         }
     }
     let cycles = edges.iter().flat_map(|(parent, siblings)| cycles_among(parent, siblings)).collect();
     let unreached = files.keys().filter(|file| !reached.contains(*file)).cloned().collect();
     Report { cycles, unreached }
+}
+
+/// Re-exports followed at most this deep (a loop of them is a compile error
+/// anyway).
+const MAX_HOPS: usize = 8;
+
+/// One crate's modules (by path below the crate root) and the scans of their
+/// files.
+struct Tree<'a> {
+    modules: &'a BTreeMap<Vec<String>, PathBuf>,
+    scans: &'a BTreeMap<&'a PathBuf, FileScan>,
+}
+
+/// What a path names: the deepest module along it, and the segment after
+/// that (the item it names in that module's file; `*` for a glob).
+struct Target {
+    module: Vec<String>,
+    item: Option<String>,
+}
+
+/// `from` imports `to`, two nodes of the graph of the module in `parent`:
+/// that file itself and its children.
+struct Edge {
+    parent: PathBuf,
+    from: PathBuf,
+    to: PathBuf,
+}
+
+impl Tree<'_> {
+    fn file(&self, module: &[String]) -> PathBuf {
+        self.modules.get(module).cloned().unwrap_or_default()
+    }
+
+    /// The edge `path`, written in the file of `module`, makes, if any.
+    fn edge(&self, module: &[String], scanned: &FileScan, path: &PathRef) -> Option<Edge> {
+        let mut target = self.resolve(module, &path.inline, &path.segments)?;
+        if module.starts_with(&target.module) {
+            target = self.follow(target)?;
+        }
+        let common = module.iter().zip(&target.module).take_while(|(a, b)| a == b).count();
+        let level = &module[..common];
+        if common == target.module.len() && (target.item.is_none() || common == module.len()) {
+            // A module named as a whole (`use crate::a`) says nothing of
+            // which of its items are used; within one file (its inline
+            // modules included) nothing is a cycle between files.
+            return None;
+        }
+        let from = self.node(level, module, path.inline.first());
+        let to = self.node(level, &target.module, target.item.as_ref());
+        if common == module.len() && path.import.as_ref().is_some_and(|import| !self.used(scanned, import)) {
+            // Declaring a child or re-exporting from it is no use of it.
+            return None;
+        }
+        (from != to).then(|| Edge { parent: self.file(level), from, to })
+    }
+
+    /// The node that stands for `module` (where `name` is written or named)
+    /// in the graph of `level`, one of its ancestors or itself: the child
+    /// of `level` that holds it; or, in `level`'s own file, the top-level
+    /// inline module `name` (as `file::name`) or else the file itself.
+    fn node(&self, level: &[String], module: &[String], name: Option<&String>) -> PathBuf {
+        if module.len() > level.len() {
+            return self.file(&module[..=level.len()]);
+        }
+        let file = self.file(level);
+        let inline = self.scans.get(&file).zip(name).filter(|(scanned, name)| scanned.inline_mods.contains(*name));
+        match inline {
+            Some((_, name)) => PathBuf::from(format!("{}::{name}", file.display())),
+            None => file,
+        }
+    }
+
+    /// Whether an import makes a use: its name appears in the file's code,
+    /// or it is a private glob (whose names cannot be told apart).
+    fn used(&self, scanned: &FileScan, import: &Import) -> bool {
+        match &import.binding {
+            Some(name) => scanned.names.contains(name),
+            None => !import.public,
+        }
+    }
+
+    /// The module file a path written in `module` (inside its `inline`
+    /// modules) names: the deepest module along it (an item's path names the
+    /// module that holds the item). A path that starts with neither `crate`,
+    /// `super` nor `self` counts when its first segment is a child module.
+    fn resolve(&self, module: &[String], inline: &[String], segments: &[String]) -> Option<Target> {
+        let (first, rest) = segments.split_first()?;
+        let here: Vec<String> = module.iter().chain(inline).cloned().collect();
+        let mut at = match first.as_str() {
+            "crate" => Vec::new(),
+            "self" => here,
+            "super" => {
+                let mut at = here;
+                at.pop()?;
+                at
+            }
+            // From an inline module a child of the file's module is in scope
+            // through `use super::*`.
+            name => {
+                let mut at = [here, module.to_vec()].into_iter().find(|scope| {
+                    let mut child = scope.clone();
+                    child.push(name.to_string());
+                    self.modules.contains_key(&child)
+                })?;
+                at.push(name.to_string());
+                at
+            }
+        };
+        for segment in rest {
+            match segment.as_str() {
+                "super" => {
+                    at.pop()?;
+                }
+                "self" => {}
+                name => at.push(name.to_string()),
+            }
+        }
+        let depth = (0..=at.len()).rev().find(|&len| self.modules.contains_key(&at[..len]))?;
+        Some(Target { item: at.get(depth).cloned(), module: at[..depth].to_vec() })
+    }
+
+    /// Where `target` leads when its item is one its module's file imports:
+    /// `super::X` where the parent has `pub use child::X` names `child`.
+    /// `None` when the import comes from outside the crate.
+    fn follow(&self, mut target: Target) -> Option<Target> {
+        for _ in 0..MAX_HOPS {
+            let Some(name) = target.item.as_deref().filter(|name| *name != "*") else { break };
+            let Some(scanned) = self.modules.get(&target.module).and_then(|file| self.scans.get(file)) else { break };
+            let import = scanned.paths.iter().find(|path| {
+                path.inline.is_empty()
+                    && path
+                        .import
+                        .as_ref()
+                        .is_some_and(|import| import.module_level && import.binding.as_deref() == Some(name))
+            });
+            let Some(import) = import else { break };
+            target = self.resolve(&target.module, &[], &import.segments)?;
+        }
+        Some(target)
+    }
 }
 
 /// The crate rooted at `root`: each module's path (segments below the crate
@@ -274,30 +420,7 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// The module file a path written in `module` names: the deepest module
-/// along it (an item's path names the module that holds the item).
-fn resolve(module: &[String], path: &PathRef, modules: &BTreeMap<Vec<String>, PathBuf>) -> Option<Vec<String>> {
-    let mut segments = path.segments.iter();
-    let mut at: Vec<String> = match segments.next()?.as_str() {
-        "crate" => Vec::new(),
-        _ => module.iter().chain(&path.inline).cloned().collect(),
-    };
-    if path.segments[0] == "super" {
-        at.pop()?;
-    }
-    for segment in segments {
-        match segment.as_str() {
-            "super" => {
-                at.pop()?;
-            }
-            "self" => {}
-            name => at.push(name.to_string()),
-        }
-    }
-    (0..=at.len()).rev().map(|len| &at[..len]).find(|prefix| modules.contains_key(*prefix)).map(<[String]>::to_vec)
-}
-
-/// The strongly connected sets of more than one sibling (Tarjan's algorithm).
+/// The strongly connected sets of more than one node (Tarjan's algorithm).
 fn cycles_among(parent: &Path, siblings: &BTreeMap<(PathBuf, PathBuf), BTreeSet<Evidence>>) -> Vec<Cycle> {
     let nodes: Vec<&PathBuf> =
         siblings.keys().flat_map(|(from, to)| [from, to]).collect::<BTreeSet<_>>().into_iter().collect();
@@ -497,5 +620,73 @@ mod tests {
     fn files_no_crate_declares_are_listed() {
         let report = check_tree(&[("c/src/lib.rs", "mod a;"), ("c/src/a.rs", ""), ("c/src/old.rs", "")]);
         assert_eq!(report.unreached, [PathBuf::from("c/src/old.rs")]);
+    }
+
+    #[test]
+    fn a_mod_rs_and_a_child_using_each_others_items_are_a_cycle() {
+        let report = check_tree(&[
+            ("c/src/lib.rs", "mod m;"),
+            ("c/src/m/mod.rs", "mod a;\nmod b;\npub struct Thing;\nfn f() -> a::A { a::A }"),
+            ("c/src/m/a.rs", "use super::Thing;\npub struct A;"),
+            ("c/src/m/b.rs", "use super::Thing;"),
+        ]);
+        assert_eq!(members(&report), [["c/src/m/a.rs", "c/src/m/mod.rs"]]);
+        let cycle = &report.cycles[0];
+        assert_eq!(cycle.parent, PathBuf::from("c/src/m/mod.rs"));
+        let evidence: Vec<(&str, usize, &str)> = cycle
+            .edges
+            .iter()
+            .flat_map(|(_, _, found)| found)
+            .map(|e| (e.file.to_str().unwrap_or_default(), e.line, e.path.as_str()))
+            .collect();
+        assert_eq!(evidence, [("c/src/m/a.rs", 1, "super::Thing"), ("c/src/m/mod.rs", 4, "a::A")]);
+    }
+
+    #[test]
+    fn a_file_with_a_folder_of_children_is_a_node_among_them() {
+        let report = check_tree(&[
+            ("c/src/lib.rs", "mod foo;"),
+            ("c/src/foo.rs", "mod bar;\npub struct T;\nfn f() { self::bar::go(T) }"),
+            ("c/src/foo/bar.rs", "pub fn go(_: crate::foo::T) {}"),
+        ]);
+        assert_eq!(members(&report), [["c/src/foo/bar.rs", "c/src/foo.rs"]]);
+    }
+
+    #[test]
+    fn declaring_or_re_exporting_a_child_is_no_use_of_it() {
+        let child = ("c/src/m/a.rs", "use super::Thing;\npub struct A;");
+        for parent in
+            ["mod a;\npub use a::A;\npub struct Thing;", "pub mod a;\npub(crate) use self::a::*;\npub struct Thing;"]
+        {
+            let report = check_tree(&[("c/src/lib.rs", "mod m;"), ("c/src/m/mod.rs", parent), child]);
+            assert!(report.cycles.is_empty(), "{parent}: {:?}", report.cycles);
+        }
+        // The same import, used by the parent's own code.
+        let parent = "mod a;\npub use a::A;\npub struct Thing;\nfn f(_: A) {}";
+        let report = check_tree(&[("c/src/lib.rs", "mod m;"), ("c/src/m/mod.rs", parent), child]);
+        assert_eq!(members(&report), [["c/src/m/a.rs", "c/src/m/mod.rs"]]);
+    }
+
+    #[test]
+    fn naming_what_the_parent_re_exports_names_the_sibling_it_comes_from() {
+        let report = check_tree(&[
+            ("c/src/lib.rs", "mod a;\nmod b;\npub use b::B;\nuse std::fmt::Debug;"),
+            ("c/src/a.rs", "use super::B;\nuse crate::Debug;\npub struct A;"),
+            ("c/src/b.rs", "use crate::a::A;\npub struct B;"),
+        ]);
+        assert_eq!(members(&report), [["c/src/a.rs", "c/src/b.rs"]]);
+        assert_eq!(report.cycles[0].parent, PathBuf::from("c/src/lib.rs"));
+    }
+
+    #[test]
+    fn the_parents_inline_tests_are_a_node_of_their_own() {
+        let parent = "mod testing;\npub struct Cost;\n#[cfg(test)]\nmod tests {\n    use super::testing::close;\n}";
+        let files = [("c/src/lib.rs", "mod m;"), ("c/src/m.rs", parent), ("c/src/m/testing.rs", "use super::Cost;")];
+        let report = check_tree(&files);
+        assert!(report.cycles.is_empty(), "{:?}", report.cycles);
+        // The same helper, used by the parent's own code.
+        let parent = "mod testing;\npub struct Cost;\nfn f() { testing::close() }";
+        let report = check_tree(&[files[0], ("c/src/m.rs", parent), files[2]]);
+        assert_eq!(members(&report), [["c/src/m/testing.rs", "c/src/m.rs"]]);
     }
 }

@@ -1,13 +1,21 @@
-//! Reads one Rust source file as plain text: its `mod` declarations and every
-//! path that starts with `crate`, `super` or `self` (in `use` trees and in
-//! code, macro bodies included). No compilation: comments and literals are
-//! skipped by a small lexer, which is all that finding paths needs.
+//! Reads one Rust source file as plain text: its `mod` declarations, every
+//! path of its `use` trees, every path of two or more segments in code (macro
+//! bodies included), and the names its code mentions. No compilation:
+//! comments and literals are skipped by a small lexer, which is all that
+//! finding paths needs.
+
+use std::collections::BTreeSet;
 
 /// What one file declares and refers to.
 #[derive(Debug, Default, PartialEq)]
 pub struct FileScan {
     pub mods: Vec<ModDecl>,
     pub paths: Vec<PathRef>,
+    /// Every identifier outside `use` and `mod` declarations: whether the
+    /// file's own code mentions a name it imports.
+    pub names: BTreeSet<String>,
+    /// The `mod x { … }` blocks at the top of the file.
+    pub inline_mods: BTreeSet<String>,
 }
 
 /// `mod name;` (a module in another file), inside `inline` (the stack of
@@ -20,12 +28,28 @@ pub struct ModDecl {
 }
 
 /// A path such as `super::params::Sampling`, written on `line` inside the
-/// inline modules `inline`; `segments` starts with `crate`, `super` or `self`.
+/// inline modules `inline`. A glob import ends in `*`. Paths in code that do
+/// not start with `crate`, `super` or `self` may name a child module
+/// (`params::Sampling`) or anything else (`std::mem::take`).
 #[derive(Debug, PartialEq)]
 pub struct PathRef {
     pub line: usize,
     pub inline: Vec<String>,
     pub segments: Vec<String>,
+    /// `Some` for a path of a `use` declaration.
+    pub import: Option<Import>,
+}
+
+/// How a `use` declaration binds the path it names.
+#[derive(Debug, PartialEq)]
+pub struct Import {
+    /// The name it binds (`X` of `a::X`, `Y` of `a::X as Y`, `a` of
+    /// `a::{self}`); `None` for globs and `as _`.
+    pub binding: Option<String>,
+    /// `pub use`, with or without a restriction: a re-export.
+    pub public: bool,
+    /// Declared among the items of a module, not inside a function body.
+    pub module_level: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -196,9 +220,26 @@ impl Parser {
     fn run(mut self) -> FileScan {
         let mut depth = 0;
         let mut path_attr = None;
+        // The index of the `use` that a `pub` just before makes a re-export.
+        let mut public_use = None;
         while self.at < self.tokens.len() {
             let after_sep = self.at > 0 && self.tokens[self.at - 1].tok == Tok::PathSep;
             match self.tokens[self.at].tok.clone() {
+                // A visibility (`pub(crate)`, `pub(in super::super)`) names
+                // where an item may be seen, not what it uses.
+                Tok::Ident(word) if word == "pub" => {
+                    self.at += 1;
+                    if self.peek(0) == Some(Tok::Punct('(')) {
+                        while !matches!(self.peek(0), None | Some(Tok::Punct(')'))) {
+                            self.at += 1;
+                        }
+                        self.at += 1;
+                    }
+                    if self.peek(0) == Some(Tok::Ident("use".into())) {
+                        public_use = Some(self.at);
+                    }
+                    continue;
+                }
                 Tok::Punct('#') => {
                     if let Some(path) = self.path_attribute() {
                         path_attr = Some(path);
@@ -227,6 +268,9 @@ impl Parser {
                                 continue;
                             }
                             Some(Tok::Punct('{')) => {
+                                if depth == 0 {
+                                    self.out.inline_mods.insert(name.clone());
+                                }
                                 self.inline.push((name, depth));
                                 depth += 1;
                                 path_attr = None;
@@ -243,13 +287,18 @@ impl Parser {
                         && !after_sep
                         && matches!(self.peek(1), Some(Tok::Ident(_) | Tok::PathSep | Tok::Punct('{'))) =>
                 {
+                    let public = public_use == Some(self.at);
+                    let module_level = self.inline.last().map_or(0, |(_, open)| open + 1) == depth;
                     self.at += 1;
-                    self.use_statement();
+                    self.use_statement(public, module_level);
                     continue;
                 }
-                Tok::Ident(word) if is_path_start(&word) && !after_sep => {
+                Tok::Ident(_) if !after_sep && !self.after_dot() => {
                     self.code_path();
                     continue;
+                }
+                Tok::Ident(word) => {
+                    self.out.names.insert(word);
                 }
                 _ => {}
             }
@@ -260,6 +309,11 @@ impl Parser {
 
     fn peek(&self, ahead: usize) -> Option<Tok> {
         self.tokens.get(self.at + ahead).map(|token| token.tok.clone())
+    }
+
+    /// A method or field name (`x.len`), which no path starts with.
+    fn after_dot(&self) -> bool {
+        self.at > 0 && self.tokens[self.at - 1].tok == Tok::Punct('.')
     }
 
     fn inline_names(&self) -> Vec<String> {
@@ -281,18 +335,14 @@ impl Parser {
         }
     }
 
-    fn record(&mut self, line: usize, segments: Vec<String>) {
-        if segments.first().is_some_and(|first| is_path_start(first)) {
-            let inline = self.inline_names();
-            self.out.paths.push(PathRef { line, inline, segments });
-        }
-    }
-
-    /// `crate::a::b…` in code: the segments joined by `::`.
+    /// A path in code (`crate::a::b…`, `a::b`): its identifiers are names
+    /// the code mentions; kept as a path when it starts with `crate`, `super`
+    /// or `self` or has more than one segment.
     fn code_path(&mut self) {
         let line = self.tokens[self.at].line;
         let mut segments = Vec::new();
         while let Some(Tok::Ident(word)) = self.peek(0) {
+            self.out.names.insert(word.clone());
             segments.push(word);
             self.at += 1;
             match (self.peek(0), self.peek(1)) {
@@ -300,22 +350,27 @@ impl Parser {
                 _ => break,
             }
         }
-        self.record(line, segments);
+        if segments.len() > 1 || segments.first().is_some_and(|first| is_path_start(first)) {
+            let inline = self.inline_names();
+            self.out.paths.push(PathRef { line, inline, segments, import: None });
+        }
     }
 
     /// A `use` declaration from just after `use` up to its `;`.
-    fn use_statement(&mut self) {
+    fn use_statement(&mut self, public: bool, module_level: bool) {
         let line = self.tokens.get(self.at).map_or(0, |token| token.line);
         let mut paths = Vec::new();
         self.use_tree(Vec::new(), &mut paths);
-        for path in paths {
-            self.record(line, path);
+        for (segments, binding) in paths {
+            let inline = self.inline_names();
+            let import = Some(Import { binding, public, module_level });
+            self.out.paths.push(PathRef { line, inline, segments, import });
         }
     }
 
     /// One use tree (`a::b`, `a::{b, c::d}`, `a::*`, `a as b`): every path it
-    /// names, with `prefix` in front; `x::self` is `x`.
-    fn use_tree(&mut self, prefix: Vec<String>, paths: &mut Vec<Vec<String>>) {
+    /// names, with `prefix` in front and the name it binds; `x::self` is `x`.
+    fn use_tree(&mut self, prefix: Vec<String>, paths: &mut Vec<(Vec<String>, Option<String>)>) {
         let mut path = prefix;
         if self.peek(0) == Some(Tok::PathSep) {
             self.at += 1;
@@ -331,10 +386,15 @@ impl Parser {
                         self.at += 1;
                         continue;
                     }
+                    let mut binding = path.last().cloned();
                     if self.peek(0) == Some(Tok::Ident("as".into())) {
+                        binding = match self.peek(1) {
+                            Some(Tok::Ident(alias)) if alias != "_" => Some(alias),
+                            _ => None,
+                        };
                         self.at += 2;
                     }
-                    paths.push(path);
+                    paths.push((path, binding));
                     return;
                 }
                 Some(Tok::Punct('{')) => {
@@ -354,7 +414,8 @@ impl Parser {
                 }
                 Some(Tok::Punct('*')) => {
                     self.at += 1;
-                    paths.push(path);
+                    path.push("*".into());
+                    paths.push((path, None));
                     return;
                 }
                 _ => return,
@@ -378,7 +439,7 @@ mod tests {
     #[test]
     fn use_trees_are_expanded() {
         let source = "use super::{a::{self, B}, c::*, d as e};\npub use crate::x::y::{Z};\nuse std::fmt;";
-        assert_eq!(paths(source), ["super::a", "super::a::B", "super::c", "super::d", "crate::x::y::Z"]);
+        assert_eq!(paths(source), ["super::a", "super::a::B", "super::c::*", "super::d", "crate::x::y::Z", "std::fmt"]);
     }
 
     #[test]
@@ -406,9 +467,50 @@ mod tests {
         let mods: Vec<_> =
             scanned.mods.iter().map(|m| (m.inline.join("::"), m.name.as_str(), m.path_attr.as_deref())).collect();
         assert_eq!(mods, [("".into(), "a", None), ("b".into(), "c", Some("other.rs")), ("".into(), "d", None)]);
+        assert_eq!(scanned.inline_mods, BTreeSet::from(["b".to_string()]));
         assert_eq!(
             scanned.paths,
-            [PathRef { line: 4, inline: vec!["b".into()], segments: vec!["super".into(), "a".into(), "X".into()] }]
+            [PathRef {
+                line: 4,
+                inline: vec!["b".into()],
+                segments: vec!["super".into(), "a".into(), "X".into()],
+                import: None,
+            }]
         );
+    }
+
+    #[test]
+    fn imports_say_what_they_bind_and_whether_they_re_export() {
+        let source =
+            "pub use a::X;\npub(crate) use b::{self, Y as Z};\nuse c::T as _;\nuse d::*;\nfn f() { use e::W; }";
+        let imports: Vec<(String, Option<String>, bool, bool)> = scan(source)
+            .paths
+            .into_iter()
+            .filter_map(|path| {
+                let import = path.import?;
+                Some((path.segments.join("::"), import.binding, import.public, import.module_level))
+            })
+            .collect();
+        let some = |name: &str| Some(name.to_string());
+        assert_eq!(
+            imports,
+            [
+                ("a::X".into(), some("X"), true, true),
+                ("b".into(), some("b"), true, true),
+                ("b::Y".into(), some("Z"), true, true),
+                ("c::T".into(), None, false, true),
+                ("d::*".into(), None, false, true),
+                ("e::W".into(), some("W"), false, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn code_names_child_paths_but_not_visibilities() {
+        let source =
+            "pub(crate) fn f(x: Vec<u8>) -> child::Out { pub(in super::super) struct S; x.len(); child::make() }";
+        assert_eq!(paths(source), ["child::Out", "child::make"]);
+        let names = scan("pub use a::Hidden;\nfn f() -> Shown { todo!() }").names;
+        assert!(names.contains("Shown") && !names.contains("Hidden"), "{names:?}");
     }
 }
