@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 use anyhow::Context;
 
 use crate::bench_serve::{Server, THREADS, free_port, log_file, split_llama_server};
-use crate::{cargo, models, repo_root, run};
+use crate::models;
+use crate::workspace::{cargo, repo_root, run};
 
 /// `cargo xtask bench constrained [--llama-server BIN]`: mask times over the
 /// default model's vocabulary, then decode speed with and without JSON

@@ -10,7 +10,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, models, repo_root, run};
+use crate::models;
+use crate::workspace::{cargo, repo_root, run};
 
 /// What the command line asked for.
 struct Plan {

@@ -12,7 +12,8 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::Context;
 
-use crate::{cargo, models, repo_root, run};
+use crate::models;
+use crate::workspace::{cargo, repo_root, run};
 
 const SLOTS: &str = "16";
 pub(crate) const THREADS: &str = "2";

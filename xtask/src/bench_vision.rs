@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 use crate::bench_model::json_line;
-use crate::{cargo, repo_root, run};
+use crate::workspace::{cargo, repo_root, run};
 
 struct Plan {
     llama: Option<PathBuf>,

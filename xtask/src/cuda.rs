@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::repo_root;
 use crate::wheels::{Wheel, extract};
+use crate::workspace::repo_root;
 
 const NVRTC: Wheel = Wheel {
     requirement: "nvidia-cuda-nvrtc-cu12==12.8.93",

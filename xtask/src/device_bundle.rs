@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, repo_root, run};
+use crate::workspace::{cargo, repo_root, run};
 
 const SCRIPT: &str = include_str!("device_bundle/run.sh");
 

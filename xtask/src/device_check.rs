@@ -15,7 +15,8 @@ use std::process::Command;
 use anyhow::Context;
 use clap::Args;
 
-use crate::{FEATURES, bench_model, cargo, models, repo_root, run};
+use crate::workspace::{FEATURES, cargo, repo_root, run};
+use crate::{bench_model, models};
 
 #[derive(Args)]
 pub struct DeviceCheckArgs {

@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::bail;
 use clap::Args;
 
-use crate::{cargo, models, run};
+use crate::models;
+use crate::workspace::{cargo, run};
 
 /// The targets, named as their tests.
 const TARGETS: [&str; 6] = ["gguf", "tokenizer", "chat_template", "decision", "endpoints", "grammar"];

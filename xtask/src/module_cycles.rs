@@ -37,7 +37,7 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::repo_root;
+use crate::workspace::repo_root;
 use scan::{FileScan, Import, PathRef, scan};
 
 pub fn module_cycles() -> anyhow::Result<()> {

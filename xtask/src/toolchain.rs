@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::{repo_root, run};
+use crate::workspace::{repo_root, run};
 
 /// Debian packages of the pinned toolchain, `name=version`.
 const PINNED_PACKAGES: &[&str] = &[

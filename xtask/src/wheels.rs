@@ -9,7 +9,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use crate::run;
+use crate::workspace::run;
 
 /// One pinned wheel.
 pub struct Wheel {

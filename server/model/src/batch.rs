@@ -1,9 +1,9 @@
 //! What one forward pass computes: rows of tokens (or embedding rows) from
-//! any sequences, each with its KV cell and rotary position; and what it
-//! gives back ([`ForwardOutput`]) or why it refused ([`ForwardError`]).
+//! any sequences, each with its KV cell and rotary position; the
+//! [`Context`] that runs it; and what it gives back ([`ForwardOutput`]) or
+//! why it refused ([`ForwardError`]).
 
-use super::Context;
-use sluice_kernels::backend::BackendError;
+use sluice_kernels::backend::{BackendError, KvBlockFormat};
 
 /// A rotary position: `[t, h, w, e]`. Text at position p is `[p, p, p, 0]`;
 /// one-dimensional architectures read only `t`.
@@ -132,6 +132,29 @@ pub struct Batch {
     /// Per sequence (absent = none): the LoRA adapters its rows use, as
     /// (adapter id, scale).
     pub adapters: Vec<Vec<(u32, f32)>>,
+}
+
+/// A model's KV store and working buffers.
+pub trait Context: Send {
+    /// Run the rows of `batch`, writing their K/V into this context.
+    fn forward(&mut self, batch: &Batch) -> Result<ForwardOutput, ForwardError>;
+
+    /// DFlash context injection: write K/V for rows of fused features (in
+    /// embedding row i for row i) without running attention or the
+    /// feed-forward.
+    fn inject(&mut self, batch: &Batch) -> Result<(), ForwardError>;
+
+    /// Copy a KV block (copy-on-write of a shared partial block).
+    fn copy_block(&mut self, from: u32, to: u32);
+
+    /// How [`Context::read_block`] lays out a block.
+    fn block_format(&self) -> KvBlockFormat;
+
+    /// A KV block's raw bytes, every layer (a saved slot).
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError>;
+
+    /// Put back bytes [`Context::read_block`] gave, into any block.
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError>;
 }
 
 /// Run `batch` in consecutive parts of at most `max_rows` rows (llama.cpp's

@@ -147,3 +147,51 @@ fn rope_kind(style: RopeStyle) -> ops::RopeKind {
         RopeStyle::IMRope(sections) => ops::RopeKind::IMRope { sections },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sluice_kernels::backend::CpuBackend;
+    use sluice_tests::gguf_writer::{GgufBuilder, TinyModel};
+
+    use super::Transformer;
+    use crate::families::FAMILIES;
+    use crate::gguf::GgufFile;
+    use crate::layer::{Cache, Mixer};
+
+    /// A tiny file of the family `name`, three layers.
+    fn tiny(name: &'static str) -> GgufBuilder {
+        let model = TinyModel { n_layer: 3, ..TinyModel::recipe(name, 7) };
+        match name {
+            "dflash" => model.dflash(&[1], model.n_embd, 4),
+            "qwen2vl" | "qwen3vl" => TinyModel { sections: Some([4, 2, 2, 0]), ..model }.build(),
+            _ => model.build(),
+        }
+    }
+
+    fn load(builder: &GgufBuilder) -> Result<Transformer<CpuBackend>, String> {
+        let file = GgufFile::from_bytes(builder.build()).map_err(|error| error.to_string())?;
+        Transformer::from_file(file, Arc::new(CpuBackend::new(1))).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn every_family_loads_and_its_layers_keep_what_their_kind_declares() {
+        for family in FAMILIES {
+            let model = load(&tiny(family.name())).unwrap_or_else(|error| panic!("{}: {error}", family.name()));
+            let kinds = family.layers(&model.file, &model.hparams).expect("declared");
+            assert_eq!(kinds.len(), 3, "{}", family.name());
+            let paged = kinds.iter().filter(|kind| kind.mixer.cache() == Cache::Paged).count();
+            assert_eq!(model.caches.paged, paged, "{}", family.name());
+            assert!(kinds.iter().all(|kind| matches!(kind.mixer, Mixer::Attention(_))));
+        }
+    }
+
+    #[test]
+    fn a_tensor_a_layer_kind_requires_is_named_when_missing() {
+        for (name, missing) in [("qwen2", "blk.2.attn_v.bias"), ("qwen3", "blk.0.attn_k_norm.weight")] {
+            let error = load(&tiny(name).without_tensor(missing)).err().expect("refused");
+            assert_eq!(error, format!("tensor {missing:?}: missing"), "{name}");
+        }
+    }
+}

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::api::Api;
 use super::report::{Answer, Class, Tally};
-use super::{API_KEY, Mode, N_PROBS, QUEUE_LIMIT, SEND_TIMEOUT_S, SLOT_CTX};
+use super::setup::{API_KEY, Mode, N_PROBS, QUEUE_LIMIT, SEND_TIMEOUT_S, SLOT_CTX};
 use crate::gguf_writer::Rng;
 use crate::raw::{post_head, read_until_closed, unread_connection};
 

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::Mode;
 use super::api::{Api, sample};
+use super::setup::Mode;
 use crate::http::Server;
 
 /// One round: the faults that are not decisions, then an invalid decision.

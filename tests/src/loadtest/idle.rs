@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::api::{Api, sample};
-use super::{QUEUE_LIMIT, SLOTS};
+use super::setup::{QUEUE_LIMIT, SLOTS};
 use crate::http::Server;
 
 /// Gauges and the value each must read once the server is idle.

@@ -21,54 +21,22 @@ mod clients;
 mod faults;
 mod idle;
 mod report;
+mod setup;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use report::{Class, Load, ModeReport, Report};
+pub use setup::{BATCH_TOKENS, Mode, N_PROBS, QUEUE_LIMIT, RSS_BOUND_MIB, SEND_TIMEOUT_S, SLOT_CTX, SLOTS};
 
 use crate::http::Server;
 use api::Api;
+use setup::{API_KEY, DEADLINE_MS, FUEL, STALL_STEPS};
 
-/// Slots of the server under load (`-np`).
-pub const SLOTS: usize = 6;
-/// Context per slot: the longest prompt and its tokens fit.
-pub const SLOT_CTX: usize = 512;
-/// Most tokens one step processes (`-b`): steps stay short on two cores,
-/// so a fault shows within a step or two of being loaded.
-pub const BATCH_TOKENS: usize = 128;
-/// Requests that may wait for a slot; more get 503 with Retry-After. Small,
-/// so that it fills.
-pub const QUEUE_LIMIT: usize = 12;
-/// Most the resident memory may grow from its value after the warm-up.
-/// The KV pool (198 blocks of 16 cells, 69 MiB) is paged in as its blocks
-/// are first used and then kept by the prefix cache; the rest is room for
-/// the allocators (runs grew by 20–35 MiB). Sandbox instances kept after a
-/// `memory` fault (two per fault, each up to `policy.memory_mb`, 64 MiB)
-/// pass it by the second such fault, which the longer runs reach.
-pub const RSS_BOUND_MIB: u64 = 192;
-/// Seconds a response write may wait for its client (`server.timeouts.send_s`):
-/// the clients that never read their streams are cut after this.
-pub const SEND_TIMEOUT_S: u64 = 5;
-/// The most probabilities a token the server gives (`server.limits.n_probs`,
-/// its default): some requests ask for all of them.
-pub const N_PROBS: usize = 100;
-/// Steps without a grant that count as a stall: low, so a `stall` fault
-/// is quarantined within a few dozen milliseconds.
-const STALL_STEPS: u32 = 16;
-/// Fuel per policy call: more than a call can burn within the deadline,
-/// so that the `loop` fault ends by the wall-clock deadline and the engine
-/// is held up for two of them (see `faults`), not by fuel in a
-/// millisecond.
-const FUEL: u64 = 1_000_000_000_000;
-/// Wall-clock deadline per policy call (the default).
-const DEADLINE_MS: u64 = 50;
 /// Kept out of each mode's time for the start, the drain (the queue and
 /// the slots hold 18 requests, about 1.5 of which finish a second on two
 /// busy cores) and the idle checks.
 const RESERVE: Duration = Duration::from_secs(12);
-/// The API key the server is started with (`/admin` needs one).
-const API_KEY: &str = "loadtest";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -87,22 +55,6 @@ impl Options {
     /// The CI form: 60 s, 128 clients, this build's binary.
     pub fn ci() -> Self {
         Options { seconds: 60, clients: 128, seed: 1, binary: crate::binary::sluice_binary() }
-    }
-}
-
-/// `policy.on_fault`: what the server does once the policy is quarantined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    FailClosed,
-    Fallback,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::FailClosed => "fail-closed",
-            Mode::Fallback => "fallback",
-        }
     }
 }
 

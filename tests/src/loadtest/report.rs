@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::faults::{FaultRecord, Reload};
 use super::idle::Idle;
-use super::{Mode, QUEUE_LIMIT, RSS_BOUND_MIB, SLOT_CTX, SLOTS};
+use super::setup::{Mode, QUEUE_LIMIT, RSS_BOUND_MIB, SLOT_CTX, SLOTS};
 
 /// One request's class, what to show of it, and the waiting count a full
 /// queue named.

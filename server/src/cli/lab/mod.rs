@@ -6,9 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::builder::{PossibleValuesParser, TypedValueParser};
 use serde_json::json;
-use sluice::config::{PolicyConfig, PolicySpec, policy_spec};
+use sluice::config::PolicyConfig;
 use sluice::lab::live::{Client, Target, replay};
 use sluice::lab::report::{cdf_svg, timeline_svg};
 use sluice::lab::sim::{CostModel, EngineShape, simulate};
@@ -21,10 +20,12 @@ use sluice_plugin_host::PluginHost;
 
 mod bench;
 mod bench_constrained;
+mod policy;
 mod replay;
 
 pub use bench::{BenchCalibrateArgs, BenchServeArgs, bench_calibrate, bench_serve};
 pub use bench_constrained::{BenchConstrainedArgs, bench_constrained};
+use policy::{on_fault_parser, policy_config};
 use replay::{ReplayArgs, lab_replay};
 
 #[derive(clap::Args)]
@@ -193,13 +194,6 @@ fn read_cost_model(path: &Path) -> anyhow::Result<CostModel> {
     serde_json::from_str(&text).with_context(|| format!("{}: not a cost model", path.display()))
 }
 
-/// `NAME|PATH[,KEY=VALUE...]` as a policy configuration, with the rest
-/// from `base`.
-fn policy_config(spec: &str, base: PolicyConfig) -> anyhow::Result<PolicyConfig> {
-    let PolicySpec { plugin, settings } = policy_spec(spec, "--policy").map_err(anyhow::Error::msg)?;
-    Ok(PolicyConfig { plugin, settings, ..base })
-}
-
 /// At most `points` evenly spaced samples of a series (its maximum is what
 /// matters most, so each kept point is the largest of the ones it stands for).
 fn thin(series: &[(f64, usize)], points: usize) -> Vec<(f64, usize)> {
@@ -347,10 +341,4 @@ fn print_table(trace: &[TraceRequest], runs: &[PolicyRun]) {
             println!("  {}: quarantined: {fault}", run.label);
         }
     }
-}
-
-/// `--on-fault`: one of the config's names, listed in `--help`.
-fn on_fault_parser() -> impl TypedValueParser<Value = OnFault> {
-    PossibleValuesParser::new(OnFault::ALL.map(OnFault::as_str))
-        .try_map(|name: String| OnFault::named(&name).ok_or_else(|| format!("unknown value {name:?}")))
 }

@@ -9,7 +9,7 @@ use sluice::startup::{fault_rules, load_policy};
 use sluice_engine::trace::{read_header, trace_lines};
 use sluice_plugin_host::PluginHost;
 
-use super::policy_config;
+use super::policy::policy_config;
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
