@@ -157,10 +157,15 @@ fn chosen() -> &'static Chosen {
 #[inline(always)]
 pub(crate) fn note(family: Family, level: SimdLevel) {
     #[cfg(test)]
-    tests::DISPATCHED[family as usize][level as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    DISPATCHED[family as usize][level as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     #[cfg(not(test))]
     let _ = (family, level);
 }
+
+/// Kernels entered, per family and level (see [`note`]).
+#[cfg(test)]
+pub(crate) static DISPATCHED: [[std::sync::atomic::AtomicUsize; 3]; 3] =
+    [const { [const { std::sync::atomic::AtomicUsize::new(0) }; 3] }; 3];
 
 #[cfg(test)]
 thread_local! {
@@ -189,4 +194,4 @@ pub(crate) fn same_on_every_level(mut f: impl FnMut() -> Vec<f32>) -> Vec<f32> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

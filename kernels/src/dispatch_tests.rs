@@ -6,8 +6,7 @@
 use std::process::Command;
 use std::sync::atomic::Ordering;
 
-use crate::cpu::tests::DISPATCHED;
-use crate::cpu::{Family, Features, SimdLevel};
+use crate::cpu::{DISPATCHED, Family, Features, SimdLevel};
 use crate::matmul::{QuantMatrix, matmul};
 use crate::ops::{self, HeadShape, KvArena, KvPages, KvType, PageTable, Rope, RopeAngles, RopeKind, noise};
 use crate::pool::ThreadPool;

@@ -1,9 +1,4 @@
-use std::sync::atomic::AtomicUsize;
-
 use super::*;
-
-/// Kernels entered, per family and level (see [`note`]).
-pub(crate) static DISPATCHED: [[AtomicUsize; 3]; 3] = [const { [const { AtomicUsize::new(0) }; 3] }; 3];
 
 const NO_FEATURES: Features = Features { avx2: false, avx512f: false, avx512_int8: false };
 const AVX2: Features = Features { avx2: true, ..NO_FEATURES };

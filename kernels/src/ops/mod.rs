@@ -22,14 +22,18 @@
 
 mod attention;
 mod dense_attention;
+mod error;
 mod kv;
 mod low_rank;
 mod rope;
 mod row;
 pub(crate) mod simd;
+#[cfg(test)]
+mod testing;
 
 pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
 pub use dense_attention::attend_within;
+pub use error::OpsError;
 pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;
@@ -37,30 +41,5 @@ pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use row::{
     Gelu, add_in_place, f32_to_f16_row, gelu, layer_norm, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu,
 };
-
-/// Model parameters or cache layouts the kernels cannot work with.
-#[derive(Debug, thiserror::Error)]
-pub enum OpsError {
-    #[error("invalid rope parameters: {0}")]
-    Rope(String),
-    #[error("invalid attention heads: {0}")]
-    Heads(String),
-    #[error("invalid attention inputs: {0}")]
-    Attention(String),
-    #[error("invalid low-rank factors: {0}")]
-    LowRank(String),
-}
-
-/// Deterministic pseudo-random values in `[-scale, scale)` for tests.
 #[cfg(test)]
-pub(crate) fn noise(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+pub(crate) use testing::noise;

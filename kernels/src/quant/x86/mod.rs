@@ -16,6 +16,7 @@
 
 mod activations;
 mod kquant;
+mod loads;
 mod packed;
 
 pub(super) use activations::quantize;
@@ -28,46 +29,13 @@ use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
+use super::entries::{Dot, PackedDot, QuantizeFn};
 use super::scalar::{self, LANES};
-use super::{ActFormat, DType, Dot, PackedDot, QuantizeFn};
+use super::{ActFormat, DType};
 use crate::quant::packed as layout;
+use loads::{load_f32x8, load_i8x16, load_i8x32, load_u8x16, load_u8x32};
 
 // ---- helpers shared by both levels -----------------------------------------
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_u8x16(b: &[u8; 16]) -> __m128i {
-    // SAFETY: reads the 16 bytes of `b`; unaligned loads have no alignment requirement.
-    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_i8x16(b: &[i8; 16]) -> __m128i {
-    // SAFETY: reads the 16 bytes of `b`; unaligned loads have no alignment requirement.
-    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_u8x32(b: &[u8; 32]) -> __m256i {
-    // SAFETY: reads the 32 bytes of `b`; unaligned loads have no alignment requirement.
-    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_i8x32(b: &[i8; 32]) -> __m256i {
-    // SAFETY: reads the 32 bytes of `b`; unaligned loads have no alignment requirement.
-    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load_f32x8(x: &[f32; 8]) -> __m256 {
-    // SAFETY: reads the 8 floats of `x`; unaligned loads have no alignment requirement.
-    unsafe { _mm256_loadu_ps(x.as_ptr()) }
-}
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -584,7 +552,10 @@ macro_rules! dot_kernels {
     ($level:ident, $ops:ident, $features:literal) => {
         pub(super) mod $level {
             use super::$ops as ops;
-            use super::*;
+            // From the crate, not `super::*`: `cargo xtask module-cycles`
+            // reads macros as text and would take that `super` for this
+            // file's parent rather than this file.
+            use crate::quant::x86::*;
 
             /// The kernels of `dtype`: float weights run row by row; the
             /// legacy block formats take four weight rows against one, two

@@ -335,7 +335,7 @@ fn load64(b: &[u8], at: usize) -> &[u8; 64] {
 pub(super) mod avx2_ops {
     use std::arch::x86_64::*;
 
-    use super::super::{load_u8x16, load_u8x32};
+    use super::super::loads::{load_u8x16, load_u8x32};
 
     pub(in super::super) type I = __m256i;
     pub(in super::super) type F = __m256;
@@ -543,7 +543,7 @@ pub(super) mod avx2_ops {
 pub(super) mod avx512_ops {
     use std::arch::x86_64::*;
 
-    use super::super::load_u8x32;
+    use super::super::loads::load_u8x32;
 
     pub(in super::super) type I = __m512i;
     pub(in super::super) type F = __m512;
