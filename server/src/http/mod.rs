@@ -1,19 +1,23 @@
 //! The HTTP API: llama-server's endpoints, fields, response shapes, SSE
-//! framing and errors, on axum. One module per API family:
+//! framing and errors, on axum.
 //!
-//! * [`completion`]: `/completion` (native); [`openai`]: `/v1/completions`,
-//!   `/v1/chat/completions`; [`anthropic`]: `/v1/messages`; [`responses`]:
-//!   `/v1/responses` and the `input_tokens` counts; all on [`generate`]
-//!   (engine submission, results, shared JSON), [`params`] (request fields),
-//!   [`prompt`], [`reasoning`] (chat replies' thinking split out) and
-//!   [`sse`] (streams).
+//! * [`server`]: listening, loading the model, signals; `listen` and
+//!   `conn`: connections and their deadlines; [`routes`]: the route table
+//!   and the layers every request passes ([`auth`], `cors`, the loading
+//!   gate, the body limit); [`state`]: what every handler shares.
+//! * [`api`]: the API dialects (native completion, OpenAI, Anthropic,
+//!   Responses, Vertex AI), on [`params`] (the generation fields),
+//!   [`generate`] (engine submission, results, shared JSON), [`probs`],
+//!   [`spliced`] (answers written in place) and [`sse`] (streams); their
+//!   chat input comes from `crate::chat`.
 //! * [`tokenize`]: `/tokenize`, `/detokenize`, `/apply-template`.
 //! * [`info`]: `/health`, `/props`, `/v1/models`, `/slots`, `/metrics`;
 //!   [`slot_files`]: `/slots/{id}?action=save|restore|erase`.
-//! * [`admin`]: `/admin/policy`, policy (re)loading; shadow policies.
-//! * [`lora`]: `/lora-adapters` and the adapters of a request.
-//! * [`vertex`]: Vertex AI's prediction route (`AIP_MODE=PREDICTION`).
-//! * [`auth`], [`error`]; [`server`]: listening, loading the model, signals.
+//! * [`admin`]: `/admin/policy`, policy (re)loading, shadow policies, on
+//!   [`policies`].
+//! * [`lora`]: `/lora-adapters`, on [`adapters`] (also a request's own).
+//! * `bodies` and [`extract`]: request bodies, within their memory
+//!   budget; [`error`]: every error answer.
 //!
 //! Until the model is loaded every path answers 503 "Loading model".
 

@@ -7,7 +7,7 @@
 //! Where llama-server is silently permissive (unknown block types dropped,
 //! messages of the wrong shape passed on), sluice answers 400 naming the
 //! field, or 501 for what it cannot do yet (images, tools, thinking
-//! blocks in the input). A reply's reasoning (see [`super::reasoning`])
+//! blocks in the input). A reply's reasoning (see [`crate::chat::reasoning`])
 //! comes back as a `thinking` block before the text, as llama-server
 //! returns it.
 

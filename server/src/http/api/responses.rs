@@ -7,8 +7,8 @@
 //! completion request (`input` and `instructions` become `messages`,
 //! `max_output_tokens` becomes `max_tokens`, every other field passes
 //! through), so the prompt, the sampling fields and the engine work are the
-//! chat endpoint's ([`super::openai::ChatParse`], [`super::generate`]); only the answer's shape is this module's, with a
-//! reply's reasoning (see [`super::reasoning`]) as a `reasoning` item before
+//! chat endpoint's ([`super::chat::ChatParse`], [`crate::http::generate`]); only the answer's shape is this module's, with a
+//! reply's reasoning (see [`crate::chat::reasoning`]) as a `reasoning` item before
 //! the message. Server-side state (`previous_response_id`, `conversation`),
 //! tools, reasoning items in the input, structured outputs and non-text input
 //! are refused rather than ignored.
