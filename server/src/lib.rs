@@ -9,7 +9,7 @@
 //! feature `lab`) compares policies offline and live.
 //! docs/architecture.md draws the seams.
 
-pub mod chat;
+mod chat;
 pub mod config;
 pub mod http;
 #[cfg(feature = "lab")]

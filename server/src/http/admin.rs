@@ -29,7 +29,7 @@ const SWAP_WAIT: Duration = Duration::from_secs(60);
 /// the engine (the SIGHUP action). Blocking: it compiles the plugins.
 pub fn reload_from_file(state: &AppState) -> Result<String, PluginError> {
     let policies = state.policies();
-    let config = policies.from_file()?;
+    let config = policies.reread()?;
     let shadows = load_shadows(policies.host(), &config)?;
     let policy = policies.load(config)?;
     let name = install(state, policy)?;

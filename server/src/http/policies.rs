@@ -48,7 +48,7 @@ impl Policies {
 
     /// The `[policy]` section as it stands now: the config file read again,
     /// with the command-line flags applied over it.
-    pub fn from_file(&self) -> Result<PolicyConfig, PluginError> {
+    pub fn reread(&self) -> Result<PolicyConfig, PluginError> {
         let mut config = match &self.config_file {
             Some(path) => Config::load(path).map_err(|error| PluginError::Config(error.to_string()))?,
             None => Config::default(),

@@ -26,7 +26,7 @@ mod stream;
 
 pub use chat::{ChatTools, ToolStream, arguments_as_objects, finish_reason, reply};
 
-pub use stream::{StreamEvent, StreamParser, ToolCall, parse_output};
+pub use stream::{StreamEvent, StreamParser, parse_output};
 
 use serde_json::{Map, Value, json};
 
