@@ -510,7 +510,7 @@ mod tests {
         let source =
             "pub(crate) fn f(x: Vec<u8>) -> child::Out { pub(in super::super) struct S; x.len(); child::make() }";
         assert_eq!(paths(source), ["child::Out", "child::make"]);
-        let names = scan("pub use a::Hidden;\nfn f() -> Shown { todo!() }").names;
+        let names = scan("pub use a::Hidden;\nfn f() -> Shown { Shown }").names;
         assert!(names.contains("Shown") && !names.contains("Hidden"), "{names:?}");
     }
 }
