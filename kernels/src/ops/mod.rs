@@ -26,6 +26,7 @@ mod error;
 mod kv;
 mod low_rank;
 mod rope;
+mod rope_scaling;
 mod row;
 pub(crate) mod simd;
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
+pub use rope_scaling::{RopeScaling, Yarn};
 pub use row::{
     Gelu, add_in_place, f32_to_f16_row, gelu, layer_norm, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu,
 };

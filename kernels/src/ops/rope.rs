@@ -17,6 +17,7 @@
 //! components reproduces NEOX bit for bit.
 
 use super::OpsError;
+use super::rope_scaling::{RopeScaling, Scaled};
 
 /// How rotary pairs pick their position component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +63,9 @@ pub struct Rope {
     restart: Vec<bool>,
     /// Pairs are adjacent elements ([`RopeKind::Norm`]).
     adjacent: bool,
+    base: f32,
+    /// Frequency factors, YaRN and the magnitude factor.
+    scaled: Scaled,
 }
 
 /// Cosine and sine of every pair's angle at one position. Fill it with
@@ -106,7 +110,22 @@ impl Rope {
         let component =
             (0..pairs).map(|j| if vision { u8::from(j >= pairs / 2) } else { component(kind, j) }).collect();
         let restart = (0..pairs).map(|j| vision && j % (pairs / 2) == 0).collect();
-        Ok(Self { head_dim, ratio, freq_scale, component, restart, adjacent: kind == RopeKind::Norm })
+        Ok(Self {
+            head_dim,
+            ratio,
+            freq_scale,
+            component,
+            restart,
+            adjacent: kind == RopeKind::Norm,
+            base,
+            scaled: Scaled::none(),
+        })
+    }
+
+    /// This rope with `scaling` applied to every pair's angle.
+    pub fn scaled(mut self, scaling: &RopeScaling) -> Result<Self, OpsError> {
+        self.scaled = Scaled::new(scaling, 2 * self.component.len(), self.base, self.freq_scale)?;
+        Ok(self)
     }
 
     /// The position of a text token, `[p, p, p, 0]`: what every kind expects
@@ -129,13 +148,13 @@ impl Rope {
         out.cos.clear();
         out.sin.clear();
         let mut theta = pos.map(|p| p as f32);
-        for (&c, &restart) in self.component.iter().zip(&self.restart) {
+        for (j, (&c, &restart)) in self.component.iter().zip(&self.restart).enumerate() {
             if restart {
                 theta[usize::from(c)] = pos[usize::from(c)] as f32;
             }
-            let angle = self.freq_scale * theta[usize::from(c)];
-            out.cos.push(angle.cos());
-            out.sin.push(angle.sin());
+            let (cos, sin) = self.scaled.cos_sin(j, theta[usize::from(c)], self.freq_scale);
+            out.cos.push(cos);
+            out.sin.push(sin);
             theta = theta.map(|t| t * self.ratio);
         }
     }

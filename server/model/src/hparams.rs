@@ -45,6 +45,20 @@ impl RopeStyle {
     }
 }
 
+/// How the file says its rotary embedding was stretched past the trained
+/// context (`rope.scaling.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeScalingType {
+    /// `none`: no scaling, whatever the factor says.
+    None,
+    /// `linear` (the default): positions divided by `rope.scaling.factor`.
+    Linear,
+    /// `yarn`: per-pair blend of scaled and unscaled angles.
+    Yarn,
+    /// `longrope`: per-pair factors chosen by the context size.
+    LongRope,
+}
+
 /// Everything the forward pass needs to size and run a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HParams {
@@ -60,6 +74,11 @@ pub struct HParams {
     pub rms_eps: f32,
     pub rope_base: f32,
     pub rope_freq_scale: f32,
+    pub rope_scaling: RopeScalingType,
+    /// `rope.scaling.attn_factor`: multiplies every rotary cosine and sine.
+    pub rope_attn_factor: f32,
+    /// `rope.scaling.original_context_length`: the context before scaling.
+    pub n_ctx_orig: usize,
     pub n_rot: usize,
     pub rope: RopeStyle,
 }
@@ -137,10 +156,32 @@ impl HParams {
         if !(rope_base > 1.0 && rope_base.is_finite()) {
             return Err(invalid(&key("rope.freq_base"), rope_base, "must be a finite number > 1".into()));
         }
+        let rope_scaling = match file.opt_str(&key("rope.scaling.type"))?.unwrap_or("linear") {
+            "none" => RopeScalingType::None,
+            "linear" => RopeScalingType::Linear,
+            "yarn" => RopeScalingType::Yarn,
+            "longrope" => RopeScalingType::LongRope,
+            other => {
+                return Err(invalid(&key("rope.scaling.type"), other, "must be none, linear, yarn or longrope".into()));
+            }
+        };
         let rope_freq_scale = match file.opt_f32(&key("rope.scaling.factor"))? {
+            _ if rope_scaling == RopeScalingType::None => 1.0,
+            // llama.cpp reads a zero factor as "unset".
+            Some(factor) if factor == 0.0 => 1.0,
             Some(factor) if factor > 0.0 && factor.is_finite() => 1.0 / factor,
             Some(factor) => return Err(invalid(&key("rope.scaling.factor"), factor, "must be > 0".into())),
             None => 1.0,
+        };
+        let rope_attn_factor = match file.opt_f32(&key("rope.scaling.attn_factor"))? {
+            Some(factor) if !(factor > 0.0 && factor.is_finite()) => {
+                return Err(invalid(&key("rope.scaling.attn_factor"), factor, "must be a finite number > 0".into()));
+            }
+            factor => factor.unwrap_or(1.0),
+        };
+        let n_ctx_orig = match file.opt_u32(&key("rope.scaling.original_context_length"))? {
+            Some(_) => bounded("rope.scaling.original_context_length", 1 << 24)?,
+            None => n_ctx_train,
         };
         let n_rot = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |n| n as usize);
         if n_rot == 0 || n_rot % 2 != 0 || n_rot > head_dim {
@@ -168,6 +209,9 @@ impl HParams {
             rms_eps,
             rope_base,
             rope_freq_scale,
+            rope_scaling,
+            rope_attn_factor,
+            n_ctx_orig,
             n_rot,
             rope,
         })

@@ -33,6 +33,7 @@ pub mod hparams;
 mod layer;
 mod lora;
 mod model;
+mod rope;
 pub mod session;
 pub mod tokenizer;
 mod transformer;

@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sluice_kernels::backend::Backend;
-use sluice_kernels::ops::{self, HeadShape, Rope};
+use sluice_kernels::ops::{HeadShape, Rope};
 
 use super::blocks::{CacheLayout, Layer};
 use super::families;
 use super::gguf::GgufFile;
-use super::hparams::{HParams, RopeStyle};
+use super::hparams::HParams;
 use super::lora::{self, Adapter, Site, Targets};
+use super::rope::model_rope;
 use super::weights::{LoadError, Weight, tensor_problem, vector, weight};
 
 /// A loaded model: hyper-parameters, and its weights on a backend.
@@ -82,11 +83,7 @@ impl<B: Backend> Transformer<B> {
             )),
             None => None,
         };
-        if file.tensor("rope_freqs.weight").is_some() {
-            return Err(tensor_problem("rope_freqs.weight", "per-frequency rope factors are not supported yet"));
-        }
-        let rope = Rope::new(hp.head_dim, hp.n_rot, hp.rope_base, hp.rope_freq_scale, rope_kind(hp.rope))
-            .map_err(|error| tensor_problem("rope", &error.to_string()))?;
+        let rope = model_rope(&file, hp)?;
         let heads = HeadShape::new(hp.n_head, hp.n_head_kv, hp.head_dim)
             .map_err(|error| tensor_problem("attention", &error.to_string()))?;
         let adapters = Vec::new();
@@ -136,15 +133,6 @@ impl<B: Backend> Targets<B> for Transformer<B> {
 
     fn own_head(&self) -> Option<&Weight<B>> {
         self.output.as_deref().filter(|_| self.file.tensor("output.weight").is_some())
-    }
-}
-
-fn rope_kind(style: RopeStyle) -> ops::RopeKind {
-    match style {
-        RopeStyle::Norm => ops::RopeKind::Norm,
-        RopeStyle::Neox => ops::RopeKind::Neox,
-        RopeStyle::MRope(sections) => ops::RopeKind::MRope { sections },
-        RopeStyle::IMRope(sections) => ops::RopeKind::IMRope { sections },
     }
 }
 
