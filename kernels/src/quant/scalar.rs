@@ -20,11 +20,11 @@
 
 use half::{bf16, f16};
 
-use super::{DType, lut4};
 use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
+use super::{DType, lut4};
 
 /// Interleaved accumulators of the float-weight dot products.
 pub(crate) const LANES: usize = 16;
@@ -328,7 +328,11 @@ pub(super) fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
     q.iter().zip(a).fold(0i32, |s, (&q, &a)| s.wrapping_add(q.into() * i32::from(a)))
 }
 
-pub(super) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], step: impl Fn(f32, &W, &A) -> f32) -> f32 {
+pub(super) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(
+    w: &[u8],
+    a: &[u8],
+    step: impl Fn(f32, &W, &A) -> f32,
+) -> f32 {
     blocks::<W>(w).iter().zip(blocks::<A>(a)).fold(0.0, |acc, (w, a)| step(acc, w, a))
 }
 
