@@ -67,7 +67,9 @@ fn prefill64_q4_1_1536x576(bencher: Bencher, threads: usize) {
 
 /// Prefill-shaped: 64 activation rows over a weight matrix of each format
 /// (the 1B shape's 2048 × 2048 for the K-quants), one thread.
-#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K])]
+#[divan::bench(args = [
+    DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4,
+])]
 fn prefill64_1_thread(bencher: Bencher, dtype: DType) {
     let n = if dtype.block_elems() == 256 { 2048 } else { 576 };
     bench_matmul(bencher, dtype, 2048, n, 64, 1);
@@ -84,7 +86,7 @@ fn pool_dispatch(bencher: Bencher, threads: usize) {
 }
 
 /// One dot of a 576-wide row, cache-resident: the kernel's own speed.
-#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K])]
+#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4])]
 fn vec_dot_576(bencher: Bencher, dtype: DType) {
     let n = if dtype.block_elems() == 256 { 512 } else { 576 };
     let w = random_matrix(dtype, 1, n);
@@ -198,7 +200,7 @@ fn prefill512_down_1b(bencher: Bencher, dtype: DType) {
 }
 
 /// A decode step's gate matrix of the 1B shape, one thread.
-#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0])]
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4])]
 fn matvec_gate_1b(bencher: Bencher, dtype: DType) {
     bench_matmul(bencher, dtype, 8192, 2048, 1, 1);
 }

@@ -36,14 +36,20 @@
 // multiples of the block size, and each format reads its fields with the
 // widest loads that alignment allows: 16 bytes for F32/F16/BF16/Q4_K/Q5_K
 // (block sizes multiples of 16), 8 for Q5_1, 4 for Q4_1, 2 for Q4_0, Q5_0,
-// Q8_0 and Q6_K (18, 22, 34 and 210 bytes).
+// Q8_0 and Q6_K (18, 22, 34 and 210 bytes). The table formats
+// (quant_lut4.cuh) follow the same rule, MXFP4 reading bytes.
 
 // ---- load policies ---------------------------------------------------------
 
-// A load policy: read-only global loads of 2, 4, 8 and 16 bytes with the
+// A load policy: read-only global loads of 1, 2, 4, 8 and 16 bytes with the
 // cache qualifier Q, so that both policies below are the same code.
 #define QX_LOAD_POLICY(NAME, Q)                                                                                        \
     struct NAME {                                                                                                      \
+        static __device__ __forceinline__ u32 ld8(const u8* p) {                                                       \
+            u32 v;                                                                                                     \
+            asm("ld.global.nc" Q ".u8 %0, [%1];" : "=r"(v) : "l"(p));                                                  \
+            return v;                                                                                                  \
+        }                                                                                                              \
         static __device__ __forceinline__ u32 ld16(const u8* p) {                                                      \
             u32 v;                                                                                                     \
             asm("ld.global.nc" Q ".u16 %0, [%1];" : "=r"(v) : "l"(p));                                                 \

@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::blocks::{self, QK, QK_K};
 use super::error::KernelError;
+use super::lut4;
 
 /// The element types of weight tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,10 +23,13 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl DType {
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -37,6 +41,9 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ];
 
     /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
@@ -53,7 +60,10 @@ impl DType {
             12 => DType::Q4_K,
             13 => DType::Q5_K,
             14 => DType::Q6_K,
+            20 => DType::IQ4_NL,
+            23 => DType::IQ4_XS,
             30 => DType::BF16,
+            39 => DType::MXFP4,
             _ => return None,
         })
     }
@@ -71,6 +81,9 @@ impl DType {
             DType::Q4_K => "Q4_K",
             DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::IQ4_XS => "IQ4_XS",
+            DType::MXFP4 => "MXFP4",
         }
     }
 
@@ -80,6 +93,8 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::IQ4_NL | DType::MXFP4 => QK,
+            DType::IQ4_XS => QK_K,
         }
     }
 
@@ -97,6 +112,9 @@ impl DType {
             DType::Q4_K => size_of::<BlockQ4K>(),
             DType::Q5_K => size_of::<BlockQ5K>(),
             DType::Q6_K => size_of::<BlockQ6K>(),
+            DType::IQ4_NL => size_of::<lut4::BlockIQ4NL>(),
+            DType::IQ4_XS => size_of::<lut4::BlockIQ4XS>(),
+            DType::MXFP4 => size_of::<lut4::BlockMXFP4>(),
         }
     }
 
@@ -113,6 +131,9 @@ impl DType {
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0S,
             DType::Q4_1 | DType::Q5_1 => ActFormat::Q8_1,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
+            // Why these partners: see `lut4`.
+            DType::IQ4_NL | DType::MXFP4 => ActFormat::Q8_0S,
+            DType::IQ4_XS => ActFormat::Q8_K,
         }
     }
 
@@ -133,10 +154,11 @@ impl fmt::Display for DType {
 /// - `Q8_0`: blocks of 32 as f16 `d` and 32 i8, `d = max|x| / 127` (no
 ///   weight type's partner; a Q8_0 KV cache stores its rows so).
 /// - `Q8_0S`: as Q8_0 plus the i16 sum of the quants after `d` (partner of
-///   Q4_0/Q5_0/Q8_0).
+///   Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4).
 /// - `Q8_1`: as Q8_0 plus GGML's f16 `d · Σq` after `d` (partner of
 ///   Q4_1/Q5_1).
-/// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants.
+/// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants
+///   (partner of the K-quants and IQ4_XS).
 ///
 /// Quants round to nearest with ties to even and stay within ±127. Inputs
 /// must be finite: a non-finite value makes its block's scale non-finite,

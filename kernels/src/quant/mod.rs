@@ -17,6 +17,7 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+mod lut4;
 pub(crate) mod packed;
 mod scalar;
 #[cfg(test)]
@@ -145,6 +146,9 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::Q4_K => scalar::dot_q4_k,
         DType::Q5_K => scalar::dot_q5_k,
         DType::Q6_K => scalar::dot_q6_k,
+        DType::IQ4_NL => lut4::dot_iq4_nl,
+        DType::IQ4_XS => lut4::dot_iq4_xs,
+        DType::MXFP4 => lut4::dot_mxfp4,
     }
 }
 

@@ -20,11 +20,11 @@
 
 use half::{bf16, f16};
 
-use super::DType;
 use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
+use super::{DType, lut4};
 
 /// Interleaved accumulators of the float-weight dot products.
 pub(crate) const LANES: usize = 16;
@@ -171,7 +171,7 @@ pub(crate) fn q6_k_quants(b: &BlockQ6K) -> [u8; QK_K] {
 
 // ---- dequantization --------------------------------------------------------
 
-fn each_block<B: bytemuck::Pod, const E: usize>(src: &[u8], dst: &mut [f32], f: impl Fn(&B, &mut [f32; E])) {
+pub(super) fn each_block<B: bytemuck::Pod, const E: usize>(src: &[u8], dst: &mut [f32], f: impl Fn(&B, &mut [f32; E])) {
     for (b, y) in blocks::<B>(src).iter().zip(dst.as_chunks_mut::<E>().0) {
         f(b, y);
     }
@@ -227,6 +227,9 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 *y = d * f32::from(b.scales[i / 16]) * f32::from(q as i8 - 32);
             }
         }),
+        DType::IQ4_NL => lut4::dequantize_iq4_nl(src, dst),
+        DType::IQ4_XS => lut4::dequantize_iq4_xs(src, dst),
+        DType::MXFP4 => lut4::dequantize_mxfp4(src, dst),
     }
 }
 
@@ -321,11 +324,15 @@ pub(crate) fn quantize_q8_k(x: &[f32], dst: &mut [u8]) {
 
 // ---- dot products ----------------------------------------------------------
 
-fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
+pub(super) fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
     q.iter().zip(a).fold(0i32, |s, (&q, &a)| s.wrapping_add(q.into() * i32::from(a)))
 }
 
-fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], step: impl Fn(f32, &W, &A) -> f32) -> f32 {
+pub(super) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(
+    w: &[u8],
+    a: &[u8],
+    step: impl Fn(f32, &W, &A) -> f32,
+) -> f32 {
     blocks::<W>(w).iter().zip(blocks::<A>(a)).fold(0.0, |acc, (w, a)| step(acc, w, a))
 }
 

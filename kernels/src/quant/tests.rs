@@ -40,10 +40,22 @@ impl Rng {
 /// Offsets of the f16 scale fields inside a block.
 fn scale_offsets(dtype: DType) -> &'static [usize] {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        // MXFP4's scale is an exponent byte: see `finite_exponents`.
+        DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
+    }
+}
+
+/// Caps MXFP4's exponent bytes at 2^15, about the largest f16 scale the
+/// other formats get: larger ones (up to 2^127) overflow a dot to infinity
+/// on any activations, and GGML's would too.
+fn finite_exponents(dtype: DType, row: &mut [u8]) {
+    if dtype == DType::MXFP4 {
+        for block in row.chunks_exact_mut(dtype.block_bytes()) {
+            block[0] = block[0].min(128 + 15);
+        }
     }
 }
 
@@ -65,6 +77,10 @@ pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, n: usize) -> Vec<u8> {
                 for &off in scale_offsets(dtype) {
                     let scale = f16::from_f32(rng.signed_unit() * 0.01);
                     block[off..off + 2].copy_from_slice(&scale.to_le_bytes());
+                }
+                if dtype == DType::MXFP4 {
+                    // 2^-10 .. 2^-3: the values' range, as above.
+                    block[0] = 118 + rng.below(8) as u8;
                 }
             }
         }
@@ -133,7 +149,10 @@ fn ggml_ids_names_and_sizes() {
         (12, "Q4_K", 256, 144),
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
+        (20, "IQ4_NL", 32, 18),
+        (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
+        (39, "MXFP4", 32, 17),
     ];
     for (id, name, elems, bytes) in table {
         let dtype = DType::from_ggml(id).expect("known id");
@@ -227,6 +246,18 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
             let low = if k < 2 { low & 0xF } else { low >> 4 };
             let q = i32::from(low | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
             h(208) * f32::from(sc[l / 16 + 2 * k] as i8) * q as f32
+        }
+        DType::IQ4_NL => h(0) * f32::from(lut4::IQ4_VALUES[usize::from(nibble(&b[2..], i))]),
+        DType::IQ4_XS => {
+            let (ib, l) = (i / 32, i % 32);
+            let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+            let high = (u16::from_le_bytes([b[2], b[3]]) >> (2 * ib)) & 3;
+            let scale = i32::from(low) + 16 * i32::from(high) - 32;
+            h(0) * scale as f32 * f32::from(lut4::IQ4_VALUES[usize::from(nibble(&b[8 + 16 * ib..], l))])
+        }
+        DType::MXFP4 => {
+            let scale = 2f64.powi(i32::from(b[0]) - 128) as f32;
+            f32::from(lut4::FP4_VALUES[usize::from(nibble(&b[1..], i))]) * scale
         }
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
@@ -427,6 +458,7 @@ fn adversarial_weights(rng: &mut Rng, dtype: DType, n: usize) -> Vec<Vec<u8>> {
                     block[off..off + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
                 }
             }
+            finite_exponents(dtype, &mut row);
             rows.push(row);
         }
     }

@@ -17,6 +17,7 @@
 mod activations;
 mod kquant;
 mod loads;
+mod lut4;
 mod packed;
 
 pub(super) use activations::quantize;
@@ -608,6 +609,16 @@ macro_rules! dot_kernels {
                     four_by_eight: None,
                     packed: Some(packed),
                 };
+                // One and four weight rows against one activation row;
+                // more activation rows repeat the four-row kernel.
+                let row_major = |one, four| Dot {
+                    one,
+                    four: Some(four),
+                    four_by_two: None,
+                    four_by_four: None,
+                    four_by_eight: None,
+                    packed: None,
+                };
                 macro_rules! packed {
                     ($kernel:ident) => {
                         PackedDot {
@@ -636,6 +647,9 @@ macro_rules! dot_kernels {
                     DType::Q6_K => {
                         kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(packed!(packed_q6_k)))
                     }
+                    DType::IQ4_NL => row_major(one_iq4_nl, four_iq4_nl),
+                    DType::IQ4_XS => row_major(one_iq4_xs, four_iq4_xs),
+                    DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
                 }
             }
 
@@ -672,6 +686,7 @@ macro_rules! dot_kernels {
             }
 
             kquant::kquant_kernels!($features);
+            lut4::lut4_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
