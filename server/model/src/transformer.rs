@@ -12,6 +12,7 @@ use super::blocks::{CacheLayout, Layer};
 use super::families;
 use super::gguf::GgufFile;
 use super::hparams::{HParams, RopeStyle};
+use super::layer::{LayerKind, Mixer};
 use super::lora::{self, Adapter, Site, Targets};
 use super::weights::{LoadError, Weight, tensor_problem, vector, weight};
 
@@ -32,6 +33,13 @@ pub struct Transformer<B: Backend> {
     /// to n_embd), then RMSNorm with `enc.output_norm`.
     pub(super) fusion: Option<(Weight<B>, B::Vector)>,
     pub(super) rope: Rope,
+    /// The RoPE of layers with a base of their own (Gemma 3's local
+    /// layers); one per model.
+    pub(super) local_rope: Option<Rope>,
+    /// Token embeddings are multiplied by this.
+    pub(super) embed_scale: Option<f32>,
+    /// Logits are soft-capped at this.
+    pub(super) logit_softcap: Option<f32>,
     pub(super) heads: HeadShape,
     /// LoRA adapters, by id (load order).
     pub(super) adapters: Vec<Adapter<B>>,
@@ -69,8 +77,9 @@ impl<B: Backend> Transformer<B> {
         };
         let output_norm = vector(b, &file, "output_norm.weight", hp.n_embd)?;
         let mut caches = CacheLayout::default();
-        let layers = family
-            .layers(&file, hp)?
+        let kinds = family.layers(&file, hp)?;
+        let local_rope = local_rope(&kinds, hp)?;
+        let layers = kinds
             .into_iter()
             .enumerate()
             .map(|(index, kind)| Layer::load(b, &file, hp, index, kind, &mut caches))
@@ -101,6 +110,9 @@ impl<B: Backend> Transformer<B> {
             caches,
             fusion,
             rope,
+            local_rope,
+            embed_scale: outer.embed_scale,
+            logit_softcap: outer.logit_softcap,
             heads,
             adapters,
         })
@@ -137,6 +149,21 @@ impl<B: Backend> Targets<B> for Transformer<B> {
     fn own_head(&self) -> Option<&Weight<B>> {
         self.output.as_deref().filter(|_| self.file.tensor("output.weight").is_some())
     }
+}
+
+/// The RoPE of the layers that declare one of their own, which must be
+/// one RoPE: a pass prepares the angles of at most two.
+fn local_rope(kinds: &[LayerKind], hp: &HParams) -> Result<Option<Rope>, LoadError> {
+    let mut own = kinds.iter().filter_map(|kind| match kind.mixer {
+        Mixer::Attention(attention) => attention.own_rope,
+    });
+    let Some(rope) = own.next() else { return Ok(None) };
+    if let Some(other) = own.find(|other| *other != rope) {
+        return Err(tensor_problem("rope", &format!("local layers with RoPEs {rope:?} and {other:?}")));
+    }
+    Rope::new(hp.head_dim, hp.n_rot, rope.base, rope.freq_scale, rope_kind(hp.rope))
+        .map(Some)
+        .map_err(|error| tensor_problem("rope", &error.to_string()))
 }
 
 fn rope_kind(style: RopeStyle) -> ops::RopeKind {

@@ -4,10 +4,10 @@
 
 use super::family::Uniform;
 use crate::hparams::RopeStyle;
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, LayerKind};
 
 pub(super) const LLAMA: Uniform = Uniform {
     name: "llama",
     rope: |_, _| Ok(RopeStyle::Norm),
-    layer: LayerKind { mixer: Mixer::Attention(Attention { qkv_bias: false, qk_norm: false }), ffn: Ffn::SwiGlu },
+    layer: LayerKind::plain(Attention::full(false, false)),
 };
