@@ -50,7 +50,8 @@ pub fn gemma_vocabulary(pieces: &[&str]) -> (Vec<String>, impl Fn(GgufBuilder) -
     tokens.extend(pieces.iter().map(|piece| (*piece).to_owned()));
     types.extend(pieces.iter().map(|_| NORMAL));
     // Longer pieces score higher, so that they win over their parts.
-    let scores: Vec<f32> = tokens.iter().zip(&types).map(|(token, &kind)| if kind == NORMAL { token.len() as f32 } else { 0.0 }).collect();
+    let scores: Vec<f32> =
+        tokens.iter().zip(&types).map(|(token, &kind)| if kind == NORMAL { token.len() as f32 } else { 0.0 }).collect();
     let metadata = {
         let tokens = tokens.clone();
         move |builder: GgufBuilder| {

@@ -39,8 +39,8 @@ pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use row::{
-    Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, silu, softmax_in_place,
-    swiglu,
+    Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, silu,
+    softmax_in_place, swiglu,
 };
 #[cfg(test)]
 pub(crate) use testing::noise;

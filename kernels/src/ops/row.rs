@@ -308,7 +308,8 @@ mod tests {
         let up = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 2.0];
         let mut out = [f32::NAN; 9];
         geglu_f16(&gate, &up, &mut out);
-        let tanh_gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+        let tanh_gelu =
+            |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
         for (i, (&g, &u)) in gate.iter().zip(&up).enumerate() {
             let want = match g {
                 g if g <= -10.0 => 0.0,

@@ -271,13 +271,7 @@ impl<B: Backend> Model for Transformer<B> {
 impl<B: Backend> Transformer<B> {
     /// What the blocks of a pass over `rows` rows laid out as `layout`
     /// (and as `local`, with the local RoPE's angles) read.
-    fn pass<'a>(
-        &'a self,
-        layout: &'a B::Pass,
-        local: &'a B::Pass,
-        rows: usize,
-        lora: &'a PassAdapters,
-    ) -> Pass<'a, B> {
+    fn pass<'a>(&'a self, layout: &'a B::Pass, local: &'a B::Pass, rows: usize, lora: &'a PassAdapters) -> Pass<'a, B> {
         Pass {
             backend: &self.backend,
             layout,

@@ -25,8 +25,8 @@ const NEAR_TIE: f64 = 0.02;
 const TOLERANCE: f64 = 0.01;
 
 fn fixture(arch: &str) -> Value {
-    let text = std::fs::read_to_string(sluice_tests::fixture(&format!("{arch}-tiny-llamacpp.json")))
-        .expect("fixture present");
+    let text =
+        std::fs::read_to_string(sluice_tests::fixture(&format!("{arch}-tiny-llamacpp.json"))).expect("fixture present");
     serde_json::from_str(&text).expect("fixture is JSON")
 }
 

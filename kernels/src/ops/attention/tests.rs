@@ -410,7 +410,7 @@ fn a_window_of_hidden_cells_is_refused() {
     let shape = HeadShape::new(2, 1, 32).unwrap();
     let (k, v) = (noise(10 * shape.kv_len(), 1, 1.0), noise(10 * shape.kv_len(), 2, 1.0));
     let cache = Cache::new(&k, &v, shape.kv_len(), 4);
-    let hidden = [6..9];
+    let hidden = [2..3, 6..9];
     let kv = KvPages { hidden: &hidden, ..cache.kv() };
     let scores = |window| Scores { window: Some(window), ..Scores::scaled(1.0) };
     let mut out = vec![0.0; shape.q_len()];

@@ -92,7 +92,7 @@ pub(super) fn embedding_scale(hp: &HParams) -> f32 {
 pub(super) fn softcap(file: &GgufFile, key: &str, default: Option<f32>) -> Result<Option<f32>, HParamsError> {
     match file.opt_f32(key)? {
         None => Ok(default),
-        Some(cap) if cap == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(cap) if cap > 0.0 && cap.is_finite() => Ok(Some(cap)),
         Some(cap) => Err(invalid(key, cap, "must be a finite number ≥ 0".into())),
     }

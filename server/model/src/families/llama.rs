@@ -6,8 +6,5 @@ use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, LayerKind};
 
-pub(super) const LLAMA: Uniform = Uniform {
-    name: "llama",
-    rope: |_, _| Ok(RopeStyle::Norm),
-    layer: LayerKind::plain(Attention::full(false, false)),
-};
+pub(super) const LLAMA: Uniform =
+    Uniform { name: "llama", rope: |_, _| Ok(RopeStyle::Norm), layer: LayerKind::plain(Attention::full(false, false)) };

@@ -5,8 +5,5 @@ use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, LayerKind};
 
-pub(super) const QWEN2: Uniform = Uniform {
-    name: "qwen2",
-    rope: |_, _| Ok(RopeStyle::Neox),
-    layer: LayerKind::plain(Attention::full(true, false)),
-};
+pub(super) const QWEN2: Uniform =
+    Uniform { name: "qwen2", rope: |_, _| Ok(RopeStyle::Neox), layer: LayerKind::plain(Attention::full(true, false)) };

@@ -5,8 +5,5 @@ use super::family::Uniform;
 use crate::hparams::RopeStyle;
 use crate::layer::{Attention, LayerKind};
 
-pub(super) const QWEN3: Uniform = Uniform {
-    name: "qwen3",
-    rope: |_, _| Ok(RopeStyle::Neox),
-    layer: LayerKind::plain(Attention::full(false, true)),
-};
+pub(super) const QWEN3: Uniform =
+    Uniform { name: "qwen3", rope: |_, _| Ok(RopeStyle::Neox), layer: LayerKind::plain(Attention::full(false, true)) };
