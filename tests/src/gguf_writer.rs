@@ -13,6 +13,7 @@ pub enum Value {
     I32s(Vec<i32>),
     F32s(Vec<f32>),
     Strs(Vec<String>),
+    Bools(Vec<bool>),
 }
 
 /// A tensor to write: name, dims (innermost first), ggml type id, bytes.
@@ -188,6 +189,10 @@ fn write_value(out: &mut Vec<u8>, value: &Value) {
             array_header(out, 8, values.len());
             values.iter().for_each(|value| string(out, value));
         }
+        Value::Bools(values) => {
+            array_header(out, 7, values.len());
+            values.iter().for_each(|value| out.push(u8::from(*value)));
+        }
     }
 }
 
@@ -307,7 +312,8 @@ impl TinyModel {
         }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
         let qwen2 = matches!(arch, "qwen2" | "qwen2vl");
-        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash");
+        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3");
+        let post_norms = matches!(arch, "gemma2" | "gemma3");
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             let norm = |rng: &mut Rng, len: usize| rng.vec(len, 0.2).iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
@@ -332,8 +338,30 @@ impl TinyModel {
                     .tensor(Tensor::f32(&name("attn_q_norm.weight"), &[head_dim as u64], &norm(&mut rng, head_dim)))
                     .tensor(Tensor::f32(&name("attn_k_norm.weight"), &[head_dim as u64], &norm(&mut rng, head_dim)));
             }
+            if post_norms {
+                builder = builder
+                    .tensor(Tensor::f32(&name("post_attention_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
+                    .tensor(Tensor::f32(&name("post_ffw_norm.weight"), &[e], &norm(&mut rng, self.n_embd)));
+            }
         }
         builder
+    }
+
+    /// A Gemma 2 or 3 model (`arch`) of this shape with a Gemma-style
+    /// vocabulary ([`crate::vocab::gemma_vocabulary`] of `pieces`, which
+    /// sets `n_vocab`), `chat_template`, and local layers attending
+    /// through a window of `window` positions (the families' default
+    /// pattern of local and global layers).
+    pub fn gemma(&self, pieces: &[&str], window: u32, chat_template: &str) -> GgufBuilder {
+        let (tokens, vocabulary) = crate::vocab::gemma_vocabulary(pieces);
+        let model = TinyModel { n_vocab: tokens.len(), tokens: Some(tokens), ..self.clone() };
+        let arch = self.arch;
+        vocabulary(model.build())
+            .meta(&format!("{arch}.attention.sliding_window"), Value::U32(window))
+            .meta(&format!("{arch}.attention.key_length"), Value::U32((self.n_embd / self.n_head) as u32))
+            .meta(&format!("{arch}.attention.value_length"), Value::U32((self.n_embd / self.n_head) as u32))
+            .meta(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
+            .meta("tokenizer.chat_template", Value::Str(chat_template.into()))
     }
 
     /// A DFlash draft of this shape for a target of width `target_embd`

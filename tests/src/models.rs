@@ -9,3 +9,33 @@ pub fn default_model() -> PathBuf {
     assert!(path.is_file(), "{} is missing: run `cargo xtask fetch-model` first", path.display());
     path
 }
+
+/// The synthetic Gemma models (`arch` `gemma2` or `gemma3`) whose
+/// llama.cpp outputs are fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`):
+/// seven layers of the family's default pattern of local and global
+/// layers, windows of 5 positions (shorter than the fixture's sequences),
+/// a Gemma-style vocabulary and the family's published chat template. A
+/// Gemma 3 model's global RoPE base (10⁶) differs from its local layers'
+/// (10⁴). The final norm's weights of 4 spread the logits, so that near
+/// ties (where greedy choices may differ) are rare.
+pub fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Tensor, TinyModel, Value};
+    const PIECES: [&str; 16] = [
+        "▁", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "▁Hello", "▁world", "▁a", "▁dog", "▁ran", "user", "model", "▁is",
+        "▁and", ".",
+    ];
+    let (template, seed) = match arch {
+        "gemma2" => (include_str!("../fixtures/gemma2-chat-template.jinja"), 22),
+        _ => (include_str!("../fixtures/gemma3-chat-template.jinja"), 33),
+    };
+    let shape = TinyModel { n_layer: 7, ..TinyModel::recipe(arch, seed) };
+    let model = shape.gemma(&PIECES, 5, template).tensor(Tensor::f32(
+        "output_norm.weight",
+        &[shape.n_embd as u64],
+        &vec![4.0; shape.n_embd],
+    ));
+    match arch {
+        "gemma3" => model.meta("gemma3.rope.freq_base", Value::F32(1e6)),
+        _ => model,
+    }
+}

@@ -33,3 +33,41 @@ pub fn spm_vocabulary(pieces: &[(&str, f32)]) -> GgufBuilder {
         .meta("tokenizer.ggml.token_type", Value::I32s(types))
         .meta("tokenizer.ggml.scores", Value::F32s(scores))
 }
+
+/// A Gemma-style SentencePiece vocabulary: `<pad>`, `<eos>`, `<bos>`,
+/// `<unk>`, `<start_of_turn>`, `<end_of_turn>` (ids 0–5, with Gemma's
+/// special-token ids), the 128 ASCII byte tokens, then `pieces`. Only
+/// ASCII bytes: a random model would write lone UTF-8 lead bytes, whose
+/// tokens llama-server reports no log-probs for. Returns the
+/// tokens and what writes the tokenizer's metadata into a file (replacing
+/// any other vocabulary's).
+pub fn gemma_vocabulary(pieces: &[&str]) -> (Vec<String>, impl Fn(GgufBuilder) -> GgufBuilder) {
+    let special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"];
+    let mut tokens: Vec<String> = special.iter().map(|token| (*token).to_owned()).collect();
+    let mut types = vec![CONTROL, CONTROL, CONTROL, UNKNOWN, CONTROL, CONTROL];
+    tokens.extend((0..128u8).map(|byte| format!("<0x{byte:02X}>")));
+    types.extend([BYTE; 128]);
+    tokens.extend(pieces.iter().map(|piece| (*piece).to_owned()));
+    types.extend(pieces.iter().map(|_| NORMAL));
+    // Longer pieces score higher, so that they win over their parts.
+    let scores: Vec<f32> =
+        tokens.iter().zip(&types).map(|(token, &kind)| if kind == NORMAL { token.len() as f32 } else { 0.0 }).collect();
+    let metadata = {
+        let tokens = tokens.clone();
+        move |builder: GgufBuilder| {
+            builder
+                .without_meta("tokenizer.ggml.merges")
+                .meta("tokenizer.ggml.model", Value::Str("llama".into()))
+                .meta("tokenizer.ggml.tokens", Value::Strs(tokens.clone()))
+                .meta("tokenizer.ggml.token_type", Value::I32s(types.clone()))
+                .meta("tokenizer.ggml.scores", Value::F32s(scores.clone()))
+                .meta("tokenizer.ggml.bos_token_id", Value::U32(2))
+                .meta("tokenizer.ggml.eos_token_id", Value::U32(1))
+                .meta("tokenizer.ggml.unknown_token_id", Value::U32(3))
+                .meta("tokenizer.ggml.padding_token_id", Value::U32(0))
+                .meta("tokenizer.ggml.add_bos_token", Value::Bool(true))
+                .meta("tokenizer.ggml.add_eos_token", Value::Bool(false))
+        }
+    };
+    (tokens, metadata)
+}

@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::ops::{self, Gelu, HeadShape, KvType, OpsError, Rope, RopePos};
+use crate::ops::{self, Gelu, HeadShape, KvType, OpsError, Rope, RopePos, Scores};
 use crate::quant::{DType, KernelError};
 
 /// Bytes that stay where they are while anyone holds them, such as a
@@ -334,6 +334,21 @@ pub trait Backend: Send + Sync + 'static {
     fn gelu(&self, x: &mut Self::Rows, kind: Gelu) -> Result<(), BackendError> {
         host_gelu(self, x, kind)
     }
+    /// `out = gelu(gate) · up` with GELU as [`ops::geglu_f16`] evaluates
+    /// it (Gemma's feed-forward).
+    fn geglu(&self, gate: &Self::Rows, up: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError> {
+        let (gate, up) = (self.download(gate)?, self.download(up)?);
+        let mut values = vec![0.0; gate.len()];
+        ops::geglu_f16(&gate, &up, &mut values);
+        self.upload(&values, out)
+    }
+    /// `x *= factor` element-wise (Gemma's embedding scale and pre-scaled
+    /// queries).
+    fn scale(&self, x: &mut Self::Rows, factor: f32) -> Result<(), BackendError> {
+        let mut values = self.download(x)?;
+        ops::scale(&mut values, factor);
+        self.upload(&values, x)
+    }
 
     /// Rotate every row of `x` (one per row of the pass) in place.
     fn rope(&self, rope: &Rope, pass: &Self::Pass, x: &mut Self::Rows);
@@ -341,7 +356,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `layer`, rounded to f16 or quantized to Q8_0 (the store's types).
     fn store_kv(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Rows, v: &Self::Rows, pass: &Self::Pass);
     /// Attention of each query row of `q` over what its pass row sees in
-    /// `layer`, into `out` (the shape of `q`).
+    /// `layer` (within `scores`' window, if it has one), into `out` (the
+    /// shape of `q`).
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -350,7 +366,7 @@ pub trait Backend: Send + Sync + 'static {
         q: &Self::Rows,
         pass: &Self::Pass,
         heads: HeadShape,
-        scale: f32,
+        scores: Scores,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError>;
     /// Attention in which each row of the pass sees every row of its own
@@ -372,7 +388,7 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Rows,
     ) -> Result<(), BackendError> {
         self.store_kv(kv, 0, k, v, pass);
-        self.attend(kv, 0, q, pass, heads, scale, out)
+        self.attend(kv, 0, q, pass, heads, Scores::scaled(scale), out)
     }
 }
 

@@ -17,7 +17,7 @@ use super::{
 use crate::cpu::Family;
 use crate::gemm;
 use crate::matmul::{QuantMatrix, matmuls, share};
-use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles};
+use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles, Scores};
 use crate::pool::ThreadPool;
 use crate::quant::PackedRows;
 
@@ -389,6 +389,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        resize(out, gate.len());
+        self.split(out, VECTOR_UNIT, |start, out| {
+            let values = start..start + out.len();
+            ops::geglu_f16(&gate[values.clone()], &up[values], out);
+        });
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, factor: f32) -> Result<(), BackendError> {
+        self.split(x, VECTOR_UNIT, |_, x| ops::scale(x, factor));
+        Ok(())
+    }
+
     fn rope(&self, rope: &Rope, pass: &CpuPass, x: &mut Vec<f32>) {
         let Some(width) = x.len().checked_div(pass.angles.len()) else { return };
         self.split(x, width, |start, x| {
@@ -431,7 +445,7 @@ impl Backend for CpuBackend {
         q: &Vec<f32>,
         pass: &CpuPass,
         heads: HeadShape,
-        scale: f32,
+        scores: Scores,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         let q_dim = heads.q_len();
@@ -491,7 +505,7 @@ impl Backend for CpuBackend {
                     let at = rows.start * q_dim + kv_heads.start * q_per_kv_head;
                     &q[at..at + kv_heads.len() * q_per_kv_head]
                 };
-                let attended = ops::attend_heads(q, pages, &visible, heads, kv_heads, scale, &mut out, &mut scratch);
+                let attended = ops::attend_heads(q, pages, &visible, heads, kv_heads, scores, &mut out, &mut scratch);
                 if let (Err(error), Ok(mut failure)) = (attended, failure.lock()) {
                     failure.get_or_insert(error);
                 }
@@ -713,7 +727,7 @@ mod tests {
                 let layout = PassLayout { rows: &rows[n_cached..], ..layout };
                 backend.prepare(&rope, &layout, &mut pass).expect("a valid layout");
                 let (q, mut out) = (ops_noise(heads.q_len(), 33), Vec::new());
-                backend.attend(&kv, 0, &q, &pass, heads, 0.125, &mut out).expect("valid inputs");
+                backend.attend(&kv, 0, &q, &pass, heads, Scores::scaled(0.125), &mut out).expect("valid inputs");
                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
             let alone = attend(1);

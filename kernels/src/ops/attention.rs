@@ -48,38 +48,40 @@ pub struct KvPages<'a> {
 }
 
 impl KvPages<'_> {
-    /// Calls `f(i, offset)` for positions `i` in `0..n` in order, `offset`
+    /// Calls `f(i, offset)` for positions `i` in `range` in order, `offset`
     /// being where the position's row starts in the arenas. Callers check
     /// the pages first (see [`attend`]) and mark `f` `#[inline(always)]`
     /// (see `simd::dispatch`).
     #[inline(always)]
-    fn for_each_row(&self, n: usize, row_len: usize, f: impl FnMut(usize, usize)) {
+    fn for_each_row(&self, range: Range<usize>, row_len: usize, f: impl FnMut(usize, usize)) {
         // The common case gets a visibility test that folds away; only DFlash
         // drafts hide cells.
         if self.hidden.is_empty() {
-            return self.for_each_visible_row(n, row_len, |_| true, f);
+            return self.for_each_visible_row(range, row_len, |_| true, f);
         }
         let mut hidden = self.hidden.iter().peekable();
         let visible = |position: usize| {
             while hidden.next_if(|range| range.end <= position).is_some() {}
             hidden.peek().is_none_or(|range| range.start > position)
         };
-        self.for_each_visible_row(n, row_len, visible, f)
+        self.for_each_visible_row(range, row_len, visible, f)
     }
 
     #[inline(always)]
     fn for_each_visible_row(
         &self,
-        n: usize,
+        range: Range<usize>,
         row_len: usize,
         mut visible: impl FnMut(usize) -> bool,
         mut f: impl FnMut(usize, usize),
     ) {
+        let (from, n) = (range.start, range.end);
         let block_tokens = self.pages.block_tokens;
-        for (b, &block) in self.pages.blocks[..n.div_ceil(block_tokens)].iter().enumerate() {
-            let first = b * block_tokens;
+        let first_block = from / block_tokens;
+        for (b, &block) in self.pages.blocks[first_block..n.div_ceil(block_tokens)].iter().enumerate() {
+            let first = (first_block + b) * block_tokens;
             let start = block as usize * block_tokens * row_len;
-            for r in 0..block_tokens.min(n - first) {
+            for r in from.saturating_sub(first)..block_tokens.min(n - first) {
                 if visible(first + r) {
                     f(first + r, start + r * row_len);
                 }
@@ -133,13 +135,57 @@ impl HeadShape {
     }
 }
 
+/// How a query scores the positions it sees, and which of them it sees.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scores {
+    /// Multiplies `q · k`.
+    pub scale: f32,
+    /// Soft-capping (Gemma 2): each score becomes `cap · tanh(s / cap)`,
+    /// computed as llama.cpp's flash attention does, with the scale divided
+    /// by the cap once and the product fed to `tanh`.
+    pub softcap: Option<f32>,
+    /// Sliding-window attention: a row seeing positions `0..n` sees only
+    /// the last `window` of them, its own included (llama.cpp hides
+    /// position `p` from a query at `q` when `q - p >= window`).
+    pub window: Option<usize>,
+}
+
+impl Scores {
+    /// Plain scaled scores over every visible position.
+    pub fn scaled(scale: f32) -> Self {
+        Scores { scale, softcap: None, window: None }
+    }
+
+    /// The first position a row seeing `0..n_visible` attends to.
+    pub fn first_seen(&self, n_visible: usize) -> usize {
+        self.window.map_or(0, |window| n_visible.saturating_sub(window))
+    }
+
+    #[inline(always)]
+    fn score(&self, dot: f32) -> f32 {
+        match self.softcap {
+            None => dot * self.scale,
+            Some(cap) => cap * (dot * (self.scale / cap)).tanh(),
+        }
+    }
+}
+
+impl From<f32> for Scores {
+    fn from(scale: f32) -> Self {
+        Scores::scaled(scale)
+    }
+}
+
 /// Attention of one token's `q` (`n_head × head_dim`) over positions
-/// `0..n_visible` of `kv`, written to `out` (same shape as `q`).
+/// `0..n_visible` of `kv` (the last `window` of them, if `scores` has one),
+/// written to `out` (same shape as `q`).
 ///
 /// The arithmetic follows llama.cpp's CPU flash attention, whose outputs
 /// sluice is checked against: q is rounded to f16; per query head, positions
 /// are visited in order with a running maximum and sum (online softmax);
-/// scores are `(q · k_i) * scale` with the dot product in GGML's order; the
+/// scores are `(q · k_i) * scale` with the dot product in GGML's order
+/// (soft-capped if asked); positions outside the window are skipped, as
+/// llama.cpp skips masked ones; the
 /// weighted sum of V is rescaled when the maximum grows and kept
 /// rounded to f16 after every position; the denominator is updated with a
 /// fused multiply-add; the output is that sum times the denominator's
@@ -157,11 +203,11 @@ pub fn attend(
     kv: KvPages<'_>,
     n_visible: usize,
     shape: HeadShape,
-    scale: f32,
+    scores: impl Into<Scores>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
-    attend_heads(q, kv, &[n_visible], shape, 0..shape.n_kv_head, scale, out, scratch)
+    attend_heads(q, kv, &[n_visible], shape, 0..shape.n_kv_head, scores, out, scratch)
 }
 
 /// [`attend`] for the query heads of KV heads `kv_heads` only, of one or
@@ -181,11 +227,12 @@ pub fn attend_heads(
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: Range<usize>,
-    scale: f32,
+    scores: impl Into<Scores>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
-    check(q, &kv, n_visible, shape, &kv_heads, out).map_err(OpsError::Attention)?;
+    let scale = scores.into();
+    check(q, &kv, n_visible, shape, &kv_heads, scale, out).map_err(OpsError::Attention)?;
     use KvRows::{F16, Q8_0};
     // One kernel per pair of storage types.
     match (kv.k, kv.v) {
@@ -208,7 +255,7 @@ fn attend_in<K: KvElement, V: KvElement>(
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: Range<usize>,
-    scale: f32,
+    scale: Scores,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
@@ -220,6 +267,7 @@ fn attend_in<K: KvElement, V: KvElement>(
     let n_rows = n_visible.len();
     let n_head = n_rows * row_heads;
     let most_visible = n_visible.iter().copied().max().unwrap_or(0);
+    let first_seen = n_visible.iter().map(|&n| scale.first_seen(n)).min().unwrap_or(0);
     let kv_len = shape.kv_len();
     let chunks = head_dim.div_ceil(LANES);
     let padded_len = n_head * chunks * LANES;
@@ -246,7 +294,7 @@ fn attend_in<K: KvElement, V: KvElement>(
             let kv_at = (first_kv_head + kv_head) * head_dim;
             let mut state = HeadState { acc: &mut *acc, maxima: &mut *maxima, sums: &mut *sums, scores: &mut *scores };
             let mut block = Block { positions: [(0, 0); POSITION_BLOCK], len: 0 };
-            kv.for_each_row(most_visible, kv_len, #[inline(always)] |position, at| {
+            kv.for_each_row(first_seen..most_visible, kv_len, #[inline(always)] |position, at| {
                 block.positions[block.len] = (position, at + kv_at);
                 block.len += 1;
                 if block.len == POSITION_BLOCK {
@@ -303,27 +351,32 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
     kv_head: usize,
     group: usize,
     head_dim: usize,
-    scale: f32,
+    scale: Scores,
 ) {
     let chunks = head_dim.div_ceil(LANES);
     let row_heads = state.maxima.len() / n_visible.len();
     let positions = &block.positions[..block.len];
-    // How many of the block's positions each row sees (a prefix: they are
-    // in order).
-    let seen = |visible: usize| positions.iter().take_while(|(position, _)| *position < visible).count();
+    // The block's positions each row sees (a run: they are in order).
+    let seen = |visible: usize| {
+        let first = scale.first_seen(visible);
+        let skipped = positions.iter().take_while(|(position, _)| *position < first).count();
+        let end = positions.iter().take_while(|(position, _)| *position < visible).count();
+        &positions[skipped..end.max(skipped)]
+    };
     let heads = |row: usize| row * row_heads + kv_head * group..row * row_heads + (kv_head + 1) * group;
     for (row, &visible) in n_visible.iter().enumerate() {
-        let n = seen(visible);
+        let seen = seen(visible);
         for h in heads(row) {
             let q = &q_pad[h * chunks..(h + 1) * chunks];
             let scores = &mut state.scores.as_chunks_mut::<POSITION_BLOCK>().0[h];
-            for (score, &(_, at)) in scores.iter_mut().zip(&positions[..n]) {
-                *score = s.reduce_sum(score_lanes(s, q, head(k, at, head_dim))) * scale;
+            for (score, &(_, at)) in scores.iter_mut().zip(seen) {
+                *score = scale.score(s.reduce_sum(score_lanes(s, q, head(k, at, head_dim))));
             }
         }
     }
     for (row, &visible) in n_visible.iter().enumerate() {
-        let n = seen(visible);
+        let seen = seen(visible);
+        let n = seen.len();
         let heads = heads(row);
         // The row's heads S::V_HEADS at a time: their weighted V sums are
         // stepped side by side.
@@ -341,10 +394,10 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
             }
             let acc = &mut state.acc[batch.start * chunks..batch.end * chunks];
             match batch.len() {
-                4 => weigh_heads::<S, V, 4>(s, &positions[..n], &steps, v, head_dim, acc),
-                3 => weigh_heads::<S, V, 3>(s, &positions[..n], &steps, v, head_dim, acc),
-                2 => weigh_heads::<S, V, 2>(s, &positions[..n], &steps, v, head_dim, acc),
-                _ => weigh_heads::<S, V, 1>(s, &positions[..n], &steps, v, head_dim, acc),
+                4 => weigh_heads::<S, V, 4>(s, seen, &steps, v, head_dim, acc),
+                3 => weigh_heads::<S, V, 3>(s, seen, &steps, v, head_dim, acc),
+                2 => weigh_heads::<S, V, 2>(s, seen, &steps, v, head_dim, acc),
+                _ => weigh_heads::<S, V, 1>(s, seen, &steps, v, head_dim, acc),
             }
         }
     }
@@ -503,6 +556,7 @@ fn check(
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: &Range<usize>,
+    scores: Scores,
     out: &[f32],
 ) -> Result<(), String> {
     if kv_heads.start >= kv_heads.end || kv_heads.end > shape.n_kv_head {
@@ -523,28 +577,40 @@ fn check(
             ));
         }
     }
-    let (Some(&fewest), Some(&most)) = (n_visible.iter().min(), n_visible.iter().max()) else {
+    let Some(&most) = n_visible.iter().max() else {
         return Err("no query rows".into());
     };
-    // The row seeing the fewest positions decides whether one sees nothing
-    // (the visible count never falls as positions are added); the row
-    // seeing the most decides which blocks must exist.
-    check_positions(kv, fewest, shape)?;
-    check_positions(kv, most, shape)
-}
-
-fn check_positions(kv: &KvPages<'_>, n_visible: usize, shape: HeadShape) -> Result<(), String> {
-    if n_visible == 0 {
-        return Err("no visible positions".into());
+    if scores.window == Some(0) {
+        return Err("a window of no positions".into());
+    }
+    if !scores.softcap.is_none_or(|cap| cap > 0.0 && cap.is_finite()) {
+        return Err(format!("soft-cap {:?} must be finite and positive", scores.softcap));
     }
     let sorted = kv.hidden.windows(2).all(|pair| pair[0].end <= pair[1].start);
     if !sorted || kv.hidden.iter().any(|range| range.start >= range.end) {
         return Err(format!("hidden positions {:?} are not sorted, disjoint, non-empty ranges", kv.hidden));
     }
-    let hidden: usize = kv.hidden.iter().map(|range| range.end.min(n_visible).saturating_sub(range.start)).sum();
-    if hidden >= n_visible {
-        return Err(format!("all {n_visible} positions are hidden"));
+    n_visible.iter().try_for_each(|&n| check_seen(kv, n, scores))?;
+    // The row seeing the most decides which blocks must exist.
+    check_blocks(kv, most, shape)
+}
+
+/// Whether a row seeing `0..n_visible` (its window of them) sees at least
+/// one position.
+fn check_seen(kv: &KvPages<'_>, n_visible: usize, scores: Scores) -> Result<(), String> {
+    if n_visible == 0 {
+        return Err("no visible positions".into());
     }
+    let first = scores.first_seen(n_visible);
+    let hidden: usize =
+        kv.hidden.iter().map(|range| range.end.min(n_visible).saturating_sub(range.start.max(first))).sum();
+    if hidden >= n_visible - first {
+        return Err(format!("all {} positions in {first}..{n_visible} are hidden", n_visible - first));
+    }
+    Ok(())
+}
+
+fn check_blocks(kv: &KvPages<'_>, n_visible: usize, shape: HeadShape) -> Result<(), String> {
     let PageTable { blocks, block_tokens } = kv.pages;
     let n_blocks = n_visible.div_ceil(block_tokens.max(1));
     if block_tokens == 0 || blocks.len() < n_blocks {

@@ -32,7 +32,7 @@ pub(crate) mod simd;
 #[cfg(test)]
 mod testing;
 
-pub use attention::{HeadShape, KvPages, PageTable, attend, attend_heads};
+pub use attention::{HeadShape, KvPages, PageTable, Scores, attend, attend_heads};
 pub use dense_attention::attend_within;
 pub use error::OpsError;
 pub(crate) use kv::KvArena;
@@ -41,7 +41,8 @@ pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use rope_scaling::{RopeScaling, Yarn};
 pub use row::{
-    Gelu, add_in_place, f32_to_f16_row, gelu, layer_norm, rms_norm, rms_norm_in_place, silu, softmax_in_place, swiglu,
+    Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, silu,
+    softmax_in_place, swiglu,
 };
 #[cfg(test)]
 pub(crate) use testing::noise;

@@ -147,6 +147,52 @@ pub fn gelu(x: &mut [f32], kind: Gelu) {
     })
 }
 
+/// `out = gelu(gate) · up` with GELU's tanh form evaluated as llama.cpp's
+/// CPU backend evaluates it for Gemma: a gate at or below -10 gives 0, one
+/// at or above 10 passes through, and any other is rounded to f16 and
+/// looked up in a table of the f32 formula's results rounded to f16. The
+/// two roundings move values by up to 2⁻¹¹ of themselves, which a small
+/// model's logits show; matching them keeps sluice's outputs comparable.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn geglu_f16(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_same_len("geglu up", gate.len(), up.len());
+    assert_same_len("geglu out", gate.len(), out.len());
+    let table = &*GELU_F16;
+    for ((out, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *out = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g * u
+        } else {
+            f16::from_bits(table[usize::from(f16::from_f32(g).to_bits())]).to_f32() * u
+        };
+    }
+}
+
+/// GELU (tanh form, f32 arithmetic in llama.cpp's order) of every f16
+/// value, rounded to f16: the table `geglu_f16` reads.
+static GELU_F16: std::sync::LazyLock<Vec<u16>> = std::sync::LazyLock::new(|| {
+    // The constants as llama.cpp's f32 literals round them.
+    let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt() as f32;
+    const COEF: f32 = 0.044_715;
+    (0..=u16::MAX)
+        .map(|bits| {
+            let x = f16::from_bits(bits).to_f32();
+            f16::from_f32(0.5 * x * (1.0 + (sqrt_2_over_pi * x * (1.0 + COEF * x * x)).tanh())).to_bits()
+        })
+        .collect()
+});
+
+/// `x *= factor` (an embedding scale, a pre-scaled query).
+pub fn scale(x: &mut [f32], factor: f32) {
+    dispatch!(s => {
+        let factor = s.splat(factor);
+        update(s, x, [], #[inline(always)] |v, []| s.mul(v, factor))
+    })
+}
+
 /// `dst += src`, the residual connection.
 ///
 /// # Panics
@@ -254,6 +300,41 @@ mod tests {
                 assert!((f64::from(y) - want).abs() <= 2e-6 * (1.0 + want.abs()), "{kind:?}({x}) = {y}, not {want}");
             }
         }
+    }
+
+    #[test]
+    fn geglu_rounds_gelu_through_f16_and_passes_the_tails() {
+        let gate = [-12.0, -10.0, -1.0, 0.0, 0.3, 1.5, 9.99, 10.0, 25.0];
+        let up = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 2.0];
+        let mut out = [f32::NAN; 9];
+        geglu_f16(&gate, &up, &mut out);
+        let tanh_gelu =
+            |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+        for (i, (&g, &u)) in gate.iter().zip(&up).enumerate() {
+            let want = match g {
+                g if g <= -10.0 => 0.0,
+                g if g >= 10.0 => g * u,
+                // f16 input, f16 output: within two f16 half-ulps of the formula.
+                g => (tanh_gelu(f64::from(f16::from_f32(g).to_f32())) as f32) * u,
+            };
+            assert!((out[i] - want).abs() <= want.abs() * 1e-3 + 1e-6, "gelu({g}) · {u} = {}, not {want}", out[i]);
+            if g > -10.0 && g < 10.0 {
+                let gelu = out[i] / u;
+                assert_eq!(f16::from_f32(gelu).to_f32(), gelu, "gelu({g}) is an f16 value");
+            }
+        }
+        assert_eq!(out[2], f16::from_f32(-0.158_808).to_f32(), "gelu(-1) rounded to f16");
+    }
+
+    #[test]
+    fn scale_multiplies_on_every_level() {
+        let x: Vec<f32> = noise(100, 5, 3.0);
+        let got = same_on_every_level(|| {
+            let mut y = x.clone();
+            scale(&mut y, 8.0f32.sqrt());
+            y
+        });
+        assert!(got.iter().zip(&x).all(|(&y, &x)| y == x * 8.0f32.sqrt()));
     }
 
     #[test]

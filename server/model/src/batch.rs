@@ -272,6 +272,8 @@ pub enum ForwardError {
     NoEmbeddings(usize),
     #[error("row {0}: this model has no LM head of its own")]
     NoLmHead(usize),
+    #[error("row {0}: this model scales its token embeddings and takes no embedding rows")]
+    ScaledEmbeddings(usize),
     #[error("this model fuses no features (it is not a DFlash draft)")]
     NoFusion,
     #[error("row {row}: LoRA adapter {id} is not loaded ({n_adapters} are)")]

@@ -52,6 +52,11 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// The tokenizer adds BOS (EOS) itself, so a rendered prompt starting
+    /// (ending) with its text has it taken off, as llama-server does:
+    /// templates such as Gemma's begin with `{{ bos_token }}`.
+    strip_bos: bool,
+    strip_eos: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -91,6 +96,8 @@ impl ChatTemplate {
             source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            strip_bos: false,
+            strip_eos: false,
         })
     }
 
@@ -106,7 +113,8 @@ impl ChatTemplate {
             None => file.opt_str(KEY_TEMPLATE)?.ok_or(TemplateError::Missing)?,
         };
         let text = |id: Option<u32>| id.map_or("", |id| tokenizer.piece(id));
-        ChatTemplate::new(source, text(tokenizer.bos()), text(tokenizer.eos()))
+        let template = ChatTemplate::new(source, text(tokenizer.bos()), text(tokenizer.eos()))?;
+        Ok(ChatTemplate { strip_bos: tokenizer.adds_bos(), strip_eos: tokenizer.adds_eos(), ..template })
     }
 
     /// The template as given (for `/props`).
@@ -144,7 +152,7 @@ impl ChatTemplate {
         context.insert("bos_token".into(), Value::String(self.bos_token.clone()));
         context.insert("eos_token".into(), Value::String(self.eos_token.clone()));
         let template = self.env.get_template(NAME).map_err(|error| TemplateError::Render(describe(&error)))?;
-        template.render(JinjaValue::from(minijinja::value::Serde(&context))).map_err(|error| {
+        let mut rendered = template.render(JinjaValue::from(minijinja::value::Serde(&context))).map_err(|error| {
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
             while let Some(cause) = source {
                 if let Some(Raised(message)) = cause.downcast_ref::<Raised>() {
@@ -153,7 +161,14 @@ impl ChatTemplate {
                 source = cause.source();
             }
             TemplateError::Render(describe(&error))
-        })
+        })?;
+        if self.strip_bos && !self.bos_token.is_empty() && rendered.starts_with(&self.bos_token) {
+            rendered.drain(..self.bos_token.len());
+        }
+        if self.strip_eos && !self.eos_token.is_empty() && rendered.ends_with(&self.eos_token) {
+            rendered.truncate(rendered.len() - self.eos_token.len());
+        }
+        Ok(rendered)
     }
 }
 

@@ -30,6 +30,8 @@ struct TransformerContext<B: Backend> {
     kv: B::Kv,
     scratch: Scratch<B>,
     pass: B::Pass,
+    /// The pass's angles of the model's local RoPE, if it has one.
+    local_pass: B::Pass,
 }
 
 impl<B: Backend> TransformerContext<B> {
@@ -56,7 +58,14 @@ impl<B: Backend> TransformerContext<B> {
             types.v,
             mib(cells * n_layer * v_cell),
         );
-        Ok(TransformerContext { model, shape, kv, scratch: Scratch::default(), pass: B::Pass::default() })
+        Ok(TransformerContext {
+            model,
+            shape,
+            kv,
+            scratch: Scratch::default(),
+            pass: B::Pass::default(),
+            local_pass: B::Pass::default(),
+        })
     }
 
     /// Validate the batch and lay out its rows for the backend.
@@ -80,6 +89,9 @@ impl<B: Backend> TransformerContext<B> {
             if entry.logits && model.output.is_none() {
                 return Err(ForwardError::NoLmHead(row));
             }
+            if model.embed_scale.is_some() && matches!(entry.input, RowInput::Embedding(_)) {
+                return Err(ForwardError::ScaledEmbeddings(row));
+            }
             let table = batch.block_tables.get(entry.seq).ok_or(ForwardError::Sequence { row, seq: entry.seq })?;
             let slot =
                 self.shape.slot(table, entry.cell as usize).ok_or(ForwardError::Cell { row, cell: entry.cell })?;
@@ -100,7 +112,11 @@ impl<B: Backend> TransformerContext<B> {
             .map(|(seq, blocks)| PassSequence { blocks, hidden: batch.hidden.get(seq).map_or(&[], Vec::as_slice) })
             .collect();
         let model = &*self.model;
-        model.backend.prepare(&model.rope, &PassLayout { rows, sequences: &sequences }, &mut self.pass)?;
+        let layout = PassLayout { rows, sequences: &sequences };
+        model.backend.prepare(&model.rope, &layout, &mut self.pass)?;
+        if let Some(local) = &model.local_rope {
+            model.backend.prepare(local, &layout, &mut self.local_pass)?;
+        }
         Ok(())
     }
 }
@@ -121,8 +137,12 @@ impl<B: Backend> Context for TransformerContext<B> {
         let s = &mut self.scratch;
         let table = model.token_embd.as_ref().map(|embd| &embd.matrix);
         b.embed(table, &embed_inputs(batch, n_embd), n_embd, &mut s.x)?;
+        // Every row is a token here (checked in `layout`).
+        if let Some(factor) = model.embed_scale {
+            b.scale(&mut s.x, factor)?;
+        }
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
-        let pass = model.pass(&self.pass, n, &lora);
+        let pass = model.pass(&self.pass, &self.local_pass, n, &lora);
         b.begin_layers(&self.pass);
         // The bracket is closed whatever the layers return: a device
         // backend must not be left recording.
@@ -149,6 +169,11 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.matmul(&head.matrix, &s.h, m, &mut logits);
             lora.select(&output.logit_rows).apply(b, &model.adapters, None, &s.h, &mut logits);
             output.logits = b.download_owned(logits)?;
+            if let Some(cap) = model.logit_softcap {
+                // llama.cpp's order: times the f32 reciprocal, tanh, times the cap.
+                let inverse = 1.0 / cap;
+                output.logits.iter_mut().for_each(|logit| *logit = (*logit * inverse).tanh() * cap);
+            }
         }
         Ok(output)
     }
@@ -172,7 +197,7 @@ impl<B: Backend> Context for TransformerContext<B> {
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
         // No adapter applies to context rows.
         let lora = PassAdapters::new(std::iter::empty(), &[], model.adapters.len())?;
-        let pass = model.pass(&self.pass, n, &lora);
+        let pass = model.pass(&self.pass, &self.local_pass, n, &lora);
         for layer in &model.layers {
             layer.inject(&pass, &mut self.kv, s);
         }
@@ -244,14 +269,16 @@ impl<B: Backend> Model for Transformer<B> {
 }
 
 impl<B: Backend> Transformer<B> {
-    /// What the blocks of a pass over `rows` rows laid out as `layout` read.
-    fn pass<'a>(&'a self, layout: &'a B::Pass, rows: usize, lora: &'a PassAdapters) -> Pass<'a, B> {
+    /// What the blocks of a pass over `rows` rows laid out as `layout`
+    /// (and as `local`, with the local RoPE's angles) read.
+    fn pass<'a>(&'a self, layout: &'a B::Pass, local: &'a B::Pass, rows: usize, lora: &'a PassAdapters) -> Pass<'a, B> {
         Pass {
             backend: &self.backend,
             layout,
             rows,
             rms_eps: self.hparams.rms_eps,
             rope: &self.rope,
+            local_rope: self.local_rope.as_ref().map(|rope| (rope, local)),
             heads: self.heads,
             lora,
             adapters: &self.adapters,

@@ -3,40 +3,80 @@
 //! between passes. The loader composes blocks from these declarations and
 //! the KV store is sized by asking each layer's [`Mixer::cache`].
 //!
-//! Today every family's layers are full causal attention with a SwiGLU
-//! MLP. Sliding windows, experts and recurrent mixers join as variants
-//! here, each with the block that runs it.
+//! Today every family's layers are causal attention (over the whole
+//! sequence or a sliding window of it) with a gated MLP. Experts and
+//! recurrent mixers join as variants here, each with the block that runs
+//! it.
 
 /// One layer's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LayerKind {
     pub mixer: Mixer,
     pub ffn: Ffn,
+    /// Each block's output is RMS-normed before its residual add
+    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 2 and 3).
+    pub post_norms: bool,
+}
+
+impl LayerKind {
+    /// Attention of `attention`'s shape and a SwiGLU MLP, no post-norms.
+    pub(crate) const fn plain(attention: Attention) -> Self {
+        LayerKind { mixer: Mixer::Attention(attention), ffn: Ffn::SwiGlu, post_norms: false }
+    }
 }
 
 /// How a layer mixes information across positions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Mixer {
-    /// Softmax attention over every earlier position of the sequence.
+    /// Softmax attention over earlier positions of the sequence.
     Attention(Attention),
 }
 
 /// The shape of an attention mixer. A flag says what the file must carry;
 /// biases and norms a file carries without the flag are applied too, as
 /// llama.cpp applies any tensor it finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Attention {
     /// Biases on the Q, K and V projections (`attn_{q,k,v}.bias`).
     pub qkv_bias: bool,
     /// RMSNorm of each Q and K head before RoPE (`attn_{q,k}_norm`).
     pub qk_norm: bool,
+    /// Q is multiplied by this after RoPE and the scores are not scaled
+    /// again (Gemma, where llama.cpp rounds there); `None`: scores are
+    /// scaled by `1/√head_dim`.
+    pub q_scale: Option<f32>,
+    /// Scores soft-capped at this (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A row sees only the last `window` positions of its sequence, its
+    /// own included (sliding-window layers).
+    pub window: Option<usize>,
+    /// A RoPE of its own instead of the model's (local layers' in
+    /// Gemma 2 and 3, where their files say so).
+    pub own_rope: Option<OwnRope>,
 }
 
-/// A layer's feed-forward.
+/// A layer's RoPE base and frequency scale (its pairing is the model's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct OwnRope {
+    pub base: f32,
+    pub freq_scale: f32,
+}
+
+impl Attention {
+    /// Full attention, scores scaled by `1/√head_dim`, the model's RoPE.
+    pub(crate) const fn full(qkv_bias: bool, qk_norm: bool) -> Self {
+        Attention { qkv_bias, qk_norm, q_scale: None, softcap: None, window: None, own_rope: None }
+    }
+}
+
+/// A layer's feed-forward: `down(act(gate(x)) · up(x))`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ffn {
-    /// `down(silu(gate(x)) · up(x))`.
+    /// `act` = SiLU.
     SwiGlu,
+    /// `act` = GELU, tanh form, as llama.cpp's CPU backend evaluates it
+    /// (`ops::geglu_f16`).
+    GeGlu,
 }
 
 /// What a layer keeps for each sequence between passes.

@@ -6,6 +6,7 @@ use sluice_kernels::ops::{self, Rope, RopeScaling, Yarn};
 
 use super::gguf::GgufFile;
 use super::hparams::{HParams, RopeScalingType, RopeStyle};
+use super::layer::{LayerKind, Mixer};
 use super::weights::{LoadError, host_vector, tensor_problem};
 
 /// YaRN's correction bounds when the file gives none (llama.cpp's
@@ -16,7 +17,25 @@ const BETA_SLOW: f32 = 1.0;
 
 /// The rope of a model with hyper-parameters `hp` read from `file`.
 pub(crate) fn model_rope(file: &GgufFile, hp: &HParams) -> Result<Rope, LoadError> {
-    let rope = Rope::new(hp.head_dim, hp.n_rot, hp.rope_base, hp.rope_freq_scale, rope_kind(hp.rope))
+    scaled_rope(file, hp, hp.rope_base, hp.rope_freq_scale)
+}
+
+/// The rope of the layers that declare one of their own (Gemma's local
+/// layers), which must be one rope: a pass prepares the angles of at most
+/// two. The file's scaling applies to it as to the model's.
+pub(crate) fn local_rope(file: &GgufFile, kinds: &[LayerKind], hp: &HParams) -> Result<Option<Rope>, LoadError> {
+    let mut own = kinds.iter().filter_map(|kind| match kind.mixer {
+        Mixer::Attention(attention) => attention.own_rope,
+    });
+    let Some(rope) = own.next() else { return Ok(None) };
+    if let Some(other) = own.find(|other| *other != rope) {
+        return Err(tensor_problem("rope", &format!("local layers with RoPEs {rope:?} and {other:?}")));
+    }
+    scaled_rope(file, hp, rope.base, rope.freq_scale).map(Some)
+}
+
+fn scaled_rope(file: &GgufFile, hp: &HParams, base: f32, freq_scale: f32) -> Result<Rope, LoadError> {
+    let rope = Rope::new(hp.head_dim, hp.n_rot, base, freq_scale, rope_kind(hp.rope))
         .map_err(|error| tensor_problem("rope", &error.to_string()))?;
     let name = "rope_freqs.weight";
     let freq_factors = match file.tensor(name) {

@@ -13,7 +13,7 @@ use super::families;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
 use super::lora::{self, Adapter, Site, Targets};
-use super::rope::model_rope;
+use super::rope::{local_rope, model_rope};
 use super::weights::{LoadError, Weight, tensor_problem, vector, weight};
 
 /// A loaded model: hyper-parameters, and its weights on a backend.
@@ -33,6 +33,13 @@ pub struct Transformer<B: Backend> {
     /// to n_embd), then RMSNorm with `enc.output_norm`.
     pub(super) fusion: Option<(Weight<B>, B::Vector)>,
     pub(super) rope: Rope,
+    /// The RoPE of layers with a base of their own (Gemma 3's local
+    /// layers); one per model.
+    pub(super) local_rope: Option<Rope>,
+    /// Token embeddings are multiplied by this.
+    pub(super) embed_scale: Option<f32>,
+    /// Logits are soft-capped at this.
+    pub(super) logit_softcap: Option<f32>,
     pub(super) heads: HeadShape,
     /// LoRA adapters, by id (load order).
     pub(super) adapters: Vec<Adapter<B>>,
@@ -70,8 +77,9 @@ impl<B: Backend> Transformer<B> {
         };
         let output_norm = vector(b, &file, "output_norm.weight", hp.n_embd)?;
         let mut caches = CacheLayout::default();
-        let layers = family
-            .layers(&file, hp)?
+        let kinds = family.layers(&file, hp)?;
+        let local_rope = local_rope(&file, &kinds, hp)?;
+        let layers = kinds
             .into_iter()
             .enumerate()
             .map(|(index, kind)| Layer::load(b, &file, hp, index, kind, &mut caches))
@@ -98,6 +106,9 @@ impl<B: Backend> Transformer<B> {
             caches,
             fusion,
             rope,
+            local_rope,
+            embed_scale: outer.embed_scale,
+            logit_softcap: outer.logit_softcap,
             heads,
             adapters,
         })

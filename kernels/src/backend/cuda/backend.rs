@@ -25,7 +25,7 @@ use super::functions::{Functions, LoadError, gemm_grid, grid};
 use super::gpu::{CudaKv, CudaLowRank, CudaMatrix, CudaRows, Gpu, MATVEC_ROWS, int};
 use super::nvrtc::{Arch, Nvrtc};
 use super::pass::CudaPass;
-use crate::ops::{HeadShape, Rope};
+use crate::ops::{HeadShape, Rope, Scores};
 use crate::quant::DType;
 
 /// One device, its kernels and its stream.
@@ -564,10 +564,17 @@ impl Backend for CudaBackend {
         q: &CudaRows,
         pass: &CudaPass,
         heads: HeadShape,
-        scale: f32,
+        scores: Scores,
         out: &mut CudaRows,
     ) -> Result<(), BackendError> {
-        super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scale, out)
+        // The kernels have no window or soft-cap yet; refusing beats
+        // attending to positions the model must not see.
+        if scores.window.is_some() || scores.softcap.is_some() {
+            return Err(BackendError::Unsupported(
+                "sliding-window and soft-capped attention (Gemma) run on the CPU backend only, for now".into(),
+            ));
+        }
+        super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scores.scale, out)
     }
 }
 

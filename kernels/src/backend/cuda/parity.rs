@@ -16,7 +16,7 @@ use super::super::{
     PassSequence, SharedBytes,
 };
 use super::{CudaBackend, CudaPass, CudaRows, KernelCache, Nvrtc, library_from_env};
-use crate::ops::{HeadShape, KvType, Rope, RopeKind, noise};
+use crate::ops::{HeadShape, KvType, Rope, RopeKind, Scores, noise};
 use crate::quant::DType;
 use crate::quant::tests::{Rng, random_weights};
 
@@ -210,7 +210,7 @@ fn kv_writes_rope_and_attention_match_the_cpu() {
                 b.rope(rope, &prepared, &mut k);
                 b.store_kv(kv, 0, &k, &v, &prepared);
                 let mut out = B::Rows::default();
-                b.attend(kv, 0, &q, &prepared, heads, 0.125, &mut out).expect("attend");
+                b.attend(kv, 0, &q, &prepared, heads, Scores::scaled(0.125), &mut out).expect("attend");
                 b.download(&out).expect("download")
             }
             let mut kv_gpu = gpu.kv(shape).expect("kv");
@@ -311,7 +311,7 @@ fn decode_layers_recorded_as_graphs_compute_what_launches_compute() {
                 gpu.rope(&rope, &pass, &mut q);
                 gpu.rope(&rope, &pass, &mut k);
                 gpu.store_kv(&mut kv, layer, &k, &v, &pass);
-                gpu.attend(&kv, layer, &q, &pass, heads, 0.125, &mut attn).expect("attend");
+                gpu.attend(&kv, layer, &q, &pass, heads, Scores::scaled(0.125), &mut attn).expect("attend");
                 gpu.add(&mut x, &attn);
             }
             if recorded {

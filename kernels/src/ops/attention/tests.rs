@@ -369,3 +369,93 @@ fn row_offsets_follow_the_table() {
     assert_eq!(pages.row_offset(12, 10), None);
     assert_eq!(PageTable { blocks: &[0], block_tokens: 0 }.row_offset(0, 10), None);
 }
+
+#[test]
+fn a_window_gives_the_bits_of_a_cache_holding_only_its_positions() {
+    for ((n_head, n_kv_head, head_dim), types) in shapes_and_types() {
+        let shape = HeadShape::new(n_head, n_kv_head, head_dim).unwrap();
+        let n = 40;
+        let (k, v) = (noise(n * shape.kv_len(), 11, 1.0), noise(n * shape.kv_len(), 12, 1.0));
+        let cache = Cache::typed(&k, &v, shape.kv_len(), 8, types);
+        // Rows stepped together whose windows start in different blocks,
+        // one shorter than the window.
+        let visible = [33, 34, 35, 40, 3];
+        let window = 5;
+        let scores = Scores { window: Some(window), ..Scores::scaled(0.125) };
+        let q = noise(visible.len() * shape.q_len(), 13, 2.0);
+        let got = same_on_every_level(|| {
+            let mut out = vec![f32::NAN; q.len()];
+            attend_heads(&q, cache.kv(), &visible, shape, 0..n_kv_head, scores, &mut out, &mut Vec::new()).unwrap();
+            out
+        });
+        for (r, &n_visible) in visible.iter().enumerate() {
+            let first = n_visible.saturating_sub(window);
+            let rows = first * shape.kv_len()..n_visible * shape.kv_len();
+            let only = Cache::typed(&k[rows.clone()], &v[rows], shape.kv_len(), 3, types);
+            let mut want = vec![f32::NAN; shape.q_len()];
+            let q = &q[r * shape.q_len()..(r + 1) * shape.q_len()];
+            attend(q, only.kv(), n_visible - first, shape, 0.125, &mut want, &mut Vec::new()).unwrap();
+            assert_eq!(got[r * shape.q_len()..(r + 1) * shape.q_len()], want, "{shape:?} {types:?} row {r}");
+        }
+        let mut full = vec![f32::NAN; q.len()];
+        attend_heads(&q, cache.kv(), &visible, shape, 0..n_kv_head, 0.125, &mut full, &mut Vec::new()).unwrap();
+        assert_ne!(full[..shape.q_len()], got[..shape.q_len()], "the window changes what a long row sees");
+        let none = Scores { window: Some(0), ..scores };
+        assert!(attend_heads(&q, cache.kv(), &visible, shape, 0..n_kv_head, none, &mut full, &mut Vec::new()).is_err());
+    }
+}
+
+#[test]
+fn a_window_of_hidden_cells_is_refused() {
+    let shape = HeadShape::new(2, 1, 32).unwrap();
+    let (k, v) = (noise(10 * shape.kv_len(), 1, 1.0), noise(10 * shape.kv_len(), 2, 1.0));
+    let cache = Cache::new(&k, &v, shape.kv_len(), 4);
+    let hidden = [2..3, 6..9];
+    let kv = KvPages { hidden: &hidden, ..cache.kv() };
+    let scores = |window| Scores { window: Some(window), ..Scores::scaled(1.0) };
+    let mut out = vec![0.0; shape.q_len()];
+    let q = noise(shape.q_len(), 3, 1.0);
+    let error = attend(&q, kv, 9, shape, scores(3), &mut out, &mut Vec::new()).unwrap_err();
+    assert_eq!(error.to_string(), "invalid attention inputs: all 3 positions in 6..9 are hidden");
+    assert!(attend(&q, kv, 9, shape, scores(4), &mut out, &mut Vec::new()).is_ok());
+}
+
+#[test]
+fn soft_capped_scores_match_f64() {
+    let shape = HeadShape::new(4, 2, 32).unwrap();
+    let n = 20;
+    let q = noise(shape.q_len(), 21, 4.0);
+    let (k, v) = (noise(n * shape.kv_len(), 22, 4.0), noise(n * shape.kv_len(), 23, 1.0));
+    let cache = Cache::new(&k, &v, shape.kv_len(), 8);
+    let (scale, cap) = (0.25f32, 2.0f32);
+    let scores = Scores { softcap: Some(cap), ..Scores::scaled(scale) };
+    let got = same_on_every_level(|| {
+        let mut out = vec![f32::NAN; shape.q_len()];
+        attend(&q, cache.kv(), n, shape, scores, &mut out, &mut Vec::new()).unwrap();
+        out
+    });
+    let (hd, group) = (shape.head_dim(), shape.n_head() / shape.n_kv_head());
+    let (k16, v16) = (stored(&k, KvType::F16), stored(&v, KvType::F16));
+    for h in 0..shape.n_head() {
+        let q: Vec<f64> = q[h * hd..][..hd].iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
+        let at = |rows: &[f32], i: usize| rows[i * shape.kv_len() + h / group * hd..][..hd].to_vec();
+        let capped: Vec<f64> = (0..n)
+            .map(|i| {
+                let dot: f64 = at(&k16, i).iter().zip(&q).map(|(&k, q)| f64::from(k) * q).sum();
+                f64::from(cap) * (dot * f64::from(scale) / f64::from(cap)).tanh()
+            })
+            .collect();
+        let max = capped.iter().copied().fold(f64::MIN, f64::max);
+        let weights: Vec<f64> = capped.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        for d in 0..hd {
+            let want: f64 = weights.iter().enumerate().map(|(i, w)| w / total * f64::from(at(&v16, i)[d])).sum();
+            let got = f64::from(got[h * hd + d]);
+            assert!((got - want).abs() < 1e-2, "head {h} [{d}]: {got} vs {want}");
+        }
+    }
+    // Uncapped, these scores (|q·k| up to ~30) weigh positions differently.
+    let mut plain = vec![0.0; shape.q_len()];
+    attend(&q, cache.kv(), n, shape, scale, &mut plain, &mut Vec::new()).unwrap();
+    assert!(plain.iter().zip(&got).any(|(a, b)| (a - b).abs() > 0.05));
+}

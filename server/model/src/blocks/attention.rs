@@ -1,9 +1,12 @@
 //! Causal self-attention with grouped KV heads over the paged KV store:
 //! RMSNorm, Q/K/V projections (optional biases), optional per-head Q/K
-//! RMSNorm, RoPE, then every row's K/V is stored before any row attends,
-//! so rows of one sequence in a pass see each other causally.
+//! RMSNorm, RoPE (the model's or the layer's own), then every row's K/V is
+//! stored before any row attends, so rows of one sequence in a pass see
+//! each other causally, over the whole sequence or a sliding window. The
+//! output projection may be RMS-normed before the residual add.
 
 use sluice_kernels::backend::Backend;
+use sluice_kernels::ops::{Rope, Scores};
 
 use super::pass::{LayerTensors, Pass, Scratch};
 use crate::batch::ForwardError;
@@ -23,6 +26,12 @@ pub(super) struct AttentionBlock<B: Backend> {
     q_norm: Option<B::Vector>,
     k_norm: Option<B::Vector>,
     output: Weight<B>,
+    post_norm: Option<B::Vector>,
+    /// Q's scale, when Q is scaled before attention rather than its scores.
+    q_scale: Option<f32>,
+    scores: Scores,
+    /// It rotates with the pass's local RoPE.
+    local_rope: bool,
     /// Its layer of the paged KV store.
     cache: usize,
 }
@@ -31,10 +40,15 @@ impl<B: Backend> AttentionBlock<B> {
     pub(super) fn load(
         tensors: &LayerTensors<'_, B>,
         kind: Attention,
+        post_norm: bool,
         hp: &HParams,
         cache: usize,
     ) -> Result<Self, LoadError> {
         let (n_embd, q_dim, kv_dim) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let scale = match kind.q_scale {
+            Some(_) => 1.0,
+            None => 1.0 / (hp.head_dim as f32).sqrt(),
+        };
         Ok(AttentionBlock {
             norm: tensors.vector("attn_norm.weight", n_embd)?,
             q: tensors.weight("attn_q.weight", n_embd, q_dim)?,
@@ -46,6 +60,10 @@ impl<B: Backend> AttentionBlock<B> {
             q_norm: tensors.optional("attn_q_norm.weight", hp.head_dim, kind.qk_norm)?,
             k_norm: tensors.optional("attn_k_norm.weight", hp.head_dim, kind.qk_norm)?,
             output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
+            post_norm: post_norm.then(|| tensors.vector("post_attention_norm.weight", n_embd)).transpose()?,
+            q_scale: kind.q_scale,
+            scores: Scores { scale, softcap: kind.softcap, window: kind.window },
+            local_rope: kind.own_rope.is_some(),
             cache,
         })
     }
@@ -77,15 +95,29 @@ impl<B: Backend> AttentionBlock<B> {
                 b.rms_norm_in_place(values, norm, pass.rms_eps);
             }
         }
-        b.rope(pass.rope, pass.layout, &mut s.q);
-        b.rope(pass.rope, pass.layout, &mut s.k);
+        let (rope, angles) = self.rope(pass);
+        b.rope(rope, angles, &mut s.q);
+        b.rope(rope, angles, &mut s.k);
+        if let Some(q_scale) = self.q_scale {
+            b.scale(&mut s.q, q_scale)?;
+        }
         b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
-        let scale = 1.0 / (pass.heads.head_dim() as f32).sqrt();
-        b.attend(kv, self.cache, &s.q, pass.layout, pass.heads, scale, &mut s.attn)?;
+        b.attend(kv, self.cache, &s.q, pass.layout, pass.heads, self.scores, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
+        if let Some(norm) = &self.post_norm {
+            b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
+        }
         b.add(&mut s.x, &s.h);
         Ok(())
+    }
+
+    /// Its RoPE and the pass's angles of it.
+    fn rope<'a>(&self, pass: &Pass<'a, B>) -> (&'a Rope, &'a B::Pass) {
+        match pass.local_rope {
+            Some(local) if self.local_rope => local,
+            _ => (pass.rope, pass.layout),
+        }
     }
 
     /// Store the K (normed, rotated) and V of rows whose input is `s.x`.
@@ -95,7 +127,8 @@ impl<B: Backend> AttentionBlock<B> {
         if let Some(norm) = &self.k_norm {
             b.rms_norm_in_place(&mut s.k, norm, pass.rms_eps);
         }
-        b.rope(pass.rope, pass.layout, &mut s.k);
+        let (rope, angles) = self.rope(pass);
+        b.rope(rope, angles, &mut s.k);
         b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
     }
 

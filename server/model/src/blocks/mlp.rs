@@ -1,10 +1,13 @@
-//! The SwiGLU feed-forward: RMSNorm, gate and up projections,
-//! `silu(gate) · up`, down projection.
+//! The gated feed-forward: RMSNorm, gate and up projections,
+//! `act(gate) · up` (SiLU or GELU), down projection, and where the layer
+//! has one, an RMSNorm of the result before the residual add.
 
 use sluice_kernels::backend::Backend;
 
 use super::pass::{LayerTensors, Pass, Scratch};
+use crate::batch::ForwardError;
 use crate::hparams::HParams;
+use crate::layer::Ffn;
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};
 
@@ -13,28 +16,44 @@ pub(super) struct Mlp<B: Backend> {
     gate: Weight<B>,
     up: Weight<B>,
     down: Weight<B>,
+    act: Ffn,
+    post_norm: Option<B::Vector>,
 }
 
 impl<B: Backend> Mlp<B> {
-    pub(super) fn load(tensors: &LayerTensors<'_, B>, hp: &HParams) -> Result<Self, LoadError> {
+    pub(super) fn load(
+        tensors: &LayerTensors<'_, B>,
+        act: Ffn,
+        post_norm: bool,
+        hp: &HParams,
+    ) -> Result<Self, LoadError> {
         Ok(Mlp {
             norm: tensors.vector("ffn_norm.weight", hp.n_embd)?,
             gate: tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?,
             up: tensors.weight("ffn_up.weight", hp.n_embd, hp.n_ff)?,
             down: tensors.weight("ffn_down.weight", hp.n_ff, hp.n_embd)?,
+            act,
+            post_norm: post_norm.then(|| tensors.vector("post_ffw_norm.weight", hp.n_embd)).transpose()?,
         })
     }
 
-    pub(super) fn run(&self, pass: &Pass<'_, B>, layer: usize, s: &mut Scratch<B>) {
+    pub(super) fn run(&self, pass: &Pass<'_, B>, layer: usize, s: &mut Scratch<B>) -> Result<(), ForwardError> {
         let b = pass.backend;
         b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
         b.matmuls(&s.h, pass.rows, &mut [(&self.gate.matrix, &mut s.gate), (&self.up.matrix, &mut s.up)]);
         pass.adapted(layer, Site::Gate, &s.h, &mut s.gate);
         pass.adapted(layer, Site::Up, &s.h, &mut s.up);
-        b.swiglu(&s.gate, &s.up, &mut s.ffn);
+        match self.act {
+            Ffn::SwiGlu => b.swiglu(&s.gate, &s.up, &mut s.ffn),
+            Ffn::GeGlu => b.geglu(&s.gate, &s.up, &mut s.ffn)?,
+        }
         b.matmul(&self.down.matrix, &s.ffn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Down, &s.ffn, &mut s.h);
+        if let Some(norm) = &self.post_norm {
+            b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
+        }
         b.add(&mut s.x, &s.h);
+        Ok(())
     }
 
     pub(super) fn weight(&self, site: Site) -> Option<&Weight<B>> {

@@ -3,8 +3,10 @@
 //! names them) and runs as one residual step, `x += block(x)`.
 //!
 //! - `attention.rs`: causal self-attention over the paged KV store, with
-//!   optional Q/K/V biases and Q/K norms;
-//! - `mlp.rs`: the SwiGLU feed-forward;
+//!   optional Q/K/V biases, Q/K norms, a sliding window, soft-capped
+//!   scores, a pre-scaled Q, a RoPE of its own and a post-norm;
+//! - `mlp.rs`: the gated feed-forward (SwiGLU or GeGLU), with an optional
+//!   post-norm;
 //! - `pass.rs`: what they share (the pass, its buffers, a layer's tensors).
 //!
 //! [`Layer`] composes a layer's blocks from its declared
@@ -19,7 +21,7 @@ use sluice_kernels::backend::Backend;
 use super::batch::ForwardError;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::layer::{Cache, Ffn, LayerKind, Mixer};
+use super::layer::{Cache, LayerKind, Mixer};
 use super::lora::Site;
 use super::weights::{LoadError, Weight};
 use attention::AttentionBlock;
@@ -38,7 +40,7 @@ enum MixerBlock<B: Backend> {
 }
 
 enum FfnBlock<B: Backend> {
-    SwiGlu(Mlp<B>),
+    Gated(Mlp<B>),
 }
 
 /// Where the layers of a model keep their per-sequence state, assigned in
@@ -64,12 +66,11 @@ impl<B: Backend> Layer<B> {
         let mixer = match (kind.mixer, kind.mixer.cache()) {
             (Mixer::Attention(attention), Cache::Paged) => {
                 caches.paged += 1;
-                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, hp, caches.paged - 1)?)
+                let cache = caches.paged - 1;
+                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind.post_norms, hp, cache)?)
             }
         };
-        let ffn = match kind.ffn {
-            Ffn::SwiGlu => FfnBlock::SwiGlu(Mlp::load(&tensors, hp)?),
-        };
+        let ffn = FfnBlock::Gated(Mlp::load(&tensors, kind.ffn, kind.post_norms, hp)?);
         Ok(Layer { mixer, ffn })
     }
 
@@ -85,9 +86,8 @@ impl<B: Backend> Layer<B> {
             MixerBlock::Attention(attention) => attention.run(pass, layer, kv, scratch)?,
         }
         match &self.ffn {
-            FfnBlock::SwiGlu(mlp) => mlp.run(pass, layer, scratch),
+            FfnBlock::Gated(mlp) => mlp.run(pass, layer, scratch),
         }
-        Ok(())
     }
 
     /// Write what this layer keeps for rows whose hidden state is
@@ -101,7 +101,7 @@ impl<B: Backend> Layer<B> {
     /// The weight at `site`, for an adapter.
     pub(crate) fn weight(&self, site: Site) -> Option<&Weight<B>> {
         let MixerBlock::Attention(attention) = &self.mixer;
-        let FfnBlock::SwiGlu(mlp) = &self.ffn;
+        let FfnBlock::Gated(mlp) = &self.ffn;
         attention.weight(site).or_else(|| mlp.weight(site))
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Pass<'a, B: Backend> {
     pub(crate) rows: usize,
     pub(crate) rms_eps: f32,
     pub(crate) rope: &'a Rope,
+    /// The local layers' RoPE and its angles for this pass, where the
+    /// model has one (Gemma 3); the layout is `layout`'s.
+    pub(crate) local_rope: Option<(&'a Rope, &'a B::Pass)>,
     pub(crate) heads: HeadShape,
     pub(crate) lora: &'a PassAdapters,
     pub(crate) adapters: &'a [Adapter<B>],

@@ -33,6 +33,7 @@ impl Family for Dflash {
             lent: true,
             head_rows: file.tensor("d2t").map_or(hp.n_vocab, |d2t| d2t.elements() as usize),
             fusion: Some(n_taps * hp.n_embd),
+            ..Outer::plain(hp)
         })
     }
 

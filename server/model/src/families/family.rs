@@ -20,7 +20,7 @@ pub(crate) trait Family: Sync {
 
     /// What surrounds its layers.
     fn outer(&self, _file: &GgufFile, hp: &HParams) -> Result<Outer, LoadError> {
-        Ok(Outer { lent: false, head_rows: hp.n_vocab, fusion: None })
+        Ok(Outer::plain(hp))
     }
 
     /// Whether its files may carry no vocabulary (a draft using its
@@ -31,7 +31,7 @@ pub(crate) trait Family: Sync {
 }
 
 /// The embedding table, the LM head and anything in front of the layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Outer {
     /// The embedding table and LM head may be missing from the file, lent
     /// by the target model it drafts for.
@@ -42,6 +42,18 @@ pub(crate) struct Outer {
     /// taps): their concatenated width, projected by `fc.weight` to
     /// `n_embd` and normed by `enc.output_norm.weight`.
     pub(crate) fusion: Option<usize>,
+    /// Token embeddings are multiplied by this (Gemma: `√n_embd`).
+    pub(crate) embed_scale: Option<f32>,
+    /// Logits are soft-capped at this, `cap · tanh(logit / cap)`.
+    pub(crate) logit_softcap: Option<f32>,
+}
+
+impl Outer {
+    /// The model's own embedding table and a head over its vocabulary,
+    /// nothing else.
+    pub(crate) fn plain(hp: &HParams) -> Self {
+        Outer { lent: false, head_rows: hp.n_vocab, fusion: None, embed_scale: None, logit_softcap: None }
+    }
 }
 
 /// A family whose layers are all of one kind and whose rotary style

@@ -4,10 +4,7 @@
 
 use super::family::Uniform;
 use crate::hparams::RopeStyle;
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, LayerKind};
 
-pub(super) const LLAMA: Uniform = Uniform {
-    name: "llama",
-    rope: |_, _| Ok(RopeStyle::Norm),
-    layer: LayerKind { mixer: Mixer::Attention(Attention { qkv_bias: false, qk_norm: false }), ffn: Ffn::SwiGlu },
-};
+pub(super) const LLAMA: Uniform =
+    Uniform { name: "llama", rope: |_, _| Ok(RopeStyle::Norm), layer: LayerKind::plain(Attention::full(false, false)) };

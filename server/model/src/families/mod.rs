@@ -16,21 +16,36 @@
 //! | `qwen2vl.rs` | `qwen2vl` | Qwen2 with M-RoPE (contiguous sections) |
 //! | `qwen3vl.rs` | `qwen3vl` | Qwen3 with interleaved M-RoPE |
 //! | `dflash.rs` | `dflash` | a DFlash draft: Qwen3 layers, lent embeddings and head, feature fusion |
+//! | `gemma2.rs` | `gemma2` | Gemma 3's layers without Q/K norms, soft-capped scores and logits, every other layer local |
+//! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
+//!
+//! `sliding.rs` reads which layers of a sliding-window family are local.
 
 mod dflash;
 mod family;
+mod gemma2;
+mod gemma3;
 mod llama;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
 mod qwen3vl;
+mod sliding;
 
 use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 6] =
-    [&llama::LLAMA, &qwen2::QWEN2, &qwen3::QWEN3, &qwen2vl::QWEN2VL, &qwen3vl::QWEN3VL, &dflash::Dflash];
+pub(super) static FAMILIES: [&dyn Family; 8] = [
+    &llama::LLAMA,
+    &qwen2::QWEN2,
+    &qwen3::QWEN3,
+    &qwen2vl::QWEN2VL,
+    &qwen3vl::QWEN3VL,
+    &dflash::Dflash,
+    &gemma2::Gemma2,
+    &gemma3::Gemma3,
+];
 
 /// The family of `arch` (every [`Architecture`] names one).
 pub(crate) fn of(arch: Architecture) -> Result<&'static dyn Family, HParamsError> {
@@ -69,12 +84,12 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), FAMILIES.len());
         let llama = TinyModel { n_layer: 3, ..TinyModel::recipe("llama", 7) }.build();
-        let gemma = llama.meta("general.architecture", Value::Str("gemma3".into()));
-        let file = GgufFile::from_bytes(gemma.build()).expect("parses");
+        let other = llama.meta("general.architecture", Value::Str("mamba".into()));
+        let file = GgufFile::from_bytes(other.build()).expect("parses");
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"gemma3\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3)"
         );
     }
 }

@@ -3,10 +3,7 @@
 
 use super::family::Uniform;
 use crate::hparams::RopeStyle;
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, LayerKind};
 
-pub(super) const QWEN2: Uniform = Uniform {
-    name: "qwen2",
-    rope: |_, _| Ok(RopeStyle::Neox),
-    layer: LayerKind { mixer: Mixer::Attention(Attention { qkv_bias: true, qk_norm: false }), ffn: Ffn::SwiGlu },
-};
+pub(super) const QWEN2: Uniform =
+    Uniform { name: "qwen2", rope: |_, _| Ok(RopeStyle::Neox), layer: LayerKind::plain(Attention::full(true, false)) };

@@ -3,10 +3,7 @@
 
 use super::family::Uniform;
 use crate::hparams::RopeStyle;
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, LayerKind};
 
-pub(super) const QWEN3: Uniform = Uniform {
-    name: "qwen3",
-    rope: |_, _| Ok(RopeStyle::Neox),
-    layer: LayerKind { mixer: Mixer::Attention(Attention { qkv_bias: false, qk_norm: true }), ffn: Ffn::SwiGlu },
-};
+pub(super) const QWEN3: Uniform =
+    Uniform { name: "qwen3", rope: |_, _| Ok(RopeStyle::Neox), layer: LayerKind::plain(Attention::full(false, true)) };

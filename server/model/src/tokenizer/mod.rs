@@ -240,6 +240,11 @@ impl Tokenizer {
         self.add_bos
     }
 
+    /// Whether `add_special` adds EOS for this model.
+    pub fn adds_eos(&self) -> bool {
+        self.add_eos
+    }
+
     /// Whether generating `id` ends the generation: EOS, EOT, EOM, the
     /// end-of-turn tokens llama.cpp recognises by text (`<|im_end|>`,
     /// `<|eot_id|>`, …) and the FIM pad/repo/file-separator tokens.

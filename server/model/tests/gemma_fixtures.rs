@@ -1,0 +1,135 @@
+//! Synthetic Gemma 2 and 3 models (`sluice_tests::models::tiny_gemma`)
+//! against llama.cpp's outputs on the same files
+//! (tests/fixtures/gemma*-tiny-llamacpp.json): greedy continuations and
+//! top-5 log-probabilities over sequences several sliding windows long, and
+//! the chat templates they carry.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sluice_kernels::backend::CpuBackend;
+use sluice_model::Model;
+use sluice_model::Transformer;
+use sluice_model::chat_template::ChatTemplate;
+use sluice_model::gguf::GgufFile;
+use sluice_model::session::Session;
+use sluice_model::tokenizer::Tokenizer;
+use sluice_tests::models::tiny_gemma;
+
+/// Where two correct implementations may pick different tokens: the
+/// fixture's top two log-probs within this of each other.
+const NEAR_TIE: f64 = 0.02;
+/// How far each of our top-5 log-probs may be from llama.cpp's. The f32
+/// weights are multiplied in f32 by both in different orders, so the
+/// hidden states agree to rounding, not bit for bit.
+const TOLERANCE: f64 = 0.01;
+
+fn fixture(arch: &str) -> Value {
+    let text =
+        std::fs::read_to_string(sluice_tests::fixture(&format!("{arch}-tiny-llamacpp.json"))).expect("fixture present");
+    serde_json::from_str(&text).expect("fixture is JSON")
+}
+
+fn file(arch: &'static str) -> GgufFile {
+    GgufFile::from_bytes(tiny_gemma(arch).build()).expect("valid GGUF")
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value.as_array().expect("an array").iter().map(|id| id.as_u64().expect("an id") as u32).collect()
+}
+
+/// The five most likely tokens and their log-probs, most likely first.
+fn top5(logits: &[f32]) -> Vec<(u32, f64)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_sum = logits.iter().map(|&logit| (logit as f64 - max).exp()).sum::<f64>().ln() + max;
+    let mut ranked: Vec<(u32, f64)> =
+        logits.iter().enumerate().map(|(token, &logit)| (token as u32, logit as f64 - log_sum)).collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ranked.truncate(5);
+    ranked
+}
+
+/// Every completion of `arch`'s fixture, greedily, until the first near
+/// tie: the steps compared.
+fn compare(arch: &'static str) -> usize {
+    let model: Arc<dyn Model> =
+        Arc::new(Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("tiny Gemma loads"));
+    let mut compared = 0;
+    for completion in fixture(arch)["completions"].as_array().expect("completions") {
+        let prompt = ids(&completion["prompt_tokens"]);
+        let expected = ids(&completion["tokens"]);
+        let mut session = Session::new(Arc::clone(&model), prompt.len() + expected.len() + 1).expect("a session");
+        let mut logits = session.prefill(&prompt, 4).expect("prefill");
+        for (index, step) in completion["steps"].as_array().expect("steps").iter().enumerate() {
+            let theirs: Vec<(u32, f64)> = step["top"]
+                .as_array()
+                .expect("top")
+                .iter()
+                .map(|pair| (pair[0].as_u64().expect("id") as u32, pair[1].as_f64().expect("logprob")))
+                .collect();
+            let ours = top5(&logits);
+            for (token, logprob) in &ours {
+                if let Some((_, want)) = theirs.iter().find(|(theirs, _)| theirs == token) {
+                    assert!(
+                        (logprob - want).abs() <= TOLERANCE,
+                        "{arch} {:?} step {index}: token {token} log-prob {logprob} vs llama.cpp {want}",
+                        completion["prompt"]
+                    );
+                }
+            }
+            compared += 1;
+            if theirs.len() >= 2 && theirs[0].1 - theirs[1].1 < NEAR_TIE {
+                break;
+            }
+            assert_eq!(ours[0].0, expected[index], "{arch} {:?} diverges at step {index}", completion["prompt"]);
+            if index + 1 < expected.len() {
+                logits = session.decode(expected[index]).expect("decode");
+            }
+        }
+    }
+    compared
+}
+
+/// Local layers (windows of 5 positions, their own RoPE base), post-norms,
+/// pre-scaled Q, GeGLU and scaled embeddings; prompts prefilled in chunks
+/// of 4, so windows reach back into earlier chunks.
+#[test]
+fn gemma3_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("gemma3");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// Gemma 3 folds a system message into the first user turn, trims
+/// contents and calls the assistant `model`, after `<bos>`.
+#[test]
+fn gemma3_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("gemma3");
+}
+
+fn renders_as_llama_server(arch: &'static str) {
+    let file = file(arch);
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer builds");
+    let template = ChatTemplate::from_gguf(&file, &tokenizer, None).expect("the template compiles");
+    let fixture = fixture(arch);
+    let cases = fixture["templates"].as_array().expect("templates[]");
+    assert!(cases.len() >= 2);
+    for case in cases {
+        let messages = case["messages"].as_array().expect("messages[]");
+        // llama-server's /apply-template renders with add_generation_prompt on.
+        assert_eq!(template.render(messages, true).expect("renders"), case["prompt"].as_str().expect("prompt"));
+    }
+}
+
+/// Soft-capped scores and logits, every other layer local (windows of 5
+/// positions).
+#[test]
+fn gemma2_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("gemma2");
+    assert!(compared >= 100, "too few steps compared: {compared}");
+}
+
+/// Gemma 2 has no system role.
+#[test]
+fn gemma2_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("gemma2");
+}
