@@ -113,11 +113,9 @@ pub(super) fn join(
         if !shard_path.is_file() {
             return Err(split_error(&shard_path, format!("{label} of {} is missing", path.display())));
         }
-        let file = open(&shard_path).map_err(|error| match error {
-            split @ GgufError::Split { .. } => split,
-            other => GgufError::Shard { path: shard_path.clone(), source: Box::new(other) },
-        })?;
-        match position(&file).map_err(|error| GgufError::Shard { path: shard_path.clone(), source: Box::new(error) })? {
+        let in_shard = |error| GgufError::Shard { path: shard_path.clone(), source: Box::new(error) };
+        let file = open(&shard_path).map_err(in_shard)?;
+        match position(&file).map_err(in_shard)? {
             Some(found) if found == shard => {}
             found => {
                 let (found_no, found_count) = found.map_or((0, 1), |found| (found.no, found.count));

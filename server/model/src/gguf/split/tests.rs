@@ -121,11 +121,7 @@ fn a_shard_of_another_split_or_out_of_place_is_refused() {
     let paths = write(&dir, &shards);
     assert_eq!(
         error(&paths[0]),
-        format!(
-            "{}: split.count = 4, but {} says 3: a shard of another split",
-            paths[1].display(),
-            paths[0].display()
-        )
+        format!("{}: split.count = 4, but {} says 3: a shard of another split", paths[1].display(), paths[0].display())
     );
 
     let mut shards = model().split(3);
