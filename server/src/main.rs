@@ -79,10 +79,16 @@ enum BenchCommand {
 
 #[derive(Subcommand)]
 enum ModelCommand {
-    /// Print a GGUF file's metadata and tensor table.
+    /// Print what sluice makes of a GGUF file (its shards, family, layer
+    /// kinds and weight types, or why it is refused), its metadata and its
+    /// tensor table.
     Info {
-        /// The GGUF file.
+        /// The GGUF file (of a split model, its first shard).
         file: PathBuf,
+        /// Also load every tensor on the CPU as `serve` would, naming any
+        /// missing or misshapen one (takes the model's size in memory).
+        #[arg(long)]
+        load: bool,
     },
 }
 
@@ -152,7 +158,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Vision(args)) => cli::bench_vision::bench_vision(args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "lab")]
         Command::Lab(args) => cli::lab::lab(*args).map(|()| ExitCode::SUCCESS),
-        Command::Model(ModelCommand::Info { file }) => cli::model_info::model_info(&file).map(|()| ExitCode::SUCCESS),
+        Command::Model(ModelCommand::Info { file, load }) => {
+            cli::model_info::model_info(&file, load).map(|()| ExitCode::SUCCESS)
+        }
         Command::Plugin(PluginCommand::Check { plugin, world, config }) => {
             check_plugin(&plugin, world, config.as_deref())
         }

@@ -4,6 +4,7 @@
 /// A metadata value to write.
 #[derive(Debug, Clone)]
 pub enum Value {
+    U16(u16),
     U32(u32),
     I32(i32),
     F32(f32),
@@ -83,6 +84,46 @@ impl GgufBuilder {
         self
     }
 
+    /// This file cut into `n` shards as llama.cpp's `gguf-split` cuts a
+    /// model: tensors in order, at most ⌈tensors / n⌉ to a shard, all the
+    /// metadata in the first, and in every shard `split.no` and
+    /// `split.count` (u16) and `split.tensors.count` (i32) after it. Later
+    /// shards have the default alignment, as they carry no
+    /// `general.alignment`.
+    pub fn split(&self, n: usize) -> Vec<GgufBuilder> {
+        let per_shard = self.tensors.len().div_ceil(n).max(1);
+        let mut chunks: Vec<&[Tensor]> = self.tensors.chunks(per_shard).collect();
+        chunks.resize(n, &[]);
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(no, tensors)| {
+                let mut metadata = if no == 0 { self.metadata.clone() } else { Vec::new() };
+                metadata.extend([
+                    ("split.no".to_owned(), Value::U16(no as u16)),
+                    ("split.count".to_owned(), Value::U16(n as u16)),
+                    ("split.tensors.count".to_owned(), Value::I32(self.tensors.len() as i32)),
+                ]);
+                let alignment = if no == 0 { self.alignment } else { 32 };
+                GgufBuilder { metadata, tensors: tensors.to_vec(), alignment }
+            })
+            .collect()
+    }
+
+    /// [`GgufBuilder::split`] written to `dir` under gguf-split's names,
+    /// `PREFIX-00001-of-0000N.gguf` and on; their paths in order.
+    pub fn write_split(&self, dir: &std::path::Path, prefix: &str, n: usize) -> Vec<std::path::PathBuf> {
+        self.split(n)
+            .iter()
+            .enumerate()
+            .map(|(no, shard)| {
+                let path = dir.join(format!("{prefix}-{:05}-of-{n:05}.gguf", no + 1));
+                std::fs::write(&path, shard.build()).expect("write a shard");
+                path
+            })
+            .collect()
+    }
+
     /// The file's bytes; tensor offsets are laid out in order, aligned.
     pub fn build(&self) -> Vec<u8> {
         let infos: Vec<TensorInfo> = self
@@ -153,6 +194,10 @@ fn array_header(out: &mut Vec<u8>, element_type: u32, len: usize) {
 
 fn write_value(out: &mut Vec<u8>, value: &Value) {
     match value {
+        Value::U16(value) => {
+            out.extend_from_slice(&2u32.to_le_bytes());
+            out.extend_from_slice(&value.to_le_bytes());
+        }
         Value::U32(value) => {
             out.extend_from_slice(&4u32.to_le_bytes());
             out.extend_from_slice(&value.to_le_bytes());

@@ -11,6 +11,11 @@ use std::sync::Arc;
 use sluice_kernels::backend::SharedBytes;
 use sluice_kernels::quant::DType;
 
+mod ggml_types;
+mod split;
+
+pub use ggml_types::ggml_type_name;
+
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml tensors have at most four dimensions.
@@ -52,6 +57,18 @@ pub enum GgufError {
     MissingKey(String),
     #[error("metadata {key:?}: expected {expected}, found {found}")]
     WrongType { key: String, expected: &'static str, found: String },
+    /// A split model whose shards do not fit together.
+    #[error("{}: {problem}", path.display())]
+    Split { path: PathBuf, problem: String },
+    #[error("shard {no} of {count} of a split model read from memory: the other shards are found by path")]
+    SplitInMemory { no: u32, count: u32 },
+    /// A split model's shard that is not a valid GGUF file.
+    #[error("{}: {source}", path.display())]
+    Shard {
+        path: PathBuf,
+        #[source]
+        source: Box<GgufError>,
+    },
 }
 
 /// A metadata value.
@@ -184,7 +201,9 @@ pub struct TensorInfo {
     /// Dimensions, innermost first (as GGUF stores them).
     pub dims: Vec<u64>,
     pub dtype: TensorType,
-    /// Byte range in the file.
+    /// Which file of a split model holds it (0 for a single file).
+    pub shard: usize,
+    /// Byte range in that file.
     pub start: usize,
     pub len: usize,
 }
@@ -210,9 +229,13 @@ impl AsRef<[u8]> for Storage {
 }
 
 /// An open GGUF file: metadata in memory, tensor data borrowed from the map
-/// (shared with the backend that computes on it).
+/// (shared with the backend that computes on it). A split model is one
+/// `GgufFile` whose tensors live in several maps, one per shard.
 pub struct GgufFile {
-    storage: Arc<Storage>,
+    /// One per shard, indexed by [`TensorInfo::shard`].
+    storage: Vec<Arc<Storage>>,
+    /// The shards' paths, in order, when the model is split.
+    split: Vec<PathBuf>,
     pub version: u32,
     metadata: Vec<(String, MetaValue)>,
     index: HashMap<String, usize>,
@@ -232,6 +255,7 @@ impl fmt::Debug for GgufFile {
 
 impl GgufFile {
     /// Memory-map and parse a file; pages are read as tensors are first used.
+    /// The first shard of a split model brings the others, found by name.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         Self::map(path, &memmap2::MmapOptions::new())
     }
@@ -245,6 +269,11 @@ impl GgufFile {
     }
 
     fn map(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
+        let first = Self::map_one(path, options)?;
+        split::join(first, path, |shard| Self::map_one(shard, options))
+    }
+
+    fn map_one(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
         let open_error = |error| GgufError::Open { path: path.to_owned(), error };
         let file = std::fs::File::open(path).map_err(open_error)?;
         // SAFETY: the map is read-only and private to this process; a file
@@ -255,9 +284,10 @@ impl GgufFile {
         Self::parse(Storage::Mapped(map))
     }
 
-    /// Parse a file already in memory.
+    /// Parse a file already in memory (a shard of a split model is
+    /// refused: its siblings are found by path).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::parse(Storage::Owned(bytes))
+        split::whole(Self::parse(Storage::Owned(bytes))?)
     }
 
     fn parse(storage: Storage) -> Result<Self, GgufError> {
@@ -343,11 +373,14 @@ impl GgufFile {
             }
         }
 
-        Ok(GgufFile { storage: Arc::new(storage), version, metadata, index, tensors, tensor_index })
+        let storage = vec![Arc::new(storage)];
+        Ok(GgufFile { storage, split: Vec::new(), version, metadata, index, tensors, tensor_index })
     }
 
-    fn bytes(&self) -> &[u8] {
-        (*self.storage).as_ref()
+    /// The shards' paths in order when the model is split (empty for a
+    /// single file).
+    pub fn split(&self) -> &[PathBuf] {
+        &self.split
     }
 
     /// All metadata entries in file order.
@@ -488,13 +521,14 @@ impl GgufFile {
 
     /// The bytes of a tensor (validated at parse time).
     pub fn data(&self, tensor: &TensorInfo) -> &[u8] {
-        &self.bytes()[tensor.start..tensor.start + tensor.len]
+        let shard: &[u8] = (*self.storage[tensor.shard]).as_ref();
+        &shard[tensor.start..tensor.start + tensor.len]
     }
 
     /// The bytes of a tensor, held for as long as the caller keeps them
     /// (a backend's resident weights).
     pub fn shared_data(&self, tensor: &TensorInfo) -> Option<SharedBytes> {
-        let storage: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+        let storage: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.get(tensor.shard)?.clone();
         SharedBytes::new(storage, tensor.start..tensor.start + tensor.len)
     }
 
@@ -554,8 +588,13 @@ fn tensor_info(
     data_start: u64,
     data_len: u64,
 ) -> Result<TensorInfo, GgufError> {
-    let dtype = TensorType::from_ggml(type_id)
-        .ok_or_else(|| tensor_error(&name, format!("unknown or unsupported tensor type {type_id}")))?;
+    let dtype = TensorType::from_ggml(type_id).ok_or_else(|| {
+        let problem = match ggml_type_name(type_id) {
+            Some(known) => format!("weight type {known} (type {type_id}) is not supported"),
+            None => format!("unknown tensor type {type_id}"),
+        };
+        tensor_error(&name, problem)
+    })?;
     if dims.contains(&0) {
         return Err(tensor_error(&name, format!("dims {dims:?} contain a zero")));
     }
@@ -579,7 +618,7 @@ fn tensor_info(
             format!("data [{offset}, {offset}+{len}) runs past the end of the data section ({data_len} bytes)"),
         ));
     }
-    Ok(TensorInfo { name, dims, dtype, start: (data_start + offset) as usize, len: len as usize })
+    Ok(TensorInfo { name, dims, dtype, shard: 0, start: (data_start + offset) as usize, len: len as usize })
 }
 
 struct Reader<'a> {

@@ -13,8 +13,9 @@
 //!   [`batch::Batch`] (built by [`batch::Layout`] or
 //!   [`batch::forward_in_parts`]), giving a [`ForwardOutput`] or a
 //!   [`ForwardError`]; [`session::Session`] runs one sequence for the CLI;
-//! - reading files: [`gguf::GgufFile`], [`hparams::HParams`],
-//!   [`dflash::DflashParams`];
+//! - reading files: [`gguf::GgufFile`] (a split model's shards as one),
+//!   [`hparams::HParams`], [`dflash::DflashParams`], and
+//!   [`inspect::summarize`] (a file's family and layer kinds);
 //! - text: [`tokenizer::Tokenizer`] and [`chat_template::ChatTemplate`];
 //! - images: [`vision`] (preprocessing and the [`vision::Encoder`] seam).
 //!
@@ -30,6 +31,7 @@ mod families;
 mod forward;
 pub mod gguf;
 pub mod hparams;
+pub mod inspect;
 mod layer;
 mod lora;
 mod model;

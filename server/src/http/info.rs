@@ -68,6 +68,8 @@ pub async fn props(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
         "model_alias": ready.model.name,
         "model_path": ready.model.path.display().to_string(),
         "model_ftype": ready.model.ftype,
+        // sluice's own: the family the model runs as.
+        "model_family": ready.model.family,
         "modalities": { "vision": ready.vision.is_some(), "video": false, "audio": false },
         "media_marker": ready.vision.as_ref().map(|vision| vision.marker()),
         "endpoint_slots": config.server.slots,

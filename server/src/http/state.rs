@@ -29,6 +29,8 @@ pub struct ModelInfo {
     pub aliases: Vec<String>,
     pub tags: Vec<String>,
     pub path: PathBuf,
+    /// The family sluice runs it as (its `general.architecture`).
+    pub family: &'static str,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub n_embd: usize,
@@ -67,6 +69,7 @@ impl Ready {
             aliases: config.model.aliases(),
             tags: config.model.tags(),
             path: config.model.path(),
+            family: hparams.arch.name(),
             n_vocab: hparams.n_vocab,
             n_ctx_train: hparams.n_ctx_train,
             n_embd: hparams.n_embd,
