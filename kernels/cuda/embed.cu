@@ -43,7 +43,7 @@ __device__ __forceinline__ void embed_kernel(const u8* __restrict__ table, const
 //             checks; nothing here does).
 //   out       n_tokens rows of `width` f32, row-major, 16-byte aligned.
 //   width     a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
-//             or of 256 (Q4_K, Q5_K, Q6_K).
+//             or of 256 (the K-quants).
 //
 // Launch: grid (n_tokens, 1, 1), block (128, 1, 1) (any multiple of 32
 // works), no shared memory.
@@ -65,3 +65,5 @@ EMBED_ENTRY(q8_0, QxQ8_0)
 EMBED_ENTRY(q4_k, QxQ4_K)
 EMBED_ENTRY(q5_k, QxQ5_K)
 EMBED_ENTRY(q6_k, QxQ6_K)
+EMBED_ENTRY(q2_k, QxQ2_K)
+EMBED_ENTRY(q3_k, QxQ3_K)

@@ -280,7 +280,7 @@ __device__ __forceinline__ void gemm_kernel(const u8* __restrict__ w, const floa
 //   x      m rows of n_in f32, row-major, 16-byte aligned; not aliased by y.
 //   y      m rows of n_out f32, row-major (written, never read).
 //   n_in   a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
-//          or of 256 (Q4_K, Q5_K, Q6_K); n_out >= 1, m >= 1, any values.
+//          or of 256 (the K-quants); n_out >= 1, m >= 1, any values.
 //
 // Launch: grid (ceil(n_out / 128), ceil(m / 64), 1), block (256, 1, 1), no
 // dynamic shared memory (static: 24 KB, 48 KB for Q6_K).
@@ -302,3 +302,5 @@ GEMM_ENTRY(q8_0, QxQ8_0)
 GEMM_ENTRY(q4_k, QxQ4_K)
 GEMM_ENTRY(q5_k, QxQ5_K)
 GEMM_ENTRY(q6_k, QxQ6_K)
+GEMM_ENTRY(q2_k, QxQ2_K)
+GEMM_ENTRY(q3_k, QxQ3_K)

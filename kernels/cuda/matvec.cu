@@ -175,7 +175,7 @@ __device__ __forceinline__ void mv_kernel(const u8* __restrict__ w, const float*
 //   x      m rows of n_in f32, row-major, 16-byte aligned; not aliased by y.
 //   y      m rows of n_out f32, row-major (written, never read).
 //   n_in   a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
-//          or of 256 (Q4_K, Q5_K, Q6_K).
+//          or of 256 (the K-quants).
 //   n_out  >= 1; m >= 1 (meant for m <= 8: W is reread for every 4 rows).
 //
 // Launch: grid (ceil(n_out / 4), 1, 1), block (128, 1, 1), no dynamic
@@ -198,3 +198,5 @@ MV_ENTRY(q8_0, QxQ8_0)
 MV_ENTRY(q4_k, QxQ4_K)
 MV_ENTRY(q5_k, QxQ5_K)
 MV_ENTRY(q6_k, QxQ6_K)
+MV_ENTRY(q2_k, QxQ2_K)
+MV_ENTRY(q3_k, QxQ3_K)

@@ -22,10 +22,12 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    Q2_K,
+    Q3_K,
 }
 
 impl DType {
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -37,6 +39,8 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
     ];
 
     /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
@@ -53,6 +57,8 @@ impl DType {
             12 => DType::Q4_K,
             13 => DType::Q5_K,
             14 => DType::Q6_K,
+            10 => DType::Q2_K,
+            11 => DType::Q3_K,
             30 => DType::BF16,
             _ => return None,
         })
@@ -71,6 +77,8 @@ impl DType {
             DType::Q4_K => "Q4_K",
             DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
         }
     }
 
@@ -79,7 +87,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => QK_K,
         }
     }
 
@@ -97,6 +105,8 @@ impl DType {
             DType::Q4_K => size_of::<BlockQ4K>(),
             DType::Q5_K => size_of::<BlockQ5K>(),
             DType::Q6_K => size_of::<BlockQ6K>(),
+            DType::Q2_K => size_of::<super::low_k::BlockQ2K>(),
+            DType::Q3_K => size_of::<super::low_k::BlockQ3K>(),
         }
     }
 
@@ -112,7 +122,7 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => ActFormat::F32,
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0S,
             DType::Q4_1 | DType::Q5_1 => ActFormat::Q8_1,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => ActFormat::Q8_K,
         }
     }
 

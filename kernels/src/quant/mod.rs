@@ -17,6 +17,7 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+mod low_k;
 pub(crate) mod packed;
 mod scalar;
 #[cfg(test)]
@@ -145,6 +146,8 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::Q4_K => scalar::dot_q4_k,
         DType::Q5_K => scalar::dot_q5_k,
         DType::Q6_K => scalar::dot_q6_k,
+        DType::Q2_K => low_k::dot_q2_k,
+        DType::Q3_K => low_k::dot_q3_k,
     }
 }
 

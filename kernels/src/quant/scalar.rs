@@ -219,6 +219,8 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q5_K => each_block(src, dst, |b: &BlockQ5K, y: &mut [f32; QK_K]| {
             dequantize_k(b.d, b.dmin, &b.scales, &k_quants(&b.qs, Some(&b.qh)), y);
         }),
+        DType::Q2_K => super::low_k::dequantize_q2_k(src, dst),
+        DType::Q3_K => super::low_k::dequantize_q3_k(src, dst),
         DType::Q6_K => each_block(src, dst, |b: &BlockQ6K, y: &mut [f32; QK_K]| {
             let d = half_to_f32(b.d);
             for (i, (y, q)) in y.iter_mut().zip(q6_k_quants(b)).enumerate() {
@@ -321,11 +323,15 @@ pub(crate) fn quantize_q8_k(x: &[f32], dst: &mut [u8]) {
 
 // ---- dot products ----------------------------------------------------------
 
-fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
+pub(super) fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
     q.iter().zip(a).fold(0i32, |s, (&q, &a)| s.wrapping_add(q.into() * i32::from(a)))
 }
 
-fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(w: &[u8], a: &[u8], step: impl Fn(f32, &W, &A) -> f32) -> f32 {
+pub(super) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(
+    w: &[u8],
+    a: &[u8],
+    step: impl Fn(f32, &W, &A) -> f32,
+) -> f32 {
     blocks::<W>(w).iter().zip(blocks::<A>(a)).fold(0.0, |acc, (w, a)| step(acc, w, a))
 }
 

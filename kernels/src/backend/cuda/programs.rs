@@ -5,7 +5,11 @@
 use std::ffi::CString;
 
 /// Put in front of every program, in this order.
-const HEADERS: [&str; 2] = [include_str!("../../../cuda/common.cuh"), include_str!("../../../cuda/quant.cuh")];
+const HEADERS: [&str; 3] = [
+    include_str!("../../../cuda/common.cuh"),
+    include_str!("../../../cuda/quant.cuh"),
+    include_str!("../../../cuda/quant_low_k.cuh"),
+];
 
 const FILES: [(&str, &str); 10] = [
     ("matvec", include_str!("../../../cuda/matvec.cu")),
