@@ -86,7 +86,7 @@ fn pool_dispatch(bencher: Bencher, threads: usize) {
 }
 
 /// One dot of a 576-wide row, cache-resident: the kernel's own speed.
-#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4])]
+#[divan::bench(args = [DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q2_K, DType::Q3_K])]
 fn vec_dot_576(bencher: Bencher, dtype: DType) {
     let n = if dtype.block_elems() == 256 { 512 } else { 576 };
     let w = random_matrix(dtype, 1, n);
@@ -189,7 +189,7 @@ fn attention_1_row_at_2048(bencher: Bencher, kv_type: &str) {
 /// The 1B shape's FFN in a prompt of 512 tokens, one thread: gate (8192 ×
 /// 2048) and down (2048 × 8192), whose 512 activation rows do not fit in
 /// a core's caches.
-#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0], sample_count = 5, sample_size = 1)]
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q2_K, DType::Q3_K], sample_count = 5, sample_size = 1)]
 fn prefill512_gate_1b(bencher: Bencher, dtype: DType) {
     bench_matmul(bencher, dtype, 8192, 2048, 512, 1);
 }
@@ -200,7 +200,7 @@ fn prefill512_down_1b(bencher: Bencher, dtype: DType) {
 }
 
 /// A decode step's gate matrix of the 1B shape, one thread.
-#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4])]
+#[divan::bench(args = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4, DType::Q2_K, DType::Q3_K])]
 fn matvec_gate_1b(bencher: Bencher, dtype: DType) {
     bench_matmul(bencher, dtype, 8192, 2048, 1, 1);
 }

@@ -1,7 +1,8 @@
 // Shared by every kernel file: the host compiles each `.cu` file as one
-// NVRTC program made of this header, `quant.cuh` and the file itself, so
-// no file includes another (NVRTC has no include path here, and no CUDA
-// headers: f16 and bf16 conversions are written with PTX below).
+// NVRTC program made of this header, `quant.cuh`, `quant_low_k.cuh` and
+// the file itself, so no file includes another (NVRTC has no include path
+// here, and no CUDA headers: f16 and bf16 conversions are written with PTX
+// below).
 
 typedef unsigned char u8;
 typedef unsigned short u16;

@@ -26,10 +26,12 @@ pub enum DType {
     IQ4_NL,
     IQ4_XS,
     MXFP4,
+    Q2_K,
+    Q3_K,
 }
 
 impl DType {
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -44,6 +46,8 @@ impl DType {
         DType::IQ4_NL,
         DType::IQ4_XS,
         DType::MXFP4,
+        DType::Q2_K,
+        DType::Q3_K,
     ];
 
     /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
@@ -62,6 +66,8 @@ impl DType {
             14 => DType::Q6_K,
             20 => DType::IQ4_NL,
             23 => DType::IQ4_XS,
+            10 => DType::Q2_K,
+            11 => DType::Q3_K,
             30 => DType::BF16,
             39 => DType::MXFP4,
             _ => return None,
@@ -84,6 +90,8 @@ impl DType {
             DType::IQ4_NL => "IQ4_NL",
             DType::IQ4_XS => "IQ4_XS",
             DType::MXFP4 => "MXFP4",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
         }
     }
 
@@ -95,6 +103,7 @@ impl DType {
             DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
             DType::IQ4_NL | DType::MXFP4 => QK,
             DType::IQ4_XS => QK_K,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => QK_K,
         }
     }
 
@@ -134,6 +143,7 @@ impl DType {
             // Why these partners: see `lut4`.
             DType::IQ4_NL | DType::MXFP4 => ActFormat::Q8_0S,
             DType::IQ4_XS => ActFormat::Q8_K,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => ActFormat::Q8_K,
         }
     }
 

@@ -18,6 +18,7 @@ mod entries;
 mod error;
 mod formats;
 mod lut4;
+mod low_k;
 pub(crate) mod packed;
 mod scalar;
 #[cfg(test)]
@@ -149,6 +150,8 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::IQ4_NL => lut4::dot_iq4_nl,
         DType::IQ4_XS => lut4::dot_iq4_xs,
         DType::MXFP4 => lut4::dot_mxfp4,
+        DType::Q2_K => low_k::dot_q2_k,
+        DType::Q3_K => low_k::dot_q3_k,
     }
 }
 

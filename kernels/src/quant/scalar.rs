@@ -219,6 +219,8 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q5_K => each_block(src, dst, |b: &BlockQ5K, y: &mut [f32; QK_K]| {
             dequantize_k(b.d, b.dmin, &b.scales, &k_quants(&b.qs, Some(&b.qh)), y);
         }),
+        DType::Q2_K => super::low_k::dequantize_q2_k(src, dst),
+        DType::Q3_K => super::low_k::dequantize_q3_k(src, dst),
         DType::Q6_K => each_block(src, dst, |b: &BlockQ6K, y: &mut [f32; QK_K]| {
             let d = half_to_f32(b.d);
             for (i, (y, q)) in y.iter_mut().zip(q6_k_quants(b)).enumerate() {

@@ -43,6 +43,8 @@ fn scale_offsets(dtype: DType) -> &'static [usize] {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
         // MXFP4's scale is an exponent byte: see `finite_exponents`.
         DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
     }
@@ -151,6 +153,8 @@ fn ggml_ids_names_and_sizes() {
         (14, "Q6_K", 256, 210),
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
+        (10, "Q2_K", 256, 84),
+        (11, "Q3_K", 256, 110),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
     ];
@@ -159,7 +163,7 @@ fn ggml_ids_names_and_sizes() {
         assert_eq!((dtype.name(), dtype.block_elems(), dtype.block_bytes()), (name, elems, bytes));
         assert_eq!(dtype.to_string(), name);
     }
-    for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 1000] {
+    for id in [4, 5, 9, 15, 16, 29, 31, 1000] {
         assert_eq!(DType::from_ggml(id), None, "id {id}");
     }
     assert_eq!(DType::ALL.len(), table.len());
@@ -259,6 +263,7 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
             let scale = 2f64.powi(i32::from(b[0]) - 128) as f32;
             f32::from(lut4::FP4_VALUES[usize::from(nibble(&b[1..], i))]) * scale
         }
+        DType::Q2_K | DType::Q3_K => super::low_k::tests::documented_value(dtype, b, i),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),

@@ -55,20 +55,31 @@ pub fn ranges(indices: &[usize]) -> String {
 impl fmt::Display for LayerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.mixer {
-            Mixer::Attention(Attention { qkv_bias, qk_norm }) => {
-                let extras: Vec<&str> = [(qkv_bias, "Q/K/V biases"), (qk_norm, "Q/K norms")]
+            Mixer::Attention(Attention { qkv_bias, qk_norm, q_scale, softcap, window, own_rope }) => {
+                match window {
+                    Some(window) => write!(f, "sliding-window attention ({window} positions)")?,
+                    None => f.write_str("attention")?,
+                }
+                let mut extras: Vec<String> = [(qkv_bias, "Q/K/V biases"), (qk_norm, "Q/K norms")]
                     .into_iter()
-                    .filter_map(|(set, name)| set.then_some(name))
+                    .filter_map(|(set, name)| set.then(|| name.to_string()))
                     .collect();
-                f.write_str("attention")?;
+                extras.extend(q_scale.map(|scale| format!("Q scaled by {scale}")));
+                extras.extend(softcap.map(|cap| format!("scores soft-capped at {cap}")));
+                extras.extend(own_rope.map(|rope| format!("RoPE base {}", rope.base)));
                 if !extras.is_empty() {
                     write!(f, " with {}", extras.join(" and "))?;
                 }
             }
         }
-        match self.ffn {
-            Ffn::SwiGlu => f.write_str(", SwiGLU feed-forward"),
+        f.write_str(match self.ffn {
+            Ffn::SwiGlu => ", SwiGLU feed-forward",
+            Ffn::GeGlu => ", GELU-gated feed-forward",
+        })?;
+        if self.post_norms {
+            f.write_str(", post-norms")?;
         }
+        Ok(())
     }
 }
 

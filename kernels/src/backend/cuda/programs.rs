@@ -9,6 +9,7 @@ const HEADERS: [&str; 3] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/quant.cuh"),
     include_str!("../../../cuda/quant_lut4.cuh"),
+    include_str!("../../../cuda/quant_low_k.cuh"),
 ];
 
 const FILES: [(&str, &str); 10] = [

@@ -2,6 +2,8 @@
 //! once for both x86 levels: [`kquant_kernels!`] is expanded inside each
 //! level's module.
 //!
+//! Q2_K and Q3_K plug their decoders into the same tile (`kquant_low.rs`).
+//!
 //! A call takes `R` weight rows and `A` activation rows (`R · A ≤ 8`). A
 //! block's 256 quants are decoded one 32-quant sub-block at a time, and
 //! each sub-block meets every activation row while it is in a register, so
@@ -16,8 +18,9 @@
 /// What a K-quant format's decoder gives per block and weight row, before
 /// its sub-blocks: the sub-blocks' scales as 16-bit words (in the layout
 /// its `pair` step reads), the multipliers of the block's 16 activation
-/// sums (the minima, or Q6_K's scales for its offset of 32), and its `d`
-/// and `dmin` bits (`dmin` 0 for Q6_K).
+/// sums (the minima, or the scales of a format whose quants carry an
+/// offset), and its `d` and `dmin` bits (`dmin` 0 where there are no
+/// minima).
 #[derive(Clone, Copy)]
 pub(super) struct Prelude<S: Copy> {
     pub(super) scales: S,
@@ -70,13 +73,14 @@ macro_rules! kquant_kernels {
         /// a weight block's scales once; `pair(block, scales, p)` gives
         /// sub-blocks 2p and 2p+1 as 32 unsigned quants each, in activation
         /// order, with the 16-bit multipliers of their 16 pair sums.
-        /// `SIX_BIT` selects Q6_K's finish: the activation sums times its
-        /// scales, times 32, come off the integer sum (its quants carry an
-        /// offset of 32), then one scale; otherwise the minima's term is a
-        /// float step of its own, as Q4_K's and Q5_K's references take it.
+        /// A non-zero `OFFSET` selects the finish of the formats whose
+        /// unsigned quants carry that offset (Q6_K 32, Q3_K 4): the
+        /// activation sums times the scales, times `OFFSET`, come off the
+        /// integer sum, then one scale; with 0 the minima's term is a float
+        /// step of its own, as Q4_K's, Q5_K's and Q2_K's references take it.
         #[target_feature(enable = $features)]
         #[inline]
-        fn kquant_tile<W: bytemuck::Pod, S: Copy, const R: usize, const A: usize, const SIX_BIT: bool>(
+        fn kquant_tile<W: bytemuck::Pod, S: Copy, const R: usize, const A: usize, const OFFSET: i32>(
             w: [&[u8]; R],
             a: [&[u8]; A],
             prelude: impl Fn(&W) -> kquant::Prelude<S>,
@@ -119,8 +123,8 @@ macro_rules! kquant_kernels {
                     let scales = _mm_cvtph_ps(_mm_cvtsi32_si128((u32::from(d[0]) | u32::from(dmin[0]) << 16) as i32));
                     let (d, dmin) = (_mm_cvtss_f32(scales), _mm_cvtss_f32(_mm_movehdup_ps(scales)));
                     let d_a = f32::from_le_bytes(a[0][b].d);
-                    single = if SIX_BIT {
-                        scalar::finish_scaled(single, d, d_a, isum.wrapping_sub(iact.wrapping_mul(32)))
+                    single = if OFFSET != 0 {
+                        scalar::finish_scaled(single, d, d_a, isum.wrapping_sub(iact.wrapping_mul(OFFSET)))
                     } else {
                         scalar::finish_kquant(single, d, dmin, d_a, isum, iact)
                     };
@@ -141,8 +145,8 @@ macro_rules! kquant_kernels {
                 }
                 let d = spread_halves::<R>(d);
                 let d_a = _mm256_setr_ps(d_a[0], d_a[1], d_a[2], d_a[3], d_a[4], d_a[5], d_a[6], d_a[7]);
-                acc = if SIX_BIT {
-                    let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(iact));
+                acc = if OFFSET != 0 {
+                    let isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(iact, _mm256_set1_epi32(OFFSET)));
                     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(isum)))
                 } else {
                     let dmin = spread_halves::<R>(dmin);
@@ -190,7 +194,7 @@ macro_rules! kquant_kernels {
         #[target_feature(enable = $features)]
         fn dot_q4_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
             let low = _mm256_set1_epi8(0xF);
-            kquant_tile::<BlockQ4K, __m256i, R, A, false>(
+            kquant_tile::<BlockQ4K, __m256i, R, A, 0>(
                 w,
                 a,
                 #[inline(always)]
@@ -225,7 +229,7 @@ macro_rules! kquant_kernels {
         #[target_feature(enable = $features)]
         fn dot_q5_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
             let low = _mm256_set1_epi8(0xF);
-            kquant_tile::<BlockQ5K, __m256i, R, A, false>(
+            kquant_tile::<BlockQ5K, __m256i, R, A, 0>(
                 w,
                 a,
                 #[inline(always)]
@@ -246,17 +250,36 @@ macro_rules! kquant_kernels {
             )
         }
 
-        /// Q6_K's sixteen signed scales as words: the first eight in both
-        /// 128-bit lanes, then the last eight in both (a vector of 32
-        /// quants takes scale g for its first 16 and g+1 for its last 16,
-        /// and byte shuffles stay inside a lane). Its activation sums are
-        /// weighted by the scales in their own order.
+        /// Sixteen scales of 16-element groups (words, in order) as the
+        /// first eight in both 128-bit lanes, then the last eight in both:
+        /// a vector of 32 quants takes scale g for its first 16 and g+1 for
+        /// its last 16, and byte shuffles stay inside a lane.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn group_scale_words(words: __m256i) -> [__m256i; 2] {
+            [_mm256_permute4x64_epi64::<0x44>(words), _mm256_permute4x64_epi64::<0xEE>(words)]
+        }
+
+        /// The scale words of sub-block k (0..8) from [`group_scale_words`]:
+        /// scales 2k (low lane) and 2k+1 (high lane), words 2(k%4) and
+        /// 2(k%4)+1 of each lane's copy of its eight.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn group_scales(scales: &[__m256i; 2], k: usize) -> __m256i {
+            let word = |g: usize| ((2 * g + 1) << 8 | 2 * g) as i16;
+            let j = k % 4;
+            let pick = _mm256_set_m128i(_mm_set1_epi16(word(2 * j + 1)), _mm_set1_epi16(word(2 * j)));
+            _mm256_shuffle_epi8(scales[k / 4], pick)
+        }
+
+        /// Q6_K's sixteen signed scales ([`group_scale_words`]); its
+        /// activation sums are weighted by the scales in their own order.
         #[target_feature(enable = $features)]
         #[inline]
         fn q6_k_prelude(x: &BlockQ6K) -> kquant::Prelude<[__m256i; 2]> {
             let words = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
             kquant::Prelude {
-                scales: [_mm256_permute4x64_epi64::<0x44>(words), _mm256_permute4x64_epi64::<0xEE>(words)],
+                scales: group_scale_words(words),
                 sum_weights: words,
                 d: u16::from_le_bytes(x.d),
                 dmin: 0,
@@ -279,20 +302,12 @@ macro_rules! kquant_kernels {
             } else {
                 (bits(l0, _mm256_slli_epi16::<4>(h)), bits(l1, _mm256_slli_epi16::<2>(h)))
             };
-            // Vector k of the half takes scales 2k (low lane) and 2k+1 (high
-            // lane) of its eight: words 2k and 2k+1 of each lane's copy.
-            let pick = |k: usize| {
-                let word = |g: usize| ((2 * g + 1) << 8 | 2 * g) as i16;
-                _mm256_set_m128i(_mm_set1_epi16(word(2 * k + 1)), _mm_set1_epi16(word(2 * k)))
-            };
-            let k0 = 2 * (p % 2);
-            let sc = scales[half];
-            [(q0, _mm256_shuffle_epi8(sc, pick(k0))), (q1, _mm256_shuffle_epi8(sc, pick(k0 + 1)))]
+            [(q0, group_scales(scales, 2 * p)), (q1, group_scales(scales, 2 * p + 1))]
         }
 
         #[target_feature(enable = $features)]
         fn dot_q6_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
-            kquant_tile::<BlockQ6K, [__m256i; 2], R, A, true>(
+            kquant_tile::<BlockQ6K, [__m256i; 2], R, A, 32>(
                 w,
                 a,
                 #[inline(always)]

@@ -16,6 +16,7 @@
 
 mod activations;
 mod kquant;
+mod kquant_low;
 mod loads;
 mod lut4;
 mod packed;
@@ -650,6 +651,8 @@ macro_rules! dot_kernels {
                     DType::IQ4_NL => row_major(one_iq4_nl, four_iq4_nl),
                     DType::IQ4_XS => row_major(one_iq4_xs, four_iq4_xs),
                     DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
+                    DType::Q2_K => kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, None),
+                    DType::Q3_K => kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, None),
                 }
             }
 
@@ -661,6 +664,8 @@ macro_rules! dot_kernels {
             kquant_entries!($features, dot_q4_k, one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k);
             kquant_entries!($features, dot_q5_k, one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k);
             kquant_entries!($features, dot_q6_k, one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k);
+            kquant_entries!($features, dot_q2_k, one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k);
+            kquant_entries!($features, dot_q3_k, one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k);
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
@@ -687,6 +692,7 @@ macro_rules! dot_kernels {
 
             kquant::kquant_kernels!($features);
             lut4::lut4_kernels!($features);
+            kquant_low::low_k_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
