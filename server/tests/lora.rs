@@ -442,9 +442,10 @@ const LOGPROB_TOLERANCE: f64 = 0.01;
 /// The default model under the adapter tests/fixtures/lora-llamacpp.json
 /// names, at each of its scales: greedy tokens equal llama.cpp's until its
 /// first near tie, and top-5 log-probs within [`LOGPROB_TOLERANCE`]. The
-/// deltas sum as llama.cpp sums them for a one-token batch (docs/lora.md):
-/// the fixture's one-token prompts are its arithmetic throughout, the
-/// longer ones its other order for the prompt's rows.
+/// deltas sum as llama.cpp sums them for a one-token batch (docs/lora.md),
+/// and the fixture's prompts are one token each, so every llama.cpp batch
+/// is one row (its prompts of several tokens take another order, which
+/// sluice's batch invariance cannot also follow).
 #[test]
 fn greedy_continuations_under_an_adapter_match_llama_cpp_until_a_near_tie() {
     let text = std::fs::read_to_string(sluice_tests::fixture("lora-llamacpp.json")).expect("fixture present");
