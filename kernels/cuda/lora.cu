@@ -4,21 +4,29 @@
 // terms adds their deltas in that order; within a term rows are distinct,
 // so every output element has one writer.
 //
-// Both sums follow the CPU's order exactly (kernels/src/ops/low_rank.rs),
-// with explicitly rounded products and sums (no fused multiply-add), so a
-// row's delta is the CPU's to the bit:
-//   t[r] = A[r]·x: sixteen partial sums, lane l adding a[16c + l] × x[16c + l]
-//          over c in order (missing elements past n_in as 0 × 0), then
-//          folded as a tree, lane l with lane l + 8, then + 4, + 2, + 1;
-//   out  += (Σ_r t[r] × Bᵀ[r][o], r in order, from 0) × scale.
+// Every dot product follows the CPU's order exactly (kernels/src/ops/
+// low_rank.rs: llama.cpp's vector dot product for F32 adapters), with
+// explicitly rounded operations, so a row's delta is the CPU's to the bit.
+// For a dot of n products (t[r] = A[r]·x over n_in; out[o]'s Σ_r t[r] ×
+// Bᵀ[r][o] over the rank):
+//   over the whole blocks of 64, lane l of accumulator k fuses element
+//   64m + 16k + l into its sum over m in order; then per lane (acc 0 + acc 2)
+//   + (acc 1 + acc 3), and the lanes folded as a tree, lane l with lane
+//   l + 8, then + 4, + 2, + 1 (0 when there is no whole block);
+//   then the rest in order, each product rounded and added, except for the
+//   last n mod 8, fused.
+// The delta is then scaled (rounded) and added.
 
 // Listed rows per block of sl_lora_down: a block reads each row of A once
 // for all of them.
 #define LORA_DOWN_ROWS 4
-// Listed rows per block of sl_lora_up: each Bᵀ element read serves them all.
+// Listed rows per block of sl_lora_up, taken one after another.
 #define LORA_UP_ROWS 8
-// The CPU's lane count, which the down-projection's order follows.
+// The CPU's lane count and block of four accumulators, and the rest's
+// stretch of rounded products: the order of every dot.
 #define LORA_LANES 16
+#define LORA_BLOCK 64
+#define LORA_ROUNDED 8
 
 // t = A·x for listed rows: t[i × rank + r] = A[r] · x[rows[i]].
 //
@@ -55,36 +63,42 @@ extern "C" __global__ void sl_lora_down(
         // never stored.
         in[j] = x + (long long)rows[first + min(j, count - 1)] * n_in;
     }
+    const int whole = n_in - n_in % LORA_BLOCK;
+    const int rounded = n_in - n_in % LORA_ROUNDED;
     for (int r = half_warp; r < rank; r += half_warps) {
         const float* a_row = a + (long long)r * n_in;
-        float sums[LORA_DOWN_ROWS];
+        float sums[LORA_DOWN_ROWS][4];
 #pragma unroll
         for (int j = 0; j < LORA_DOWN_ROWS; ++j) {
-            sums[j] = 0.0f;
-        }
-        for (int base = 0; base < n_in; base += LORA_LANES) {
-            const int i = base + lane;
-            const bool inside = i < n_in;
-            const float a_value = inside ? a_row[i] : 0.0f;
 #pragma unroll
-            for (int j = 0; j < LORA_DOWN_ROWS; ++j) {
-                const float x_value = inside ? in[j][i] : 0.0f;
-                sums[j] = __fadd_rn(sums[j], __fmul_rn(a_value, x_value));
+            for (int k = 0; k < 4; ++k) {
+                sums[j][k] = 0.0f;
+            }
+        }
+        for (int base = 0; base < whole; base += LORA_BLOCK) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int i = base + k * LORA_LANES + lane;
+                const float a_value = a_row[i];
+#pragma unroll
+                for (int j = 0; j < LORA_DOWN_ROWS; ++j) {
+                    sums[j][k] = __fmaf_rn(a_value, in[j][i], sums[j][k]);
+                }
             }
         }
 #pragma unroll
         for (int j = 0; j < LORA_DOWN_ROWS; ++j) {
+            float sum = __fadd_rn(__fadd_rn(sums[j][0], sums[j][2]), __fadd_rn(sums[j][1], sums[j][3]));
 #pragma unroll
             for (int offset = LORA_LANES / 2; offset > 0; offset /= 2) {
-                sums[j] = __fadd_rn(sums[j], __shfl_xor_sync(mask, sums[j], offset));
+                sum = __fadd_rn(sum, __shfl_xor_sync(mask, sum, offset));
             }
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < LORA_DOWN_ROWS; ++j) {
-                if (j < count) {
-                    t[(long long)(first + j) * rank + r] = sums[j];
+            if (lane == 0 && j < count) {
+                for (int i = whole; i < n_in; ++i) {
+                    sum = i < rounded ? __fadd_rn(sum, __fmul_rn(a_row[i], in[j][i]))
+                                      : __fmaf_rn(a_row[i], in[j][i], sum);
                 }
+                t[(long long)(first + j) * rank + r] = sum;
             }
         }
     }
@@ -121,27 +135,39 @@ extern "C" __global__ void sl_lora_up(
     }
     const int first = blockIdx.x * LORA_UP_ROWS;
     const int count = min(LORA_UP_ROWS, n_listed - first);
-    const float* t_rows[LORA_UP_ROWS];
-    float sums[LORA_UP_ROWS];
+    const int whole = rank - rank % LORA_BLOCK;
+    const int rounded = rank - rank % LORA_ROUNDED;
+    for (int j = 0; j < count; ++j) {
+        const float* t_row = t + (long long)(first + j) * rank;
+        float sum = 0.0f;
+        if (whole > 0) {
+            float lanes[LORA_LANES];
 #pragma unroll
-    for (int j = 0; j < LORA_UP_ROWS; ++j) {
-        // Places past the listed rows repeat the last one; their sums are
-        // never stored.
-        t_rows[j] = t + (long long)(first + min(j, count - 1)) * rank;
-        sums[j] = 0.0f;
-    }
-    for (int r = 0; r < rank; ++r) {
-        const float b_value = b_t[(long long)r * n_out + o];
+            for (int l = 0; l < LORA_LANES; ++l) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int base = 0; base < whole; base += LORA_BLOCK) {
 #pragma unroll
-        for (int j = 0; j < LORA_UP_ROWS; ++j) {
-            sums[j] = __fadd_rn(sums[j], __fmul_rn(t_rows[j][r], b_value));
+                    for (int k = 0; k < 4; ++k) {
+                        const int r = base + k * LORA_LANES + l;
+                        acc[k] = __fmaf_rn(t_row[r], b_t[(long long)r * n_out + o], acc[k]);
+                    }
+                }
+                lanes[l] = __fadd_rn(__fadd_rn(acc[0], acc[2]), __fadd_rn(acc[1], acc[3]));
+            }
+#pragma unroll
+            for (int width = LORA_LANES / 2; width > 0; width /= 2) {
+#pragma unroll
+                for (int l = 0; l < width; ++l) {
+                    lanes[l] = __fadd_rn(lanes[l], lanes[l + width]);
+                }
+            }
+            sum = lanes[0];
         }
-    }
-#pragma unroll
-    for (int j = 0; j < LORA_UP_ROWS; ++j) {
-        if (j < count) {
-            float* at = out + (long long)rows[first + j] * n_out + o;
-            *at = __fadd_rn(*at, __fmul_rn(sums[j], scales[first + j]));
+        for (int r = whole; r < rank; ++r) {
+            const float b_value = b_t[(long long)r * n_out + o];
+            sum = r < rounded ? __fadd_rn(sum, __fmul_rn(t_row[r], b_value)) : __fmaf_rn(t_row[r], b_value, sum);
         }
+        float* at = out + (long long)rows[first + j] * n_out + o;
+        *at = __fadd_rn(*at, __fmul_rn(sum, scales[first + j]));
     }
 }
