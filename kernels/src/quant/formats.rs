@@ -100,10 +100,9 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
             DType::IQ4_NL | DType::MXFP4 => QK,
             DType::IQ4_XS => QK_K,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => QK_K,
         }
     }
 
@@ -124,6 +123,8 @@ impl DType {
             DType::IQ4_NL => size_of::<lut4::BlockIQ4NL>(),
             DType::IQ4_XS => size_of::<lut4::BlockIQ4XS>(),
             DType::MXFP4 => size_of::<lut4::BlockMXFP4>(),
+            DType::Q2_K => size_of::<super::low_k::BlockQ2K>(),
+            DType::Q3_K => size_of::<super::low_k::BlockQ3K>(),
         }
     }
 
@@ -139,11 +140,10 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => ActFormat::F32,
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => ActFormat::Q8_0S,
             DType::Q4_1 | DType::Q5_1 => ActFormat::Q8_1,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
             // Why these partners: see `lut4`.
             DType::IQ4_NL | DType::MXFP4 => ActFormat::Q8_0S,
             DType::IQ4_XS => ActFormat::Q8_K,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => ActFormat::Q8_K,
         }
     }
 

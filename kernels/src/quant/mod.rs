@@ -17,8 +17,8 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
-mod lut4;
 mod low_k;
+mod lut4;
 pub(crate) mod packed;
 mod scalar;
 #[cfg(test)]

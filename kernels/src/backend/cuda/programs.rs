@@ -5,7 +5,7 @@
 use std::ffi::CString;
 
 /// Put in front of every program, in this order.
-const HEADERS: [&str; 3] = [
+const HEADERS: [&str; 4] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/quant.cuh"),
     include_str!("../../../cuda/quant_lut4.cuh"),
