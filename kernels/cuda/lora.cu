@@ -141,27 +141,44 @@ extern "C" __global__ void sl_lora_up(
         const float* t_row = t + (long long)(first + j) * rank;
         float sum = 0.0f;
         if (whole > 0) {
-            float lanes[LORA_LANES];
+            // Every index below is a constant once unrolled, so the 64
+            // partial sums stay in registers.
+            float acc[4][LORA_LANES];
 #pragma unroll
-            for (int l = 0; l < LORA_LANES; ++l) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int base = 0; base < whole; base += LORA_BLOCK) {
+            for (int k = 0; k < 4; ++k) {
 #pragma unroll
-                    for (int k = 0; k < 4; ++k) {
+                for (int l = 0; l < LORA_LANES; ++l) {
+                    acc[k][l] = 0.0f;
+                }
+            }
+            for (int base = 0; base < whole; base += LORA_BLOCK) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+#pragma unroll
+                    for (int l = 0; l < LORA_LANES; ++l) {
                         const int r = base + k * LORA_LANES + l;
-                        acc[k] = __fmaf_rn(t_row[r], b_t[(long long)r * n_out + o], acc[k]);
+                        acc[k][l] = __fmaf_rn(t_row[r], b_t[(long long)r * n_out + o], acc[k][l]);
                     }
                 }
-                lanes[l] = __fadd_rn(__fadd_rn(acc[0], acc[2]), __fadd_rn(acc[1], acc[3]));
+            }
+            float* lanes = acc[0];
+#pragma unroll
+            for (int l = 0; l < LORA_LANES; ++l) {
+                lanes[l] = __fadd_rn(__fadd_rn(acc[0][l], acc[2][l]), __fadd_rn(acc[1][l], acc[3][l]));
             }
 #pragma unroll
-            for (int width = LORA_LANES / 2; width > 0; width /= 2) {
-#pragma unroll
-                for (int l = 0; l < width; ++l) {
-                    lanes[l] = __fadd_rn(lanes[l], lanes[l + width]);
-                }
+            for (int l = 0; l < 8; ++l) {
+                lanes[l] = __fadd_rn(lanes[l], lanes[l + 8]);
             }
-            sum = lanes[0];
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                lanes[l] = __fadd_rn(lanes[l], lanes[l + 4]);
+            }
+#pragma unroll
+            for (int l = 0; l < 2; ++l) {
+                lanes[l] = __fadd_rn(lanes[l], lanes[l + 2]);
+            }
+            sum = __fadd_rn(lanes[0], lanes[1]);
         }
         for (int r = whole; r < rank; ++r) {
             const float b_value = b_t[(long long)r * n_out + o];
