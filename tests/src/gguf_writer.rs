@@ -392,23 +392,6 @@ impl TinyModel {
         builder
     }
 
-    /// A Gemma 2 or 3 model (`arch`) of this shape with a Gemma-style
-    /// vocabulary ([`crate::vocab::gemma_vocabulary`] of `pieces`, which
-    /// sets `n_vocab`), `chat_template`, and local layers attending
-    /// through a window of `window` positions (the families' default
-    /// pattern of local and global layers).
-    pub fn gemma(&self, pieces: &[&str], window: u32, chat_template: &str) -> GgufBuilder {
-        let (tokens, vocabulary) = crate::vocab::gemma_vocabulary(pieces);
-        let model = TinyModel { n_vocab: tokens.len(), tokens: Some(tokens), ..self.clone() };
-        let arch = self.arch;
-        vocabulary(model.build())
-            .meta(&format!("{arch}.attention.sliding_window"), Value::U32(window))
-            .meta(&format!("{arch}.attention.key_length"), Value::U32((self.n_embd / self.n_head) as u32))
-            .meta(&format!("{arch}.attention.value_length"), Value::U32((self.n_embd / self.n_head) as u32))
-            .meta(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
-            .meta("tokenizer.chat_template", Value::Str(chat_template.into()))
-    }
-
     /// A DFlash draft of this shape for a target of width `target_embd`
     /// tapped at `target_layers`: Qwen3-style layers, `fc` and
     /// `enc.output_norm`, no embeddings or LM head of its own (borrowed),

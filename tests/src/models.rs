@@ -29,11 +29,15 @@ pub fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
         _ => (include_str!("../fixtures/gemma3-chat-template.jinja"), 33),
     };
     let shape = TinyModel { n_layer: 7, ..TinyModel::recipe(arch, seed) };
-    let model = shape.gemma(&PIECES, 5, template).tensor(Tensor::f32(
-        "output_norm.weight",
-        &[shape.n_embd as u64],
-        &vec![4.0; shape.n_embd],
-    ));
+    let (tokens, vocabulary) = crate::vocab::gemma_vocabulary(&PIECES);
+    let head_dim = Value::U32((shape.n_embd / shape.n_head) as u32);
+    let model = vocabulary(TinyModel { n_vocab: tokens.len(), tokens: Some(tokens), ..shape.clone() }.build())
+        .meta(&format!("{arch}.attention.sliding_window"), Value::U32(5))
+        .meta(&format!("{arch}.attention.key_length"), head_dim.clone())
+        .meta(&format!("{arch}.attention.value_length"), head_dim)
+        .meta(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
+        .meta("tokenizer.chat_template", Value::Str(template.into()));
+    let model = model.tensor(Tensor::f32("output_norm.weight", &[shape.n_embd as u64], &vec![4.0; shape.n_embd]));
     match arch {
         "gemma3" => model.meta("gemma3.rope.freq_base", Value::F32(1e6)),
         _ => model,

@@ -27,6 +27,8 @@ mod kv;
 mod low_rank;
 mod rope;
 mod rope_scaling;
+#[cfg(test)]
+mod rope_scaling_tests;
 mod row;
 pub(crate) mod simd;
 #[cfg(test)]

@@ -207,3 +207,69 @@ mod tests {
         assert_eq!(blocks::<BlockQ4_0>(&bytes).len(), 2);
     }
 }
+
+/// GGML's `block_q2_K`: sixteen scale bytes (low nibble the scale, high
+/// nibble the minimum of a 16-element group), the 2-bit quants, then `d`
+/// and `dmin`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ2K {
+    pub scales: [u8; 16],
+    pub qs: [u8; 64],
+    pub d: [u8; 2],
+    pub dmin: [u8; 2],
+}
+
+/// GGML's `block_q3_K`: the high bits, the low 2-bit fields, sixteen 6-bit
+/// scales packed into 12 bytes (`low_k::q3_k_scales`), then `d`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockQ3K {
+    pub hmask: [u8; 32],
+    pub qs: [u8; 64],
+    pub scales: [u8; 12],
+    pub d: [u8; 2],
+}
+
+const _: () = {
+    assert!(size_of::<BlockQ2K>() == 84);
+    assert!(size_of::<BlockQ3K>() == 110);
+};
+
+/// IQ4_NL: f16 `d`, then 32 table indices as nibbles (low nibbles are
+/// elements 0..16, high nibbles 16..32).
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ4NL {
+    pub d: [u8; 2],
+    pub qs: [u8; 16],
+}
+
+/// IQ4_XS: f16 `d`, the top two bits of the eight sub-block scales
+/// (little-endian u16, two bits per sub-block), their low four bits (two
+/// per byte, low nibble first), then eight sub-blocks of 16 nibble bytes
+/// laid out as IQ4_NL's.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ4XS {
+    pub d: [u8; 2],
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; 4],
+    pub qs: [u8; 128],
+}
+
+/// MXFP4: an E8M0 exponent byte, then 32 table indices as IQ4_NL's. The
+/// block is 17 bytes, so rows and blocks have no alignment.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockMXFP4 {
+    pub e: u8,
+    pub qs: [u8; 16],
+}
+
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<BlockIQ4NL>() == 18);
+    assert!(size_of::<BlockIQ4XS>() == 136);
+    assert!(size_of::<BlockMXFP4>() == 17);
+};

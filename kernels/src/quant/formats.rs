@@ -6,7 +6,6 @@ use std::fmt;
 
 use super::blocks::{self, QK, QK_K};
 use super::error::KernelError;
-use super::lut4;
 
 /// The element types of weight tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,11 +119,11 @@ impl DType {
             DType::Q4_K => size_of::<BlockQ4K>(),
             DType::Q5_K => size_of::<BlockQ5K>(),
             DType::Q6_K => size_of::<BlockQ6K>(),
-            DType::IQ4_NL => size_of::<lut4::BlockIQ4NL>(),
-            DType::IQ4_XS => size_of::<lut4::BlockIQ4XS>(),
-            DType::MXFP4 => size_of::<lut4::BlockMXFP4>(),
-            DType::Q2_K => size_of::<super::low_k::BlockQ2K>(),
-            DType::Q3_K => size_of::<super::low_k::BlockQ3K>(),
+            DType::IQ4_NL => size_of::<BlockIQ4NL>(),
+            DType::IQ4_XS => size_of::<BlockIQ4XS>(),
+            DType::MXFP4 => size_of::<BlockMXFP4>(),
+            DType::Q2_K => size_of::<BlockQ2K>(),
+            DType::Q3_K => size_of::<BlockQ3K>(),
         }
     }
 

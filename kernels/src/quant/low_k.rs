@@ -13,42 +13,8 @@
 //! Q4_K (scales and minima), Q3_K's that of Q6_K (one signed scale, the
 //! offset of 4 taken off through the activation sums).
 
-use bytemuck::{Pod, Zeroable};
-
-use super::blocks::{BlockQ8K, QK_K, blocks};
-use super::scalar::{bsum, dot_blocks, finish_kquant, finish_scaled, half_to_f32, idot};
-
-#[cfg(test)]
-#[path = "low_k_tests.rs"]
-pub(super) mod tests;
-
-/// GGML's `block_q2_K`: sixteen scale bytes (low nibble the scale, high
-/// nibble the minimum of a 16-element group), the 2-bit quants, then `d`
-/// and `dmin`.
-#[derive(Clone, Copy, Pod, Zeroable)]
-#[repr(C)]
-pub(crate) struct BlockQ2K {
-    pub scales: [u8; 16],
-    pub qs: [u8; 64],
-    pub d: [u8; 2],
-    pub dmin: [u8; 2],
-}
-
-/// GGML's `block_q3_K`: the high bits, the low 2-bit fields, sixteen 6-bit
-/// scales packed into 12 bytes ([`q3_k_scales`]), then `d`.
-#[derive(Clone, Copy, Pod, Zeroable)]
-#[repr(C)]
-pub(crate) struct BlockQ3K {
-    pub hmask: [u8; 32],
-    pub qs: [u8; 64],
-    pub scales: [u8; 12],
-    pub d: [u8; 2],
-}
-
-const _: () = {
-    assert!(size_of::<BlockQ2K>() == 84);
-    assert!(size_of::<BlockQ3K>() == 110);
-};
+use super::blocks::{BlockQ2K, BlockQ3K, BlockQ8K, QK_K, blocks};
+use super::steps::{bsum, dot_blocks, finish_kquant, finish_scaled, half_to_f32, idot};
 
 /// The 2-bit fields of a block in element order.
 fn two_bit_quants(qs: &[u8; 64]) -> [u8; QK_K] {

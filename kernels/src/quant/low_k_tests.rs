@@ -6,7 +6,7 @@
 
 use half::f16;
 
-use super::super::{ActFormat, DType, dequantize_row, try_vec_dot};
+use super::{ActFormat, DType, dequantize_row, try_vec_dot};
 
 /// The value of element `i` of a Q2_K or Q3_K block, spelled out from the
 /// format description rather than sharing code with the implementation.

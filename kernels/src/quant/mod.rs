@@ -18,9 +18,14 @@ mod entries;
 mod error;
 mod formats;
 mod low_k;
+#[cfg(test)]
+mod low_k_tests;
 mod lut4;
+#[cfg(test)]
+mod lut4_tests;
 pub(crate) mod packed;
 mod scalar;
+mod steps;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]

@@ -24,6 +24,9 @@ use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
+pub(crate) use super::steps::{
+    bsum, dot_blocks, each_block, finish_kquant, finish_scaled, finish_symmetric, half_to_f32, idot,
+};
 use super::{DType, lut4};
 
 /// Interleaved accumulators of the float-weight dot products.
@@ -32,30 +35,7 @@ pub(crate) const LANES: usize = 16;
 /// Accumulators of the legacy-format dot products.
 pub(crate) const LEGACY_LANES: usize = 8;
 
-#[inline(always)]
-pub(crate) fn half_to_f32(bits: [u8; 2]) -> f32 {
-    f16::from_le_bytes(bits).to_f32()
-}
-
-#[inline(always)]
-pub(crate) fn bsum(y: &BlockQ8K, group: usize) -> i32 {
-    i32::from(i16::from_le_bytes([y.bsums[2 * group], y.bsums[2 * group + 1]]))
-}
-
 // ---- float steps shared with the SIMD paths --------------------------------
-
-/// One block of a weight format whose value is `d * q`.
-#[inline(always)]
-pub(crate) fn finish_scaled(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
-    acc + (d_w * d_a) * isum as f32
-}
-
-/// One Q4_K/Q5_K block: `isum` is Σ sc·(q·a) and `isum_min` Σ m·(Σa) over
-/// the sub-blocks.
-#[inline(always)]
-pub(crate) fn finish_kquant(acc: f32, d: f32, dmin: f32, d_a: f32, isum: i32, isum_min: i32) -> f32 {
-    acc + ((d * d_a) * isum as f32 - (dmin * d_a) * isum_min as f32)
-}
 
 /// Reduces the eight legacy lanes: lane `k` plus lane `k + 4`, then
 /// `(0 + 2) + (1 + 3)` of those four.
@@ -170,12 +150,6 @@ pub(crate) fn q6_k_quants(b: &BlockQ6K) -> [u8; QK_K] {
 }
 
 // ---- dequantization --------------------------------------------------------
-
-pub(super) fn each_block<B: bytemuck::Pod, const E: usize>(src: &[u8], dst: &mut [f32], f: impl Fn(&B, &mut [f32; E])) {
-    for (b, y) in blocks::<B>(src).iter().zip(dst.as_chunks_mut::<E>().0) {
-        f(b, y);
-    }
-}
 
 /// Lengths were validated by the caller: `dst` holds whole blocks that `src` covers.
 pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
@@ -326,18 +300,6 @@ pub(crate) fn quantize_q8_k(x: &[f32], dst: &mut [u8]) {
 
 // ---- dot products ----------------------------------------------------------
 
-pub(super) fn idot<Q: Copy + Into<i32>>(q: &[Q], a: &[i8]) -> i32 {
-    q.iter().zip(a).fold(0i32, |s, (&q, &a)| s.wrapping_add(q.into() * i32::from(a)))
-}
-
-pub(super) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(
-    w: &[u8],
-    a: &[u8],
-    step: impl Fn(f32, &W, &A) -> f32,
-) -> f32 {
-    blocks::<W>(w).iter().zip(blocks::<A>(a)).fold(0.0, |acc, (w, a)| step(acc, w, a))
-}
-
 pub(crate) fn dot_float<const B: usize>(w: &[u8], a: &[u8], convert: fn([u8; B]) -> f32) -> f32 {
     let mut acc = [0.0; LANES];
     accumulate_float(&mut acc, w, a, convert);
@@ -373,13 +335,6 @@ fn dot_legacy<W: bytemuck::Pod>(w: &[u8], a: &[u8], block: impl Fn(&W, &BlockQ8_
         offsets = b.offset.0.mul_add(b.offset.1, offsets);
     }
     reduce_legacy_lanes(acc) + offsets
-}
-
-/// One block of Q4_0, Q5_0 or Q8_0 into `acc`: the exact integer dot of its
-/// quants, times `d_w · d_a`, fused.
-#[inline(always)]
-pub(crate) fn finish_symmetric(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
-    (d_w * d_a).mul_add(isum as f32, acc)
 }
 
 fn dot_symmetric<W: bytemuck::Pod>(w: &[u8], a: &[u8], quants: impl Fn(&W) -> ([u8; 2], [i8; QK])) -> f32 {

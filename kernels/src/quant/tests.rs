@@ -263,7 +263,7 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
             let scale = 2f64.powi(i32::from(b[0]) - 128) as f32;
             f32::from(lut4::FP4_VALUES[usize::from(nibble(&b[1..], i))]) * scale
         }
-        DType::Q2_K | DType::Q3_K => super::low_k::tests::documented_value(dtype, b, i),
+        DType::Q2_K | DType::Q3_K => super::low_k_tests::documented_value(dtype, b, i),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),

@@ -254,25 +254,6 @@ impl fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-map and parse a file; pages are read as tensors are first used.
-    /// The first shard of a split model brings the others, found by name.
-    pub fn open(path: &Path) -> Result<Self, GgufError> {
-        Self::map(path, &memmap2::MmapOptions::new())
-    }
-
-    /// Memory-map and parse a file with every page read in now, for files
-    /// whose tensors are all used by every request (a projector): the
-    /// first image then pays no page faults, as with a loader that copies
-    /// the weights into memory.
-    pub fn open_resident(path: &Path) -> Result<Self, GgufError> {
-        Self::map(path, memmap2::MmapOptions::new().populate())
-    }
-
-    fn map(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
-        let first = Self::map_one(path, options)?;
-        split::join(first, path, |shard| Self::map_one(shard, options))
-    }
-
     fn map_one(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
         let open_error = |error| GgufError::Open { path: path.to_owned(), error };
         let file = std::fs::File::open(path).map_err(open_error)?;
@@ -282,12 +263,6 @@ impl GgufFile {
         // through bounds checks against the map's length.
         let map = unsafe { options.map(&file) }.map_err(open_error)?;
         Self::parse(Storage::Mapped(map))
-    }
-
-    /// Parse a file already in memory (a shard of a split model is
-    /// refused: its siblings are found by path).
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        split::whole(Self::parse(Storage::Owned(bytes))?)
     }
 
     fn parse(storage: Storage) -> Result<Self, GgufError> {

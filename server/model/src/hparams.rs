@@ -168,7 +168,7 @@ impl HParams {
         let rope_freq_scale = match file.opt_f32(&key("rope.scaling.factor"))? {
             _ if rope_scaling == RopeScalingType::None => 1.0,
             // llama.cpp reads a zero factor as "unset".
-            Some(factor) if factor == 0.0 => 1.0,
+            Some(0.0) => 1.0,
             Some(factor) if factor > 0.0 && factor.is_finite() => 1.0 / factor,
             Some(factor) => return Err(invalid(&key("rope.scaling.factor"), factor, "must be > 0".into())),
             None => 1.0,

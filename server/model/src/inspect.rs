@@ -62,7 +62,8 @@ impl fmt::Display for LayerKind {
                 }
                 let mut extras: Vec<String> = [(qkv_bias, "Q/K/V biases"), (qk_norm, "Q/K norms")]
                     .into_iter()
-                    .filter_map(|(set, name)| set.then(|| name.to_string()))
+                    .filter(|&(set, _)| set)
+                    .map(|(_, name)| name.to_string())
                     .collect();
                 extras.extend(q_scale.map(|scale| format!("Q scaled by {scale}")));
                 extras.extend(softcap.map(|cap| format!("scores soft-capped at {cap}")));
@@ -112,9 +113,9 @@ mod tests {
 
     #[test]
     fn a_refused_architecture_is_named_with_those_sluice_runs() {
-        let gemma = TinyModel::recipe("llama", 2).build().meta("general.architecture", Value::Str("gemma3".into()));
-        let error = summary(&gemma).expect_err("refused");
-        assert!(error.starts_with("general.architecture = \"gemma3\" is not supported (llama, qwen2, "), "{error}");
+        let phi3 = TinyModel::recipe("llama", 2).build().meta("general.architecture", Value::Str("phi3".into()));
+        let error = summary(&phi3).expect_err("refused");
+        assert!(error.starts_with("general.architecture = \"phi3\" is not supported (llama, qwen2, "), "{error}");
     }
 
     #[test]

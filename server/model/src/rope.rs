@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(angles(&rope_of(&file).expect("loads")), want);
         assert_ne!(want, expected(1.0, &RopeScaling::default()));
         let wrong = llama().tensor(Tensor::f32("rope_freqs.weight", &[6], &[1.0; 6]));
-        assert_eq!(rope_of(&wrong).err().expect("refused"), "tensor \"rope_freqs.weight\": shape [6], expected [8]");
+        assert_eq!(rope_of(&wrong).expect_err("refused"), "tensor \"rope_freqs.weight\": shape [6], expected [8]");
     }
 
     #[test]
@@ -133,9 +133,9 @@ mod tests {
         assert_eq!(angles(&rope_of(&with("yarn")).expect("loads")), want);
         assert_ne!(want, expected(0.25, &linear));
         assert_eq!(
-            rope_of(&with("ntk")).err().expect("refused"),
+            rope_of(&with("ntk")).expect_err("refused"),
             "llama.rope.scaling.type = ntk: must be none, linear, yarn or longrope"
         );
-        assert!(rope_of(&with("longrope")).err().expect("refused").contains("LongRoPE scaling is not supported yet"));
+        assert!(rope_of(&with("longrope")).expect_err("refused").contains("LongRoPE scaling is not supported yet"));
     }
 }

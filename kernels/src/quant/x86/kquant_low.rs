@@ -27,7 +27,7 @@ macro_rules! low_k_kernels {
 
         #[target_feature(enable = $features)]
         #[inline]
-        fn q2_k_prelude(x: &crate::quant::low_k::BlockQ2K) -> kquant::Prelude<[__m256i; 2]> {
+        fn q2_k_prelude(x: &crate::quant::blocks::BlockQ2K) -> kquant::Prelude<[__m256i; 2]> {
             let v = load_u8x16(&x.scales);
             let low = _mm_set1_epi8(0xF);
             let scales = _mm256_cvtepu8_epi16(_mm_and_si128(v, low));
@@ -41,7 +41,7 @@ macro_rules! low_k_kernels {
 
         #[target_feature(enable = $features)]
         fn dot_q2_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
-            kquant_tile::<crate::quant::low_k::BlockQ2K, [__m256i; 2], R, A, 0>(
+            kquant_tile::<crate::quant::blocks::BlockQ2K, [__m256i; 2], R, A, 0>(
                 w,
                 a,
                 #[inline(always)]
@@ -58,7 +58,7 @@ macro_rules! low_k_kernels {
         /// they also weight the activation sums (the offset of 4).
         #[target_feature(enable = $features)]
         #[inline]
-        fn q3_k_prelude(x: &crate::quant::low_k::BlockQ3K) -> kquant::Prelude<[__m256i; 2]> {
+        fn q3_k_prelude(x: &crate::quant::blocks::BlockQ3K) -> kquant::Prelude<[__m256i; 2]> {
             let signed = crate::quant::low_k::q3_k_scales(&x.scales);
             let words = _mm256_cvtepi8_epi16(load_i8x16(&signed));
             kquant::Prelude {
@@ -76,7 +76,7 @@ macro_rules! low_k_kernels {
         /// upper one (left shifts by 1 or 2), which the mask drops.
         #[target_feature(enable = $features)]
         #[inline]
-        fn q3_k_quants(x: &crate::quant::low_k::BlockQ3K, k: usize) -> __m256i {
+        fn q3_k_quants(x: &crate::quant::blocks::BlockQ3K, k: usize) -> __m256i {
             let h = load_u8x32(&x.hmask);
             let moved = if k >= 2 {
                 _mm256_srl_epi16(h, _mm_cvtsi32_si128((k - 2) as i32))
@@ -88,7 +88,7 @@ macro_rules! low_k_kernels {
 
         #[target_feature(enable = $features)]
         fn dot_q3_k<const R: usize, const A: usize>(w: [&[u8]; R], a: [&[u8]; A]) -> [[f32; R]; A] {
-            kquant_tile::<crate::quant::low_k::BlockQ3K, [__m256i; 2], R, A, 4>(
+            kquant_tile::<crate::quant::blocks::BlockQ3K, [__m256i; 2], R, A, 4>(
                 w,
                 a,
                 #[inline(always)]

@@ -88,22 +88,30 @@ macro_rules! lut4_kernels {
 
         #[target_feature(enable = $features)]
         fn one_iq4_nl(w: &[u8], a: &[u8]) -> f32 {
-            lut4_one(w, a, &formats4::IQ4_VALUES, |x: &formats4::BlockIQ4NL| (scalar::half_to_f32(x.d), &x.qs))
+            lut4_one(w, a, &formats4::IQ4_VALUES, |x: &crate::quant::blocks::BlockIQ4NL| {
+                (scalar::half_to_f32(x.d), &x.qs)
+            })
         }
 
         #[target_feature(enable = $features)]
         fn four_iq4_nl(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            lut4_four(w, a, &formats4::IQ4_VALUES, |x: &formats4::BlockIQ4NL| (scalar::half_to_f32(x.d), &x.qs))
+            lut4_four(w, a, &formats4::IQ4_VALUES, |x: &crate::quant::blocks::BlockIQ4NL| {
+                (scalar::half_to_f32(x.d), &x.qs)
+            })
         }
 
         #[target_feature(enable = $features)]
         fn one_mxfp4(w: &[u8], a: &[u8]) -> f32 {
-            lut4_one(w, a, &formats4::FP4_VALUES, |x: &formats4::BlockMXFP4| (formats4::e8m0_half(x.e), &x.qs))
+            lut4_one(w, a, &formats4::FP4_VALUES, |x: &crate::quant::blocks::BlockMXFP4| {
+                (formats4::e8m0_half(x.e), &x.qs)
+            })
         }
 
         #[target_feature(enable = $features)]
         fn four_mxfp4(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            lut4_four(w, a, &formats4::FP4_VALUES, |x: &formats4::BlockMXFP4| (formats4::e8m0_half(x.e), &x.qs))
+            lut4_four(w, a, &formats4::FP4_VALUES, |x: &crate::quant::blocks::BlockMXFP4| {
+                (formats4::e8m0_half(x.e), &x.qs)
+            })
         }
 
         /// IQ4_XS against Q8_K: per sub-block the byte dot's 16-bit pair
@@ -112,7 +120,7 @@ macro_rules! lut4_kernels {
         /// lanes, and the block's total takes the reference's one step.
         #[target_feature(enable = $features)]
         fn one_iq4_xs(w: &[u8], a: &[u8]) -> f32 {
-            let ([w], [a]) = rows::<formats4::BlockIQ4XS, BlockQ8K, 1, 1>([w], [a]);
+            let ([w], [a]) = rows::<crate::quant::blocks::BlockIQ4XS, BlockQ8K, 1, 1>([w], [a]);
             let table = lut4_table(&formats4::IQ4_VALUES);
             let mut acc = 0.0;
             for (x, y) in w.iter().zip(a) {

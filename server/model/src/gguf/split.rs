@@ -9,7 +9,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use super::{GgufError, GgufFile};
+use super::{GgufError, GgufFile, Storage};
 
 const NO: &str = "split.no";
 const COUNT: &str = "split.count";
@@ -161,6 +161,35 @@ fn adopt(into: &mut GgufFile, shard: GgufFile, index: usize, paths: &[PathBuf]) 
     }
     into.storage.push(storage);
     Ok(())
+}
+
+/// The entry points that open a file, here because a split model's first
+/// shard brings the others.
+impl GgufFile {
+    /// Memory-map and parse a file; pages are read as tensors are first used.
+    /// The first shard of a split model brings the others, found by name.
+    pub fn open(path: &Path) -> Result<Self, GgufError> {
+        Self::map(path, &memmap2::MmapOptions::new())
+    }
+
+    /// Memory-map and parse a file with every page read in now, for files
+    /// whose tensors are all used by every request (a projector): the
+    /// first image then pays no page faults, as with a loader that copies
+    /// the weights into memory.
+    pub fn open_resident(path: &Path) -> Result<Self, GgufError> {
+        Self::map(path, memmap2::MmapOptions::new().populate())
+    }
+
+    fn map(path: &Path, options: &memmap2::MmapOptions) -> Result<Self, GgufError> {
+        let first = Self::map_one(path, options)?;
+        join(first, path, |shard| Self::map_one(shard, options))
+    }
+
+    /// Parse a file already in memory (a shard of a split model is
+    /// refused: its siblings are found by path).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
+        whole(Self::parse(Storage::Owned(bytes))?)
+    }
 }
 
 #[cfg(test)]
