@@ -25,20 +25,9 @@ __device__ __forceinline__ float4 qx_lut4_values(u32 nib, u32 t0, u32 t1, u32 t2
     return qx_bytes<128>(qx_lut4(nib, t0, t1, t2, t3) ^ 0x80808080u);
 }
 
-// IQ4_NL (18 bytes): Q4_0's layout (f16 d, 16 bytes of nibbles), the
-// element d · table[q]. Chunks and runs as Q4_0's.
-struct QxIQ4_NL {
-    enum : int { VALUES = 32, BYTES = 18, CHUNKS = 2, SPAN = 32, RUNS = 4, OFFSET = 0 };
-    struct Raw {
-        u32 d, q0, q1;
-    };
-    template <class Ld>
-    static __device__ __forceinline__ void load(const u8* block, int c, Raw& r) {
-        r.d = Ld::ld16(block);
-        r.q0 = qx_ld32_a2<Ld>(block + 2 + 8 * c);
-        r.q1 = qx_ld32_a2<Ld>(block + 6 + 8 * c);
-    }
-    static __device__ __forceinline__ int pos(int c, int k) { return qx_legacy_pos(c, k); }
+// IQ4_NL (18 bytes): Q4_0's layout (f16 d, 16 bytes of nibbles), so Q4_0's
+// loads, chunks and runs; the element is d · table[q].
+struct QxIQ4_NL : QxQ4_0 {
     static __device__ __forceinline__ void run(const Raw& r, int, int k, float4& q, float& sc, float& off) {
         q = qx_lut4_values(qx_nibbles(r.q0, r.q1, k), QX_IQ4_TABLE);
         sc = f16_to_f32((u16)r.d);

@@ -277,13 +277,16 @@ macro_rules! kquant_kernels {
         #[target_feature(enable = $features)]
         #[inline]
         fn q6_k_prelude(x: &BlockQ6K) -> kquant::Prelude<[__m256i; 2]> {
-            let words = _mm256_cvtepi8_epi16(load_i8x16(&x.scales));
-            kquant::Prelude {
-                scales: group_scale_words(words),
-                sum_weights: words,
-                d: u16::from_le_bytes(x.d),
-                dmin: 0,
-            }
+            signed_prelude(&x.scales, x.d)
+        }
+
+        /// A block with sixteen signed scales (Q6_K's, Q3_K's decoded ones)
+        /// and no minimum: the scale words weight the activation sums too.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn signed_prelude(scales: &[i8; 16], d: [u8; 2]) -> kquant::Prelude<[__m256i; 2]> {
+            let words = _mm256_cvtepi8_epi16(load_i8x16(scales));
+            kquant::Prelude { scales: group_scale_words(words), sum_weights: words, d: u16::from_le_bytes(d), dmin: 0 }
         }
 
         /// Q6_K's vectors 2p and 2p+1 of 32 quants (elements l, l+32, l+64,

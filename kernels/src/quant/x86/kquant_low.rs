@@ -59,14 +59,7 @@ macro_rules! low_k_kernels {
         #[target_feature(enable = $features)]
         #[inline]
         fn q3_k_prelude(x: &crate::quant::blocks::BlockQ3K) -> kquant::Prelude<[__m256i; 2]> {
-            let signed = crate::quant::low_k::q3_k_scales(&x.scales);
-            let words = _mm256_cvtepi8_epi16(load_i8x16(&signed));
-            kquant::Prelude {
-                scales: group_scale_words(words),
-                sum_weights: words,
-                d: u16::from_le_bytes(x.d),
-                dmin: 0,
-            }
+            signed_prelude(&crate::quant::low_k::q3_k_scales(&x.scales), x.d)
         }
 
         /// Sub-block k's quants: its 2-bit fields with bit k of each hmask

@@ -337,104 +337,104 @@ pub(super) mod avx2_ops {
 
     use crate::quant::x86::loads::{load_u8x16, load_u8x32};
 
-    pub(in crate::quant::x86) type I = __m256i;
-    pub(in crate::quant::x86) type F = __m256;
-    pub(in crate::quant::x86) const Q6_K_STEPS: usize = 2;
-    pub(in crate::quant::x86) const GROUPS: usize = 1;
+    pub(crate) type I = __m256i;
+    pub(crate) type F = __m256;
+    pub(crate) const Q6_K_STEPS: usize = 2;
+    pub(crate) const GROUPS: usize = 1;
     /// Whether a call takes eight activation rows: their 24 sums would
     /// spill from AVX2's 16 registers (four rows per call measured 20 %
     /// faster than eight on a Q4_K prompt).
-    pub(in crate::quant::x86) const EIGHT_ACTS: bool = false;
+    pub(crate) const EIGHT_ACTS: bool = false;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn load(w: &[u8], at: usize) -> I {
+    pub(crate) fn load(w: &[u8], at: usize) -> I {
         load_u8x32(super::load32(w, at))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn and_bytes(v: I, mask: i8) -> I {
+    pub(crate) fn and_bytes(v: I, mask: i8) -> I {
         _mm256_and_si256(v, _mm256_set1_epi8(mask))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn or(a: I, b: I) -> I {
+    pub(crate) fn or(a: I, b: I) -> I {
         _mm256_or_si256(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn shr16<const N: i32>(v: I) -> I {
+    pub(crate) fn shr16<const N: i32>(v: I) -> I {
         _mm256_srli_epi16::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn shl16<const N: i32>(v: I) -> I {
+    pub(crate) fn shl16<const N: i32>(v: I) -> I {
         _mm256_slli_epi16::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn shl32<const N: i32>(v: I) -> I {
+    pub(crate) fn shl32<const N: i32>(v: I) -> I {
         _mm256_slli_epi32::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn sub(a: I, b: I) -> I {
+    pub(crate) fn sub(a: I, b: I) -> I {
         _mm256_sub_epi32(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn zero() -> I {
+    pub(crate) fn zero() -> I {
         _mm256_setzero_si256()
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn splat_i32(x: i32) -> I {
+    pub(crate) fn splat_i32(x: i32) -> I {
         _mm256_set1_epi32(x)
     }
 
     /// Activation bytes `4k..4k+4` of `qs` in every lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
+    pub(crate) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
         splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn byte_dot(part: I, q: I, a: I) -> I {
+    pub(crate) fn byte_dot(part: I, q: I, a: I) -> I {
         _mm256_add_epi16(part, _mm256_maddubs_epi16(q, a))
     }
 
     /// `acc` plus the 16-bit partial sums of [`byte_dot`], widened.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn widen_add(acc: I, part: I) -> I {
+    pub(crate) fn widen_add(acc: I, part: I) -> I {
         madd(acc, part, _mm256_set1_epi16(1))
     }
 
     /// Q8_0's bias: signed quants go through |q| and a with q's sign, whose
     /// pair sums (at most 2 · 128 · 127) fit 16 bits one step at a time.
-    pub(in crate::quant::x86) const SIGNED_BIAS: i32 = 0;
+    pub(crate) const SIGNED_BIAS: i32 = 0;
 
     /// `acc` plus the dot of the signed bytes `q` with `a`, per lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn signed_dot(acc: I, q: I, a: I) -> I {
+    pub(crate) fn signed_dot(acc: I, q: I, a: I) -> I {
         widen_add(acc, _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)))
     }
 
     /// The group's 16 bytes at `at` as words.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn words(w: &[u8], at: usize, signed: bool) -> I {
+    pub(crate) fn words(w: &[u8], at: usize, signed: bool) -> I {
         let bytes = load_u8x16(super::load16(w, at));
         if signed { _mm256_cvtepi8_epi16(bytes) } else { _mm256_cvtepu8_epi16(bytes) }
     }
@@ -443,7 +443,7 @@ pub(super) mod avx2_ops {
     /// halves of the row's lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn row_words(w: &[u8], at: usize, j: usize) -> I {
+    pub(crate) fn row_words(w: &[u8], at: usize, j: usize) -> I {
         pick_words(words(w, at, false), j)
     }
 
@@ -457,76 +457,76 @@ pub(super) mod avx2_ops {
     /// Scale `j` of each row's pair at `at`, as [`scaled_add`] takes it.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
+    pub(crate) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
         pick_words(words(w, at, signed), j)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn scaled_add(acc: I, part: I, scales: I) -> I {
+    pub(crate) fn scaled_add(acc: I, part: I, scales: I) -> I {
         madd(acc, part, scales)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn madd(acc: I, a: I, b: I) -> I {
+    pub(crate) fn madd(acc: I, a: I, b: I) -> I {
         _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
     }
 
     /// The eight f16 at `at`, as floats.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn halves(w: &[u8], at: usize) -> F {
+    pub(crate) fn halves(w: &[u8], at: usize) -> F {
         _mm256_cvtph_ps(load_u8x16(super::load16(w, at)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn zero_f() -> F {
+    pub(crate) fn zero_f() -> F {
         _mm256_setzero_ps()
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn splat_f(x: f32) -> F {
+    pub(crate) fn splat_f(x: f32) -> F {
         _mm256_set1_ps(x)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn to_f(v: I) -> F {
+    pub(crate) fn to_f(v: I) -> F {
         _mm256_cvtepi32_ps(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn mul_f(a: F, b: F) -> F {
+    pub(crate) fn mul_f(a: F, b: F) -> F {
         _mm256_mul_ps(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn add_f(a: F, b: F) -> F {
+    pub(crate) fn add_f(a: F, b: F) -> F {
         _mm256_add_ps(a, b)
     }
 
     /// `acc + a · b`, fused.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn fma_f(acc: F, a: F, b: F) -> F {
+    pub(crate) fn fma_f(acc: F, a: F, b: F) -> F {
         _mm256_fmadd_ps(a, b, acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn sub_f(a: F, b: F) -> F {
+    pub(crate) fn sub_f(a: F, b: F) -> F {
         _mm256_sub_ps(a, b)
     }
 
     /// The eight rows' values, then eight zeros.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::quant::x86) fn lanes(v: F) -> [f32; 16] {
+    pub(crate) fn lanes(v: F) -> [f32; 16] {
         let mut out = [0.0f32; 16];
         // SAFETY: stores 8 floats into the first 8 of the 16 floats of `out`.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
@@ -545,17 +545,17 @@ pub(super) mod avx512_ops {
 
     use crate::quant::x86::loads::load_u8x32;
 
-    pub(in crate::quant::x86) type I = __m512i;
-    pub(in crate::quant::x86) type F = __m512;
-    pub(in crate::quant::x86) const Q6_K_STEPS: usize = 4;
-    pub(in crate::quant::x86) const GROUPS: usize = 2;
+    pub(crate) type I = __m512i;
+    pub(crate) type F = __m512;
+    pub(crate) const Q6_K_STEPS: usize = 4;
+    pub(crate) const GROUPS: usize = 2;
     /// Eight activation rows' sums fit AVX-512's 32 registers (four per
     /// call made a Q6_K prompt 10 % slower).
-    pub(in crate::quant::x86) const EIGHT_ACTS: bool = true;
+    pub(crate) const EIGHT_ACTS: bool = true;
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn load(w: &[u8], at: usize) -> I {
+    pub(crate) fn load(w: &[u8], at: usize) -> I {
         let both = super::load64(w, 2 * at);
         // SAFETY: an unaligned load of the 64 bytes of `both`.
         unsafe { _mm512_loadu_si512(both.as_ptr().cast()) }
@@ -563,81 +563,81 @@ pub(super) mod avx512_ops {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn and_bytes(v: I, mask: i8) -> I {
+    pub(crate) fn and_bytes(v: I, mask: i8) -> I {
         _mm512_and_si512(v, _mm512_set1_epi8(mask))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn or(a: I, b: I) -> I {
+    pub(crate) fn or(a: I, b: I) -> I {
         _mm512_or_si512(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn shr16<const N: u32>(v: I) -> I {
+    pub(crate) fn shr16<const N: u32>(v: I) -> I {
         _mm512_srli_epi16::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn shl16<const N: u32>(v: I) -> I {
+    pub(crate) fn shl16<const N: u32>(v: I) -> I {
         _mm512_slli_epi16::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn shl32<const N: u32>(v: I) -> I {
+    pub(crate) fn shl32<const N: u32>(v: I) -> I {
         _mm512_slli_epi32::<N>(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn sub(a: I, b: I) -> I {
+    pub(crate) fn sub(a: I, b: I) -> I {
         _mm512_sub_epi32(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn zero() -> I {
+    pub(crate) fn zero() -> I {
         _mm512_setzero_si512()
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn splat_i32(x: i32) -> I {
+    pub(crate) fn splat_i32(x: i32) -> I {
         _mm512_set1_epi32(x)
     }
 
     /// Activation bytes `4k..4k+4` of `qs` in every lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
+    pub(crate) fn splat4<const N: usize>(qs: &[i8; N], k: usize) -> I {
         splat_i32(bytemuck::cast::<[i8; 4], i32>(qs.as_chunks::<4>().0[k]))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn byte_dot(part: I, q: I, a: I) -> I {
+    pub(crate) fn byte_dot(part: I, q: I, a: I) -> I {
         _mm512_dpbusd_epi32(part, q, a)
     }
 
     /// `acc` plus the 32-bit partial sums of [`byte_dot`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn widen_add(acc: I, part: I) -> I {
+    pub(crate) fn widen_add(acc: I, part: I) -> I {
         _mm512_add_epi32(acc, part)
     }
 
     /// Q8_0's bias: the quants with their sign bit flipped are the quants
     /// plus 128, as unsigned bytes.
-    pub(in crate::quant::x86) const SIGNED_BIAS: i32 = 128;
+    pub(crate) const SIGNED_BIAS: i32 = 128;
 
     /// `acc` plus the dot of the signed bytes `q`, biased by
     /// [`SIGNED_BIAS`], with `a`, per lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn signed_dot(acc: I, q: I, a: I) -> I {
+    pub(crate) fn signed_dot(acc: I, q: I, a: I) -> I {
         _mm512_dpbusd_epi32(acc, _mm512_xor_si512(q, _mm512_set1_epi8(-128)), a)
     }
 
@@ -651,7 +651,7 @@ pub(super) mod avx512_ops {
     /// Each group's 16 bytes at `at` as words.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn words(w: &[u8], at: usize, signed: bool) -> I {
+    pub(crate) fn words(w: &[u8], at: usize, signed: bool) -> I {
         let bytes = bytes16(w, at);
         if signed { _mm512_cvtepi8_epi16(bytes) } else { _mm512_cvtepu8_epi16(bytes) }
     }
@@ -660,7 +660,7 @@ pub(super) mod avx512_ops {
     /// halves of the row's lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn row_words(w: &[u8], at: usize, j: usize) -> I {
+    pub(crate) fn row_words(w: &[u8], at: usize, j: usize) -> I {
         let [a, b, c, d] = super::word_picks(j);
         _mm512_shuffle_epi8(words(w, at, false), _mm512_broadcast_i32x4(_mm_setr_epi32(a, b, c, d)))
     }
@@ -668,7 +668,7 @@ pub(super) mod avx512_ops {
     /// Scale `j` of each row's pair at `at`, as a 32-bit lane.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
+    pub(crate) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
         let picked = _mm256_shuffle_epi8(bytes16(w, at), _mm256_set1_epi64x(super::byte_picks(j)));
         // Each group's eight bytes lead its 128-bit half: join them.
         let joined = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(picked));
@@ -677,70 +677,70 @@ pub(super) mod avx512_ops {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn scaled_add(acc: I, part: I, scales: I) -> I {
+    pub(crate) fn scaled_add(acc: I, part: I, scales: I) -> I {
         _mm512_add_epi32(acc, _mm512_mullo_epi32(part, scales))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn madd(acc: I, a: I, b: I) -> I {
+    pub(crate) fn madd(acc: I, a: I, b: I) -> I {
         _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
     }
 
     /// Each group's eight f16 at `at`, as floats.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn halves(w: &[u8], at: usize) -> F {
+    pub(crate) fn halves(w: &[u8], at: usize) -> F {
         _mm512_cvtph_ps(bytes16(w, at))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn zero_f() -> F {
+    pub(crate) fn zero_f() -> F {
         _mm512_setzero_ps()
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn splat_f(x: f32) -> F {
+    pub(crate) fn splat_f(x: f32) -> F {
         _mm512_set1_ps(x)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn to_f(v: I) -> F {
+    pub(crate) fn to_f(v: I) -> F {
         _mm512_cvtepi32_ps(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn mul_f(a: F, b: F) -> F {
+    pub(crate) fn mul_f(a: F, b: F) -> F {
         _mm512_mul_ps(a, b)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn add_f(a: F, b: F) -> F {
+    pub(crate) fn add_f(a: F, b: F) -> F {
         _mm512_add_ps(a, b)
     }
 
     /// `acc + a · b`, fused.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn fma_f(acc: F, a: F, b: F) -> F {
+    pub(crate) fn fma_f(acc: F, a: F, b: F) -> F {
         _mm512_fmadd_ps(a, b, acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn sub_f(a: F, b: F) -> F {
+    pub(crate) fn sub_f(a: F, b: F) -> F {
         _mm512_sub_ps(a, b)
     }
 
     /// The sixteen rows' values.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    pub(in crate::quant::x86) fn lanes(v: F) -> [f32; 16] {
+    pub(crate) fn lanes(v: F) -> [f32; 16] {
         let mut out = [0.0f32; 16];
         // SAFETY: one 16-float store into the 16 floats of `out`.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
