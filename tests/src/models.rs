@@ -10,6 +10,17 @@ pub fn default_model() -> PathBuf {
     path
 }
 
+/// The synthetic model of family `arch` whose llama.cpp outputs are
+/// fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`); `None` for a
+/// family without one.
+pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
+    match arch {
+        "gemma2" => Some(tiny_gemma("gemma2")),
+        "gemma3" => Some(tiny_gemma("gemma3")),
+        _ => None,
+    }
+}
+
 /// The synthetic Gemma models (`arch` `gemma2` or `gemma3`) whose
 /// llama.cpp outputs are fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`):
 /// seven layers of the family's default pattern of local and global
@@ -18,7 +29,7 @@ pub fn default_model() -> PathBuf {
 /// Gemma 3 model's global RoPE base (10⁶) differs from its local layers'
 /// (10⁴). The final norm's weights of 4 spread the logits, so that near
 /// ties (where greedy choices may differ) are rare.
-pub fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
+fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     use crate::gguf_writer::{Tensor, TinyModel, Value};
     const PIECES: [&str; 16] = [
         "▁", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "▁Hello", "▁world", "▁a", "▁dog", "▁ran", "user", "model", "▁is",

@@ -1,8 +1,7 @@
-//! Synthetic Gemma 2 and 3 models (`sluice_tests::models::tiny_gemma`)
-//! against llama.cpp's outputs on the same files
-//! (tests/fixtures/gemma*-tiny-llamacpp.json): greedy continuations and
-//! top-5 log-probabilities over sequences several sliding windows long, and
-//! the chat templates they carry.
+//! Each family's synthetic model (`sluice_tests::models::tiny_family`)
+//! against llama.cpp's outputs on the same file
+//! (tests/fixtures/<arch>-tiny-llamacpp.json): greedy continuations and
+//! top-5 log-probabilities, and the chat template it carries.
 
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use sluice_model::chat_template::ChatTemplate;
 use sluice_model::gguf::GgufFile;
 use sluice_model::session::Session;
 use sluice_model::tokenizer::Tokenizer;
-use sluice_tests::models::tiny_gemma;
+use sluice_tests::models::tiny_family;
 
 /// Where two correct implementations may pick different tokens: the
 /// fixture's top two log-probs within this of each other.
@@ -31,7 +30,7 @@ fn fixture(arch: &str) -> Value {
 }
 
 fn file(arch: &'static str) -> GgufFile {
-    GgufFile::from_bytes(tiny_gemma(arch).build()).expect("valid GGUF")
+    GgufFile::from_bytes(tiny_family(arch).expect("a tiny model of the family").build()).expect("valid GGUF")
 }
 
 fn ids(value: &Value) -> Vec<u32> {
@@ -53,7 +52,7 @@ fn top5(logits: &[f32]) -> Vec<(u32, f64)> {
 /// tie: the steps compared.
 fn compare(arch: &'static str) -> usize {
     let model: Arc<dyn Model> =
-        Arc::new(Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("tiny Gemma loads"));
+        Arc::new(Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("the tiny model loads"));
     let mut compared = 0;
     for completion in fixture(arch)["completions"].as_array().expect("completions") {
         let prompt = ids(&completion["prompt_tokens"]);
