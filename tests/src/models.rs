@@ -17,6 +17,7 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
     match arch {
         "gemma2" => Some(tiny_gemma("gemma2")),
         "gemma3" => Some(tiny_gemma("gemma3")),
+        "mistral3" => Some(tiny_mistral3()),
         _ => None,
     }
 }
@@ -53,4 +54,55 @@ fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
         "gemma3" => model.meta("gemma3.rope.freq_base", Value::F32(1e6)),
         _ => model,
     }
+}
+
+/// A Mistral 3 text model: Llama's layers under YaRN with the file's own
+/// correction bounds and magnitude multiplier, queries scaled by Llama 4's
+/// temperature past an original context of 16 positions (so most of the
+/// fixture's rows are scaled, by up to three buckets); correction bounds
+/// that, unlike the defaults, blend pairs 1 to 7 at RoPE base 100, a Tekken vocabulary
+/// (words that its split cuts where GPT-2's would not: `HelloWorld`,
+/// `12`) and a v7-style template with Mistral's control tokens.
+fn tiny_mistral3() -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Tensor, TinyModel, Value};
+    const SPECIALS: [&str; 7] = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"];
+    const WORDS: [&str; 18] = [
+        "Hello",
+        "\u{120}Hello",
+        "\u{120}world",
+        "\u{120}the",
+        "\u{120}cat",
+        "\u{120}sat",
+        "\u{120}on",
+        "\u{120}mat",
+        "\u{120}a",
+        "\u{120}dog",
+        "\u{120}is",
+        "\u{120}and",
+        "World",
+        "HelloWorld",
+        "12",
+        "\u{120}12",
+        "\u{c3}\u{89}t\u{c3}\u{a9}",
+        "..",
+    ];
+    let shape = TinyModel { n_layer: 4, ..TinyModel::recipe("mistral3", 44) };
+    // Printable ASCII, and the two lead bytes and two continuations of é and É.
+    let bytes = (0x20..0x7f).chain([0xc3, 0x89, 0xa9]);
+    let (tokens, vocabulary) = crate::vocab::bpe_vocabulary(&SPECIALS, bytes, &WORDS);
+    let model = vocabulary(TinyModel { n_vocab: tokens.len(), tokens: Some(tokens), ..shape.clone() }.build())
+        .meta("tokenizer.ggml.pre", Value::Str("tekken".into()))
+        .meta("tokenizer.ggml.bos_token_id", Value::U32(1))
+        .meta("tokenizer.ggml.eos_token_id", Value::U32(2))
+        .meta("tokenizer.ggml.unknown_token_id", Value::U32(0))
+        .meta("tokenizer.chat_template", Value::Str(include_str!("../fixtures/mistral3-chat-template.jinja").into()))
+        .meta("mistral3.rope.scaling.type", Value::Str("yarn".into()))
+        .meta("mistral3.rope.scaling.factor", Value::F32(16.0))
+        .meta("mistral3.rope.freq_base", Value::F32(100.0))
+        .meta("mistral3.rope.scaling.original_context_length", Value::U32(16))
+        .meta("mistral3.rope.scaling.yarn_beta_fast", Value::F32(1.0))
+        .meta("mistral3.rope.scaling.yarn_beta_slow", Value::F32(0.05))
+        .meta("mistral3.rope.scaling.yarn_log_multiplier", Value::F32(0.5))
+        .meta("mistral3.attention.temperature_scale", Value::F32(0.3));
+    model.tensor(Tensor::f32("output_norm.weight", &[shape.n_embd as u64], &vec![4.0; shape.n_embd]))
 }

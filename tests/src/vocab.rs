@@ -71,3 +71,59 @@ pub fn gemma_vocabulary(pieces: &[&str]) -> (Vec<String>, impl Fn(GgufBuilder) -
     };
     (tokens, metadata)
 }
+
+/// GPT-2's byte-level alphabet: printable Latin-1 bytes stand for
+/// themselves, the others for the characters from U+0100 on, in order.
+pub fn byte_char(byte: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
+    if printable(byte) {
+        return char::from(byte);
+    }
+    let rank = (0..byte).filter(|&lower| !printable(lower)).count() as u32;
+    char::from_u32(0x100 + rank).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
+/// A byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`):
+/// `specials` (control tokens, ids from 0), the byte characters of
+/// `bytes`, then `words` (in byte-level spelling, `Ġ` for a space) with
+/// every prefix of each and the merges that build them left to right.
+/// A random model writes any token it has, so a vocabulary without the
+/// lone lead bytes of multi-byte characters keeps its outputs printable
+/// (llama-server reports no log-probs for a partial character). Returns
+/// the tokens and what writes the tokenizer's metadata into a file.
+pub fn bpe_vocabulary(
+    specials: &[&str],
+    bytes: impl IntoIterator<Item = u8>,
+    words: &[&str],
+) -> (Vec<String>, impl Fn(GgufBuilder) -> GgufBuilder) {
+    let mut tokens: Vec<String> = specials.iter().map(|token| (*token).to_owned()).collect();
+    let mut types = vec![CONTROL; tokens.len()];
+    for byte in bytes {
+        tokens.push(byte_char(byte).to_string());
+        types.push(NORMAL);
+    }
+    let mut merges = Vec::new();
+    for word in words {
+        let chars: Vec<char> = word.chars().collect();
+        for end in 2..=chars.len() {
+            let (left, right): (String, String) = (chars[..end - 1].iter().collect(), chars[end - 1].to_string());
+            let whole = format!("{left}{right}");
+            if !tokens.contains(&whole) {
+                merges.push(format!("{left} {right}"));
+                tokens.push(whole);
+                types.push(NORMAL);
+            }
+        }
+    }
+    let metadata = {
+        let tokens = tokens.clone();
+        move |builder: GgufBuilder| {
+            builder
+                .meta("tokenizer.ggml.model", Value::Str("gpt2".into()))
+                .meta("tokenizer.ggml.tokens", Value::Strs(tokens.clone()))
+                .meta("tokenizer.ggml.token_type", Value::I32s(types.clone()))
+                .meta("tokenizer.ggml.merges", Value::Strs(merges.clone()))
+        }
+    };
+    (tokens, metadata)
+}

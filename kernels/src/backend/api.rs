@@ -350,6 +350,14 @@ pub trait Backend: Send + Sync + 'static {
         self.upload(&values, x)
     }
 
+    /// Row i of `x` times `factors[i]` (Llama 4's query temperature); `x`
+    /// holds one row per factor.
+    fn scale_rows(&self, x: &mut Self::Rows, factors: &[f32]) -> Result<(), BackendError> {
+        let mut values = self.download(x)?;
+        scale_each_row(&mut values, factors)?;
+        self.upload(&values, x)
+    }
+
     /// Rotate every row of `x` (one per row of the pass) in place.
     fn rope(&self, rope: &Rope, pass: &Self::Pass, x: &mut Self::Rows);
     /// Write row i of `k` and `v` into the pass's row i's KV cell of
@@ -415,6 +423,18 @@ pub(super) fn host_gelu<B: Backend + ?Sized>(backend: &B, x: &mut B::Rows, kind:
     let mut values = backend.download(x)?;
     ops::gelu(&mut values, kind);
     backend.upload(&values, x)
+}
+
+/// `x`'s rows, as many as `factors`, each times its factor.
+pub(crate) fn scale_each_row(x: &mut [f32], factors: &[f32]) -> Result<(), BackendError> {
+    let width = x.len().checked_div(factors.len()).unwrap_or(0);
+    if width * factors.len() != x.len() {
+        return Err(BackendError::Input(format!("{} values are not {} rows", x.len(), factors.len())));
+    }
+    for (row, &factor) in x.chunks_exact_mut(width.max(1)).zip(factors) {
+        ops::scale(row, factor);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

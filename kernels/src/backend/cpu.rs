@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::api::scale_each_row;
 use super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
     PassRow, SharedBytes,
@@ -401,6 +402,10 @@ impl Backend for CpuBackend {
     fn scale(&self, x: &mut Vec<f32>, factor: f32) -> Result<(), BackendError> {
         self.split(x, VECTOR_UNIT, |_, x| ops::scale(x, factor));
         Ok(())
+    }
+
+    fn scale_rows(&self, x: &mut Vec<f32>, factors: &[f32]) -> Result<(), BackendError> {
+        scale_each_row(x, factors)
     }
 
     fn rope(&self, rope: &Rope, pass: &CpuPass, x: &mut Vec<f32>) {

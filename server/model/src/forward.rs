@@ -32,6 +32,9 @@ struct TransformerContext<B: Backend> {
     pass: B::Pass,
     /// The pass's angles of the model's local RoPE, if it has one.
     local_pass: B::Pass,
+    /// The pass's query factors, where the model scales queries by
+    /// position.
+    q_temperature: Vec<f32>,
 }
 
 impl<B: Backend> TransformerContext<B> {
@@ -65,6 +68,7 @@ impl<B: Backend> TransformerContext<B> {
             scratch: Scratch::default(),
             pass: B::Pass::default(),
             local_pass: B::Pass::default(),
+            q_temperature: Vec::new(),
         })
     }
 
@@ -117,6 +121,11 @@ impl<B: Backend> TransformerContext<B> {
         if let Some(local) = &model.local_rope {
             model.backend.prepare(local, &layout, &mut self.local_pass)?;
         }
+        self.q_temperature.clear();
+        if let Some(scale) = model.q_temperature {
+            let floor = model.hparams.n_ctx_orig as f32;
+            self.q_temperature.extend(rows.iter().map(|row| query_temperature(row.pos[0], floor, scale)));
+        }
         Ok(())
     }
 }
@@ -142,7 +151,7 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.scale(&mut s.x, factor)?;
         }
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
-        let pass = model.pass(&self.pass, &self.local_pass, n, &lora);
+        let pass = model.pass(&self.pass, &self.local_pass, &self.q_temperature, n, &lora);
         b.begin_layers(&self.pass);
         // The bracket is closed whatever the layers return: a device
         // backend must not be left recording.
@@ -197,7 +206,7 @@ impl<B: Backend> Context for TransformerContext<B> {
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
         // No adapter applies to context rows.
         let lora = PassAdapters::new(std::iter::empty(), &[], model.adapters.len())?;
-        let pass = model.pass(&self.pass, &self.local_pass, n, &lora);
+        let pass = model.pass(&self.pass, &self.local_pass, &self.q_temperature, n, &lora);
         for layer in &model.layers {
             layer.inject(&pass, &mut self.kv, s);
         }
@@ -271,7 +280,14 @@ impl<B: Backend> Model for Transformer<B> {
 impl<B: Backend> Transformer<B> {
     /// What the blocks of a pass over `rows` rows laid out as `layout`
     /// (and as `local`, with the local RoPE's angles) read.
-    fn pass<'a>(&'a self, layout: &'a B::Pass, local: &'a B::Pass, rows: usize, lora: &'a PassAdapters) -> Pass<'a, B> {
+    fn pass<'a>(
+        &'a self,
+        layout: &'a B::Pass,
+        local: &'a B::Pass,
+        q_temperature: &'a [f32],
+        rows: usize,
+        lora: &'a PassAdapters,
+    ) -> Pass<'a, B> {
         Pass {
             backend: &self.backend,
             layout,
@@ -280,10 +296,17 @@ impl<B: Backend> Transformer<B> {
             rope: &self.rope,
             local_rope: self.local_rope.as_ref().map(|rope| (rope, local)),
             heads: self.heads,
+            q_temperature,
             lora,
             adapters: &self.adapters,
         }
     }
+}
+
+/// Llama 4's query factor at `pos`, as llama.cpp evaluates it: the
+/// bucket in f32, the logarithm in f64, rounded to f32 at the end.
+fn query_temperature(pos: u32, floor: f32, scale: f32) -> f32 {
+    (((pos as f32 / floor).floor() as f64 + 1.0).ln() * scale as f64 + 1.0) as f32
 }
 
 /// The rows' inputs for [`Backend::embed`] (checked by `layout`).

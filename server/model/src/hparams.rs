@@ -59,6 +59,23 @@ pub enum RopeScalingType {
     LongRope,
 }
 
+/// YaRN's correction bounds (pairs turning more than `beta_fast` times
+/// over the original context keep their angle, fewer than `beta_slow` are
+/// fully scaled) and the multiplier of its magnitude term.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnBounds {
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub log_multiplier: f32,
+}
+
+impl Default for YarnBounds {
+    /// llama.cpp's.
+    fn default() -> Self {
+        YarnBounds { beta_fast: 32.0, beta_slow: 1.0, log_multiplier: 0.0 }
+    }
+}
+
 /// Everything the forward pass needs to size and run a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HParams {
@@ -79,6 +96,8 @@ pub struct HParams {
     pub rope_attn_factor: f32,
     /// `rope.scaling.original_context_length`: the context before scaling.
     pub n_ctx_orig: usize,
+    /// Read where the family reads them ([`YarnBounds`]'s defaults else).
+    pub yarn: YarnBounds,
     pub n_rot: usize,
     pub rope: RopeStyle,
 }
@@ -212,6 +231,7 @@ impl HParams {
             rope_scaling,
             rope_attn_factor,
             n_ctx_orig,
+            yarn: YarnBounds::default(),
             n_rot,
             rope,
         })

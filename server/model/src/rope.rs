@@ -9,12 +9,6 @@ use super::hparams::{HParams, RopeScalingType, RopeStyle};
 use super::layer::{LayerKind, Mixer};
 use super::weights::{LoadError, host_vector, tensor_problem};
 
-/// YaRN's correction bounds when the file gives none (llama.cpp's
-/// defaults): pairs turning more than 32 times over the original context
-/// keep their angle, fewer than once are fully scaled.
-const BETA_FAST: f32 = 32.0;
-const BETA_SLOW: f32 = 1.0;
-
 /// The rope of a model with hyper-parameters `hp` read from `file`.
 pub(crate) fn model_rope(file: &GgufFile, hp: &HParams) -> Result<Rope, LoadError> {
     scaled_rope(file, hp, hp.rope_base, hp.rope_freq_scale)
@@ -46,9 +40,9 @@ fn scaled_rope(file: &GgufFile, hp: &HParams, base: f32, freq_scale: f32) -> Res
         RopeScalingType::None | RopeScalingType::Linear => None,
         RopeScalingType::Yarn => Some(Yarn {
             n_ctx_orig: hp.n_ctx_orig as u32,
-            beta_fast: BETA_FAST,
-            beta_slow: BETA_SLOW,
-            log_multiplier: 0.0,
+            beta_fast: hp.yarn.beta_fast,
+            beta_slow: hp.yarn.beta_slow,
+            log_multiplier: hp.yarn.log_multiplier,
         }),
         // Its factors depend on the served context, which the model does
         // not know when it loads.

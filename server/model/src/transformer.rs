@@ -40,6 +40,9 @@ pub struct Transformer<B: Backend> {
     pub(super) embed_scale: Option<f32>,
     /// Logits are soft-capped at this.
     pub(super) logit_softcap: Option<f32>,
+    /// Queries are scaled by position (Llama 4's temperature, this factor
+    /// times the log of the position's bucket of original contexts).
+    pub(super) q_temperature: Option<f32>,
     pub(super) heads: HeadShape,
     /// LoRA adapters, by id (load order).
     pub(super) adapters: Vec<Adapter<B>>,
@@ -109,6 +112,7 @@ impl<B: Backend> Transformer<B> {
             local_rope,
             embed_scale: outer.embed_scale,
             logit_softcap: outer.logit_softcap,
+            q_temperature: outer.q_temperature,
             heads,
             adapters,
         })

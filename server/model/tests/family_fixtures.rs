@@ -132,3 +132,35 @@ fn gemma2_matches_llama_cpp_until_a_near_tie() {
 fn gemma2_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("gemma2");
 }
+
+/// Every text of `arch`'s fixture tokenizes to llama-server's ids (BOS
+/// added as for a prompt).
+fn tokenizes_as_llama_server(arch: &'static str) {
+    let tokenizer = Tokenizer::from_gguf(&file(arch)).expect("tokenizer builds");
+    let fixture = fixture(arch);
+    let cases = fixture["tokenize"].as_array().expect("tokenize[]");
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        assert_eq!(tokenizer.encode(text, true, true), ids(&case["tokens"]), "{arch}: {text:?}");
+    }
+}
+
+/// YaRN with the file's own correction bounds and magnitude multiplier,
+/// and queries scaled by Llama 4's temperature from position 16 on.
+#[test]
+fn mistral3_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("mistral3");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// Tekken's split: case changes and every digit cut words.
+#[test]
+fn mistral3_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("mistral3");
+}
+
+#[test]
+fn mistral3_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("mistral3");
+}

@@ -101,6 +101,9 @@ impl<B: Backend> AttentionBlock<B> {
         if let Some(q_scale) = self.q_scale {
             b.scale(&mut s.q, q_scale)?;
         }
+        if !pass.q_temperature.is_empty() {
+            b.scale_rows(&mut s.q, pass.q_temperature)?;
+        }
         b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
         b.attend(kv, self.cache, &s.q, pass.layout, pass.heads, self.scores, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);

@@ -20,6 +20,9 @@ pub(crate) struct Pass<'a, B: Backend> {
     /// model has one (Gemma 3); the layout is `layout`'s.
     pub(crate) local_rope: Option<(&'a Rope, &'a B::Pass)>,
     pub(crate) heads: HeadShape,
+    /// Each row's query factor, where the model scales queries by
+    /// position (Llama 4's temperature); empty otherwise.
+    pub(crate) q_temperature: &'a [f32],
     pub(crate) lora: &'a PassAdapters,
     pub(crate) adapters: &'a [Adapter<B>],
 }

@@ -3,7 +3,7 @@
 //! whose layers are all of one kind.
 
 use crate::gguf::GgufFile;
-use crate::hparams::{HParams, HParamsError, RopeStyle};
+use crate::hparams::{HParams, HParamsError, RopeStyle, YarnBounds};
 use crate::layer::LayerKind;
 use crate::weights::LoadError;
 
@@ -14,6 +14,12 @@ pub(crate) trait Family: Sync {
 
     /// Its rotary style, given the rotated width (`rope.dimension_count`).
     fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError>;
+
+    /// YaRN's correction bounds and magnitude multiplier: llama.cpp's
+    /// defaults, unless the family reads its files' `rope.scaling.yarn_*`.
+    fn yarn(&self, _file: &GgufFile) -> Result<YarnBounds, HParamsError> {
+        Ok(YarnBounds::default())
+    }
 
     /// The kind of each of the `hp.n_layer` layers, in order.
     fn layers(&self, file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError>;
@@ -46,13 +52,23 @@ pub(crate) struct Outer {
     pub(crate) embed_scale: Option<f32>,
     /// Logits are soft-capped at this, `cap · tanh(logit / cap)`.
     pub(crate) logit_softcap: Option<f32>,
+    /// Llama 4's query temperature: after RoPE, a row at position `pos`
+    /// has its queries multiplied by `1 + t · ln(⌊pos / n_ctx_orig⌋ + 1)`.
+    pub(crate) q_temperature: Option<f32>,
 }
 
 impl Outer {
     /// The model's own embedding table and a head over its vocabulary,
     /// nothing else.
     pub(crate) fn plain(hp: &HParams) -> Self {
-        Outer { lent: false, head_rows: hp.n_vocab, fusion: None, embed_scale: None, logit_softcap: None }
+        Outer {
+            lent: false,
+            head_rows: hp.n_vocab,
+            fusion: None,
+            embed_scale: None,
+            logit_softcap: None,
+            q_temperature: None,
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 //! | `qwen3vl.rs` | `qwen3vl` | Qwen3 with interleaved M-RoPE |
 //! | `dflash.rs` | `dflash` | a DFlash draft: Qwen3 layers, lent embeddings and head, feature fusion |
 //! | `gemma2.rs` | `gemma2` | Gemma 3's layers without Q/K norms, soft-capped scores and logits, every other layer local |
+//! | `mistral3.rs` | `mistral3` | Llama's layers, YaRN bounds from the file, Llama 4's query temperature |
 //! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local.
@@ -26,6 +27,7 @@ mod family;
 mod gemma2;
 mod gemma3;
 mod llama;
+mod mistral3;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
@@ -36,7 +38,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 8] = [
+pub(super) static FAMILIES: [&dyn Family; 9] = [
     &llama::LLAMA,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -45,6 +47,7 @@ pub(super) static FAMILIES: [&dyn Family; 8] = [
     &dflash::Dflash,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
+    &mistral3::Mistral3,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -65,7 +68,8 @@ impl HParams {
     pub fn from_gguf(file: &GgufFile) -> Result<Self, HParamsError> {
         let family = find(file.str("general.architecture")?)?;
         let arch = Architecture::named(family.name());
-        HParams::read(file, arch, family.vocabulary_optional(), |n_rot| family.rope(file, n_rot))
+        let hp = HParams::read(file, arch, family.vocabulary_optional(), |n_rot| family.rope(file, n_rot))?;
+        Ok(HParams { yarn: family.yarn(file)?, ..hp })
     }
 }
 
@@ -89,7 +93,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3)"
         );
     }
 }

@@ -19,6 +19,11 @@ const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+/// Mistral's Tekken split as llama.cpp spells it: "upper-case" is any
+/// letter but a–z and "lower-case" any letter but A–Z (the original's
+/// Unicode case classes, approximated that way), so a word of non-ASCII
+/// letters is one piece whatever their case.
+const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// What a pre-tokenizer name selects.
 pub(super) struct PreTokenizer {
@@ -42,6 +47,7 @@ impl PreTokenizer {
                 PreTokenizer { regexes: &[LLAMA3], ignore_merges: true, add_bos: true }
             }
             "dbrx" | "smaug-bpe" => plain(&[LLAMA3]),
+            "tekken" => PreTokenizer { regexes: &[TEKKEN], ignore_merges: true, add_bos: true },
             "qwen2" | "stablelm2" | "megrez" => plain(&[QWEN2]),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
                 plain(&[r"\p{N}", GPT2])
@@ -171,8 +177,8 @@ mod tests {
     use super::super::testing::bpe_entries;
     use super::*;
 
-    const NAMES: [&str; 10] =
-        ["default", "llama3", "dbrx", "qwen2", "smollm", "gpt-2", "falcon", "bloom", "viking", "poro-chat"];
+    const NAMES: [&str; 11] =
+        ["default", "llama3", "dbrx", "qwen2", "smollm", "gpt-2", "falcon", "bloom", "viking", "poro-chat", "tekken"];
 
     /// Texts with every kind of character the regexes tell apart, around
     /// the places the parts are cut.
