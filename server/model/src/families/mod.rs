@@ -18,6 +18,8 @@
 //! | `dflash.rs` | `dflash` | a DFlash draft: Qwen3 layers, lent embeddings and head, feature fusion |
 //! | `gemma2.rs` | `gemma2` | Gemma 3's layers without Q/K norms, soft-capped scores and logits, every other layer local |
 //! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
+//! | `phi3.rs` | `phi3` | NEOX RoPE (partial where the file says), pre-scaled Q, fused Q/K/V and gate/up, LongRoPE factors, no sliding window |
+//! | `glm4.rs` | `glm4` | adjacent-pair RoPE over part of each head, Q/K/V biases, post-norms, fused gate/up, trailing multi-token-prediction layers skipped |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local.
 
@@ -25,7 +27,9 @@ mod dflash;
 mod family;
 mod gemma2;
 mod gemma3;
+mod glm4;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
@@ -36,7 +40,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 8] = [
+pub(super) static FAMILIES: [&dyn Family; 10] = [
     &llama::LLAMA,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -45,6 +49,8 @@ pub(super) static FAMILIES: [&dyn Family; 8] = [
     &dflash::Dflash,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
+    &phi3::Phi3,
+    &glm4::GLM4,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -89,7 +95,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, phi3, glm4)"
         );
     }
 }
