@@ -129,14 +129,14 @@ fn model_info_names_the_family_layer_kinds_weight_types_and_shards() {
 #[test]
 fn model_info_on_a_refused_file_says_which_architecture_or_weight_type() {
     let scratch = Scratch::new("info-refused");
-    let phi3 = scratch.write("phi3.gguf", &model().meta("general.architecture", Meta::Str("phi3".into())));
-    let (code, stdout, stderr) = model_info(&phi3);
+    let mamba = scratch.write("mamba.gguf", &model().meta("general.architecture", Meta::Str("mamba".into())));
+    let (code, stdout, stderr) = model_info(&mamba);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stdout.contains("\nfamily: refused: general.architecture = \"phi3\" is not supported (llama, "),
+        stdout.contains("\nfamily: refused: general.architecture = \"mamba\" is not supported (llama, "),
         "{stdout}"
     );
-    assert!(stderr.contains("sluice does not run this file: general.architecture = \"phi3\""), "{stderr}");
+    assert!(stderr.contains("sluice does not run this file: general.architecture = \"mamba\""), "{stderr}");
 
     let mut nvfp4 = model();
     let at = nvfp4.tensors.iter().position(|tensor| tensor.name == "blk.1.ffn_up.weight").expect("present");

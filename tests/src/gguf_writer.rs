@@ -356,9 +356,9 @@ impl TinyModel {
             builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
         }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
-        let qwen2 = matches!(arch, "qwen2" | "qwen2vl");
+        let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4");
         let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3");
-        let post_norms = matches!(arch, "gemma2" | "gemma3");
+        let post_norms = matches!(arch, "gemma2" | "gemma3" | "glm4");
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             let norm = |rng: &mut Rng, len: usize| rng.vec(len, 0.2).iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
@@ -372,7 +372,7 @@ impl TinyModel {
                 .tensor(matrix(name("ffn_gate.weight"), e, f, &mut rng))
                 .tensor(matrix(name("ffn_up.weight"), e, f, &mut rng))
                 .tensor(matrix(name("ffn_down.weight"), f, e, &mut rng));
-            if qwen2 {
+            if qkv_bias {
                 builder = builder
                     .tensor(Tensor::f32(&name("attn_q.bias"), &[e], &rng.vec(self.n_embd, 0.1)))
                     .tensor(Tensor::f32(&name("attn_k.bias"), &[kv_dim as u64], &rng.vec(kv_dim, 0.1)))

@@ -18,6 +18,8 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "gemma2" => Some(tiny_gemma("gemma2")),
         "gemma3" => Some(tiny_gemma("gemma3")),
         "mistral3" => Some(tiny_mistral3()),
+        "glm4" => Some(tiny_glm4()),
+        "phi3" => Some(tiny_phi3()),
         _ => None,
     }
 }
@@ -88,8 +90,8 @@ fn tiny_mistral3() -> crate::gguf_writer::GgufBuilder {
     ];
     let shape = TinyModel { n_layer: 4, ..TinyModel::recipe("mistral3", 44) };
     // Printable ASCII, and the two lead bytes and two continuations of é and É.
-    let bytes = (0x20..0x7f).chain([0xc3, 0x89, 0xa9]);
-    let (tokens, vocabulary) = crate::vocab::bpe_vocabulary(&SPECIALS, bytes, &WORDS);
+    let bytes: Vec<u8> = (0x20..0x7f).chain([0xc3, 0x89, 0xa9]).collect();
+    let (tokens, vocabulary) = crate::vocab::bpe_vocabulary(&SPECIALS, &bytes, &WORDS, &[]);
     let model = vocabulary(TinyModel { n_vocab: tokens.len(), tokens: Some(tokens), ..shape.clone() }.build())
         .meta("tokenizer.ggml.pre", Value::Str("tekken".into()))
         .meta("tokenizer.ggml.bos_token_id", Value::U32(1))
@@ -105,4 +107,129 @@ fn tiny_mistral3() -> crate::gguf_writer::GgufBuilder {
         .meta("mistral3.rope.scaling.yarn_log_multiplier", Value::F32(0.5))
         .meta("mistral3.attention.temperature_scale", Value::F32(0.3));
     model.tensor(Tensor::f32("output_norm.weight", &[shape.n_embd as u64], &vec![4.0; shape.n_embd]))
+}
+
+/// Words the BPE families' synthetic vocabularies hold, in GPT-2's
+/// spelling (`Ġ` a space, `Ċ` a newline).
+const BPE_PIECES: [&str; 16] = [
+    "Ġthe", "Ġcat", "Ġsat", "Ġon", "Ġmat", "Hello", "Ġworld", "Ġa", "Ġdog", "Ġran", "Ġis", "Ġand", "'s", "123", "ĊĊ",
+    "ĠĠ",
+];
+
+/// The synthetic GLM-4 model whose llama.cpp outputs are a fixture
+/// (`tests/fixtures/glm4-tiny-llamacpp.json`): four layers run, and a
+/// fifth with random weights that is its multi-token-prediction layer
+/// (`nextn_predict_layers` 1, `blk.4.nextn.*`), never run; Q/K/V biases,
+/// post-norms, gate and up fused in `ffn_up`, adjacent-pair RoPE over the
+/// first half of each head; GLM-4's chat tokens, pre-tokenizer `glm4` and
+/// the published GLM-4-0414 chat template.
+fn tiny_glm4() -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Tensor, TinyModel, Value};
+    const CONTROL: [&str; 10] = [
+        "<|endoftext|>",
+        "[MASK]",
+        "[gMASK]",
+        "[sMASK]",
+        "<sop>",
+        "<eop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+    ];
+    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &CONTROL);
+    let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).unwrap_or(0) as u32);
+    let (end, gmask, user) = (id("<|endoftext|>"), id("[gMASK]"), id("<|user|>"));
+    let shape =
+        TinyModel { n_layer: 5, n_vocab: tokens.len(), tokens: Some(tokens.clone()), ..TinyModel::recipe("glm4", 44) };
+    let e = shape.n_embd as u64;
+    let mut model = vocabulary(shape.build())
+        .meta("glm4.nextn_predict_layers", Value::U32(1))
+        .meta("glm4.rope.dimension_count", Value::U32((shape.n_embd / shape.n_head / 2) as u32))
+        .meta("glm4.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .meta("tokenizer.ggml.eos_token_id", end.clone())
+        .meta("tokenizer.ggml.padding_token_id", end.clone())
+        .meta("tokenizer.ggml.unknown_token_id", end)
+        .meta("tokenizer.ggml.bos_token_id", gmask)
+        .meta("tokenizer.ggml.eot_token_id", user)
+        .meta("tokenizer.chat_template", Value::Str(include_str!("../fixtures/glm4-chat-template.jinja").into()))
+        .tensor(Tensor::f32("output_norm.weight", &[e], &vec![4.0; shape.n_embd]));
+    for layer in 0..shape.n_layer {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+        model = fuse(model, &name("ffn_up.weight"), &[name("ffn_gate.weight"), name("ffn_up.weight")]);
+    }
+    let mut rng = crate::gguf_writer::Rng::new(45);
+    model
+        .tensor(Tensor::f32("blk.4.nextn.eh_proj.weight", &[2 * e, e], &rng.vec((2 * e * e) as usize, 0.1)))
+        .tensor(Tensor::f32("blk.4.nextn.enorm.weight", &[e], &vec![1.0; shape.n_embd]))
+        .tensor(Tensor::f32("blk.4.nextn.hnorm.weight", &[e], &vec![1.0; shape.n_embd]))
+        .tensor(Tensor::f32("blk.4.nextn.shared_head_norm.weight", &[e], &vec![1.0; shape.n_embd]))
+}
+
+/// The synthetic Phi-3 model whose llama.cpp outputs are a fixture
+/// (`tests/fixtures/phi3-tiny-llamacpp.json`): four layers, Q/K/V fused in
+/// `attn_qkv` and gate/up in `ffn_up`, NEOX RoPE over 12 of each head's 16
+/// elements (Phi-4-mini's partial rotary), LongRoPE factors (long and
+/// short, far apart) with an original context of 256 of its 512, a
+/// sliding window of 4 that llama.cpp and sluice ignore; Phi-3's chat
+/// tokens and the published Phi-3.5-mini chat template.
+fn tiny_phi3() -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Tensor, TinyModel, Value};
+    const PIECES: [&str; 16] = [
+        "▁",
+        "▁the",
+        "▁cat",
+        "▁sat",
+        "▁on",
+        "▁mat",
+        "▁Hello",
+        "▁world",
+        "▁a",
+        "▁dog",
+        "▁ran",
+        "user",
+        "▁is",
+        "▁and",
+        ".",
+        "assistant",
+    ];
+    let (tokens, vocabulary) = crate::vocab::phi3_vocabulary(&PIECES);
+    let shape = TinyModel { n_layer: 4, n_vocab: tokens.len(), tokens: Some(tokens), ..TinyModel::recipe("phi3", 55) };
+    let n_rot = 12;
+    let short: Vec<f32> = (0..n_rot / 2).map(|j| 1.0 + 0.25 * j as f32).collect();
+    let long: Vec<f32> = (0..n_rot / 2).map(|j| 3.0 + 4.0 * j as f32).collect();
+    let pairs = [n_rot as u64 / 2];
+    let mut model = vocabulary(shape.build())
+        .meta("phi3.rope.dimension_count", Value::U32(n_rot as u32))
+        .meta("phi3.rope.scaling.original_context_length", Value::U32(256))
+        .meta("phi3.rope.scaling.attn_factor", Value::F32((1.0 + 2f32.ln() / 256f32.ln()).sqrt()))
+        .meta("phi3.attention.sliding_window", Value::U32(4))
+        .meta("tokenizer.chat_template", Value::Str(include_str!("../fixtures/phi3-chat-template.jinja").into()))
+        .tensor(Tensor::f32("output_norm.weight", &[shape.n_embd as u64], &vec![4.0; shape.n_embd]))
+        .tensor(Tensor::f32("rope_factors_short.weight", &pairs, &short))
+        .tensor(Tensor::f32("rope_factors_long.weight", &pairs, &long));
+    for layer in 0..shape.n_layer {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+        model = fuse(
+            model,
+            &name("attn_qkv.weight"),
+            &[name("attn_q.weight"), name("attn_k.weight"), name("attn_v.weight")],
+        );
+        model = fuse(model, &name("ffn_up.weight"), &[name("ffn_gate.weight"), name("ffn_up.weight")]);
+    }
+    model
+}
+
+/// `builder` with the f32 matrices `parts` replaced by one tensor `name`
+/// holding their output rows in order, as converters fuse Q|K|V and
+/// gate|up.
+fn fuse(builder: crate::gguf_writer::GgufBuilder, name: &str, parts: &[String]) -> crate::gguf_writer::GgufBuilder {
+    let (mut data, mut n_in, mut n_out) = (Vec::new(), 0, 0);
+    for part in parts {
+        let tensor = builder.tensors.iter().find(|tensor| &tensor.name == part).expect("the part is in the model");
+        data.extend_from_slice(&tensor.data);
+        (n_in, n_out) = (tensor.dims[0], n_out + tensor.dims[1]);
+    }
+    let builder = parts.iter().fold(builder, |builder, part| builder.without_tensor(part));
+    builder.tensor(crate::gguf_writer::Tensor { name: name.into(), dims: vec![n_in, n_out], type_id: 0, data })
 }

@@ -83,6 +83,7 @@ pub struct HParams {
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub n_embd: usize,
+    /// Layers run: `block_count` less `nextn_predict_layers`.
     pub n_layer: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -138,7 +139,8 @@ impl HParams {
             Ok(value as usize)
         };
         let n_embd = bounded("embedding_length", MAX_DIM)?;
-        let n_layer = bounded("block_count", MAX_LAYERS)?;
+        let n_layer =
+            bounded("block_count", MAX_LAYERS)? - next_n(file, &key("nextn_predict_layers"), &key("block_count"))?;
         let n_head = bounded("attention.head_count", MAX_DIM)?;
         let n_head_kv = match file.opt_u32(&key("attention.head_count_kv"))? {
             None => n_head,
@@ -246,6 +248,18 @@ impl HParams {
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
+}
+
+/// How many trailing layers predict further tokens (multi-token
+/// prediction) and are not run for the next one; they must leave at least
+/// one layer of `block_count` to run.
+fn next_n(file: &GgufFile, key: &str, block_count: &str) -> Result<usize, HParamsError> {
+    let Some(n) = file.opt_u32(key)? else { return Ok(0) };
+    let blocks = file.u32(block_count)?;
+    if n >= blocks {
+        return Err(invalid(key, n, format!("must be less than {block_count} {blocks}")));
+    }
+    Ok(n as usize)
 }
 
 pub(crate) fn invalid(key: &str, value: impl std::fmt::Display, problem: String) -> HParamsError {

@@ -113,9 +113,9 @@ mod tests {
 
     #[test]
     fn a_refused_architecture_is_named_with_those_sluice_runs() {
-        let phi3 = TinyModel::recipe("llama", 2).build().meta("general.architecture", Value::Str("phi3".into()));
-        let error = summary(&phi3).expect_err("refused");
-        assert!(error.starts_with("general.architecture = \"phi3\" is not supported (llama, qwen2, "), "{error}");
+        let mamba = TinyModel::recipe("llama", 2).build().meta("general.architecture", Value::Str("mamba".into()));
+        let error = summary(&mamba).expect_err("refused");
+        assert!(error.starts_with("general.architecture = \"mamba\" is not supported (llama, qwen2, "), "{error}");
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub(crate) trait Targets<B: Backend> {
     fn n_layer(&self) -> usize;
     /// The weight at `site` of `layer`, if the layer has one.
     fn weight(&self, layer: usize, site: Site) -> Option<&Weight<B>>;
+    /// The fused tensor (its suffix, e.g. `attn_qkv.weight`) the weight at
+    /// `site` of `layer` is a part of, if it is one.
+    fn fused(&self, layer: usize, site: Site) -> Option<&'static str>;
     /// The LM head, when the file has an `output.weight` of its own (a tied
     /// head is the embedding table, which adapters do not change).
     fn own_head(&self) -> Option<&Weight<B>>;
@@ -209,7 +212,15 @@ fn target<'a, B: Backend>(model: &'a impl Targets<B>, base: &str) -> Result<Targ
     let unknown = || format!("the model has no weight {base} an adapter can change");
     let (layer, suffix) = base.strip_prefix("blk.").and_then(|rest| rest.split_once('.')).ok_or_else(unknown)?;
     let layer: usize = layer.parse().map_err(|_| unknown())?;
+    // The model runs a fused tensor as separate parts; an adapter's delta
+    // on the fused output is not split to match them.
+    if Site::ALL.into_iter().any(|site| model.fused(layer, site) == Some(suffix)) {
+        return Err(format!("{base} is a fused tensor: adapters of fused tensors are not supported"));
+    }
     let site = Site::ALL.into_iter().find(|site| site.suffix() == suffix).ok_or_else(unknown)?;
+    if let Some(fused) = model.fused(layer, site) {
+        return Err(format!("the model has no {base}: it is a part of the fused tensor blk.{layer}.{fused}"));
+    }
     let weight = model.weight(layer, site).ok_or_else(unknown)?;
     Ok((Some((layer, site)), weight))
 }

@@ -9,9 +9,51 @@ use super::hparams::{HParams, RopeScalingType, RopeStyle};
 use super::layer::{LayerKind, Mixer};
 use super::weights::{LoadError, host_vector, tensor_problem};
 
-/// The rope of a model with hyper-parameters `hp` read from `file`.
-pub(crate) fn model_rope(file: &GgufFile, hp: &HParams) -> Result<Rope, LoadError> {
-    scaled_rope(file, hp, hp.rope_base, hp.rope_freq_scale)
+/// The rope of a model with hyper-parameters `hp` read from `file`, for
+/// sequences of up to `n_ctx_seq` positions (which picks LongRoPE's
+/// factors).
+pub(crate) fn model_rope(file: &GgufFile, hp: &HParams, n_ctx_seq: usize) -> Result<Rope, LoadError> {
+    let factors = match longrope_factors(file, hp, n_ctx_seq)? {
+        Some(factors) => factors,
+        None => (LLAMA3_FACTORS, llama3_factors(file, hp)?),
+    };
+    scaled_rope(hp, hp.rope_base, hp.rope_freq_scale, factors)
+}
+
+/// Llama 3's frequency factors, which llama.cpp prefers to LongRoPE's.
+const LLAMA3_FACTORS: &str = "rope_freqs.weight";
+const LONG_FACTORS: &str = "rope_factors_long.weight";
+const SHORT_FACTORS: &str = "rope_factors_short.weight";
+
+/// LongRoPE's frequency factors and their tensor, as llama.cpp picks them:
+/// the long ones when a sequence may hold more than the original context
+/// (`rope.scaling.original_context_length`), else the short ones; none
+/// when the file has neither (or has Llama 3's, which win) or lacks the
+/// one picked. `n_ctx_seq` is the context one sequence is configured for,
+/// not its current length: the angles never change while the model
+/// serves.
+fn longrope_factors(
+    file: &GgufFile,
+    hp: &HParams,
+    n_ctx_seq: usize,
+) -> Result<Option<(&'static str, Vec<f32>)>, LoadError> {
+    if file.tensor(LLAMA3_FACTORS).is_some() {
+        return Ok(None);
+    }
+    // Both are checked, so that a file is refused whatever it serves.
+    let read = |name: &'static str| match file.tensor(name) {
+        Some(_) => host_vector(file, name, hp.n_rot / 2).map(|factors| Some((name, factors))),
+        None => Ok(None),
+    };
+    let (long, short) = (read(LONG_FACTORS)?, read(SHORT_FACTORS)?);
+    Ok(if n_ctx_seq > hp.n_ctx_orig { long } else { short })
+}
+
+fn llama3_factors(file: &GgufFile, hp: &HParams) -> Result<Vec<f32>, LoadError> {
+    match file.tensor(LLAMA3_FACTORS) {
+        Some(_) => host_vector(file, LLAMA3_FACTORS, hp.n_rot / 2),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The rope of the layers that declare one of their own (Gemma's local
@@ -25,31 +67,27 @@ pub(crate) fn local_rope(file: &GgufFile, kinds: &[LayerKind], hp: &HParams) -> 
     if let Some(other) = own.find(|other| *other != rope) {
         return Err(tensor_problem("rope", &format!("local layers with RoPEs {rope:?} and {other:?}")));
     }
-    scaled_rope(file, hp, rope.base, rope.freq_scale).map(Some)
+    scaled_rope(hp, rope.base, rope.freq_scale, (LLAMA3_FACTORS, llama3_factors(file, hp)?)).map(Some)
 }
 
-fn scaled_rope(file: &GgufFile, hp: &HParams, base: f32, freq_scale: f32) -> Result<Rope, LoadError> {
+/// The rope of `base` and `freq_scale`, stretched as the file's
+/// `rope.scaling.*` says, each pair's angle divided by its factor in the
+/// tensor named first of `factors` (its values second; none: all 1).
+fn scaled_rope(hp: &HParams, base: f32, freq_scale: f32, factors: (&str, Vec<f32>)) -> Result<Rope, LoadError> {
     let rope = Rope::new(hp.head_dim, hp.n_rot, base, freq_scale, rope_kind(hp.rope))
         .map_err(|error| tensor_problem("rope", &error.to_string()))?;
-    let name = "rope_freqs.weight";
-    let freq_factors = match file.tensor(name) {
-        Some(_) => host_vector(file, name, hp.n_rot / 2)?,
-        None => Vec::new(),
-    };
     let yarn = match hp.rope_scaling {
-        RopeScalingType::None | RopeScalingType::Linear => None,
+        // LongRoPE's factors are frequency factors, its magnitude
+        // `rope.scaling.attn_factor`, as with linear scaling.
+        RopeScalingType::None | RopeScalingType::Linear | RopeScalingType::LongRope => None,
         RopeScalingType::Yarn => Some(Yarn {
             n_ctx_orig: hp.n_ctx_orig as u32,
             beta_fast: hp.yarn.beta_fast,
             beta_slow: hp.yarn.beta_slow,
             log_multiplier: hp.yarn.log_multiplier,
         }),
-        // Its factors depend on the served context, which the model does
-        // not know when it loads.
-        RopeScalingType::LongRope => {
-            return Err(tensor_problem("rope_factors_long.weight", "LongRoPE scaling is not supported yet"));
-        }
     };
+    let (name, freq_factors) = factors;
     let scaling = RopeScaling { freq_factors, yarn, attn_factor: hp.rope_attn_factor };
     rope.scaled(&scaling).map_err(|error| tensor_problem(name, &error.to_string()))
 }
@@ -78,9 +116,13 @@ mod tests {
     }
 
     fn rope_of(builder: &GgufBuilder) -> Result<Rope, String> {
+        rope_for(builder, 512)
+    }
+
+    fn rope_for(builder: &GgufBuilder, n_ctx_seq: usize) -> Result<Rope, String> {
         let file = GgufFile::from_bytes(builder.build()).map_err(|error| error.to_string())?;
         let hp = HParams::from_gguf(&file).map_err(|error| error.to_string())?;
-        model_rope(&file, &hp).map_err(|error| error.to_string())
+        model_rope(&file, &hp, n_ctx_seq).map_err(|error| error.to_string())
     }
 
     fn angles(rope: &Rope) -> Vec<Vec<f32>> {
@@ -130,6 +172,37 @@ mod tests {
             rope_of(&with("ntk")).expect_err("refused"),
             "llama.rope.scaling.type = ntk: must be none, linear, yarn or longrope"
         );
-        assert!(rope_of(&with("longrope")).expect_err("refused").contains("LongRoPE scaling is not supported yet"));
+        // Without factor tensors LongRoPE is its factor and magnitude alone.
+        assert_eq!(angles(&rope_of(&with("longrope")).expect("loads")), expected(0.25, &linear));
+    }
+
+    /// LongRoPE's long factors serve sequences configured past the original
+    /// context, the short ones the rest; Llama 3's factors win over both.
+    #[test]
+    fn longrope_picks_its_factors_by_the_configured_sequence_context() {
+        let short: Vec<f32> = (0..8).map(|j| 1.0 + j as f32 / 8.0).collect();
+        let long: Vec<f32> = (0..8).map(|j| 2.0 + j as f32).collect();
+        let file = llama()
+            .meta("llama.rope.scaling.original_context_length", Value::U32(128))
+            .meta("llama.rope.scaling.attn_factor", Value::F32(1.25))
+            .tensor(Tensor::f32("rope_factors_short.weight", &[8], &short))
+            .tensor(Tensor::f32("rope_factors_long.weight", &[8], &long));
+        let with = |freq_factors: &[f32]| {
+            expected(1.0, &RopeScaling { freq_factors: freq_factors.to_vec(), attn_factor: 1.25, yarn: None })
+        };
+        assert_eq!(angles(&rope_for(&file, 128).expect("loads")), with(&short));
+        assert_eq!(angles(&rope_for(&file, 129).expect("loads")), with(&long));
+        assert_ne!(with(&short), with(&long));
+        let llama3 = file.clone().tensor(Tensor::f32("rope_freqs.weight", &[8], &[3.0; 8]));
+        assert_eq!(angles(&rope_for(&llama3, 4096).expect("loads")), with(&[3.0; 8]));
+        let only_short = file.clone().without_tensor("rope_factors_long.weight");
+        assert_eq!(angles(&rope_for(&only_short, 4096).expect("loads")), with(&[]));
+        let wrong = file.tensor(Tensor::f32("rope_factors_long.weight", &[6], &[1.0; 6]));
+        for n_ctx_seq in [128, 4096] {
+            assert_eq!(
+                rope_for(&wrong, n_ctx_seq).expect_err("refused"),
+                "tensor \"rope_factors_long.weight\": shape [6], expected [8]"
+            );
+        }
     }
 }

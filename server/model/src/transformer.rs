@@ -94,7 +94,8 @@ impl<B: Backend> Transformer<B> {
             )),
             None => None,
         };
-        let rope = model_rope(&file, hp)?;
+        // Until told the served context, the model serves its trained one.
+        let rope = model_rope(&file, hp, hp.n_ctx_train)?;
         let heads = HeadShape::new(hp.n_head, hp.n_head_kv, hp.head_dim)
             .map_err(|error| tensor_problem("attention", &error.to_string()))?;
         let adapters = Vec::new();
@@ -116,6 +117,15 @@ impl<B: Backend> Transformer<B> {
             heads,
             adapters,
         })
+    }
+
+    /// The model for sequences of up to `n_ctx_seq` positions, the
+    /// context each sequence is configured for (the server's per-slot
+    /// context): it picks LongRoPE's long or short factors, once, as
+    /// llama.cpp picks them from its per-sequence context.
+    pub fn for_context(mut self, n_ctx_seq: usize) -> Result<Self, LoadError> {
+        self.rope = model_rope(&self.file, &self.hparams, n_ctx_seq)?;
+        Ok(self)
     }
 
     /// Load LoRA adapters (ids in this order), each checked against this
@@ -146,6 +156,10 @@ impl<B: Backend> Targets<B> for Transformer<B> {
         self.layers.get(layer)?.weight(site)
     }
 
+    fn fused(&self, layer: usize, site: Site) -> Option<&'static str> {
+        self.layers.get(layer)?.fused(site)
+    }
+
     fn own_head(&self) -> Option<&Weight<B>> {
         self.output.as_deref().filter(|_| self.file.tensor("output.weight").is_some())
     }
@@ -156,7 +170,9 @@ mod tests {
     use std::sync::Arc;
 
     use sluice_kernels::backend::CpuBackend;
-    use sluice_tests::gguf_writer::{GgufBuilder, TinyModel};
+    use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
+    use sluice_tests::lora::{LoraSpec, Target};
+    use sluice_tests::models::tiny_family;
 
     use super::Transformer;
     use crate::families::FAMILIES;
@@ -188,6 +204,64 @@ mod tests {
             assert_eq!(model.caches.paged, paged, "{}", family.name());
             assert!(kinds.iter().all(|kind| matches!(kind.mixer, Mixer::Attention(_))));
         }
+    }
+
+    /// Phi-3's Q|K|V and gate|up and GLM-4's gate|up load as their parts;
+    /// a fused tensor of the wrong width is refused by name.
+    #[test]
+    fn fused_tensors_load_as_their_parts_and_a_wrong_width_is_refused() {
+        let [phi3, glm4] = ["phi3", "glm4"].map(|arch| tiny_family(arch).expect("a tiny model"));
+        assert_eq!(load(&phi3).map(|model| model.layers.len()), Ok(4));
+        for (model, name, dims, expected) in [
+            (&phi3, "blk.1.attn_qkv.weight", [64, 100], "[64, 128]"),
+            (&phi3, "blk.0.ffn_up.weight", [64, 128], "[64, 256]"),
+            (&glm4, "blk.3.ffn_up.weight", [64, 128], "[64, 256]"),
+        ] {
+            let wrong = Tensor::f32(name, &dims, &vec![0.0; (dims[0] * dims[1]) as usize]);
+            let error = load(&model.clone().tensor(wrong)).err().expect("refused");
+            assert_eq!(error, format!("tensor {name:?}: shape {dims:?}, expected {expected}"));
+        }
+    }
+
+    /// GLM-4's trailing multi-token-prediction layer is not loaded, and a
+    /// count that leaves no layer to run is refused.
+    #[test]
+    fn next_n_prediction_layers_are_left_out_and_must_leave_a_layer() {
+        let glm4 = tiny_family("glm4").expect("a tiny model");
+        assert_eq!(load(&glm4).map(|model| (model.layers.len(), model.hparams.n_layer)), Ok((4, 4)));
+        let error = load(&glm4.meta("glm4.nextn_predict_layers", Value::U32(5))).err().expect("refused");
+        assert_eq!(error, "glm4.nextn_predict_layers = 5: must be less than glm4.block_count 5");
+    }
+
+    /// An adapter of a fused tensor, or of a weight the model has only as
+    /// a part of one, is refused naming it.
+    #[test]
+    fn an_adapter_of_a_fused_tensor_is_refused_naming_it() {
+        let phi3 = tiny_family("phi3").expect("a tiny model");
+        let dir = std::env::temp_dir().join(format!("sluice-fused-lora-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch folder");
+        let target = |name: &str, n_out| Target { name: name.into(), n_in: 64, n_out };
+        let mut refusals = Vec::new();
+        for (file, target) in [
+            ("qkv.gguf", target("blk.0.attn_qkv.weight", 128)),
+            ("q.gguf", target("blk.0.attn_q.weight", 64)),
+            ("up.gguf", target("blk.2.ffn_up.weight", 256)),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, LoraSpec::new("phi3", 1, 0.1).build(&[target]).build()).expect("written");
+            let model = load(&phi3).expect("loads");
+            let error = model.with_adapters(std::slice::from_ref(&path)).err().expect("refused").to_string();
+            refusals.push(error.replace(&*path.to_string_lossy(), "F"));
+        }
+        std::fs::remove_dir_all(&dir).expect("cleaned up");
+        assert_eq!(
+            refusals,
+            [
+                "LoRA adapter F: tensor blk.0.attn_qkv.weight.lora_a: blk.0.attn_qkv.weight is a fused tensor: adapters of fused tensors are not supported",
+                "LoRA adapter F: tensor blk.0.attn_q.weight.lora_a: the model has no blk.0.attn_q.weight: it is a part of the fused tensor blk.0.attn_qkv.weight",
+                "LoRA adapter F: tensor blk.2.ffn_up.weight.lora_a: blk.2.ffn_up.weight is a fused tensor: adapters of fused tensors are not supported",
+            ]
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use sluice_kernels::backend::{Backend, MatrixSource};
 use sluice_kernels::quant::{DType, dequantize_row};
 
-use super::gguf::{GgufError, GgufFile};
+use super::gguf::{GgufError, GgufFile, TensorInfo};
 use super::hparams::HParamsError;
 
 /// Why a model could not be loaded.
@@ -43,7 +43,24 @@ pub(crate) fn weight<B: Backend>(
     n_in: usize,
     n_out: usize,
 ) -> Result<Weight<B>, LoadError> {
+    let mut parts = fused(backend, file, name, n_in, &[n_out])?;
+    parts.pop().ok_or_else(|| tensor_problem(name, "missing"))
+}
+
+/// A fused weight matrix of GGUF shape `[n_in, Σ widths]` (Q|K|V, gate|up)
+/// as one resident matrix per part: part `i` is the `widths[i]` output
+/// rows after those of the parts before it. Each output is the dot of its
+/// own row with the input, so the parts compute what the fused matrix
+/// would, and every block runs them as it runs separate tensors.
+pub(crate) fn fused<B: Backend>(
+    backend: &B,
+    file: &GgufFile,
+    name: &str,
+    n_in: usize,
+    widths: &[usize],
+) -> Result<Vec<Weight<B>>, LoadError> {
     let tensor = file.tensor(name).ok_or_else(|| tensor_problem(name, "missing"))?;
+    let n_out: usize = widths.iter().sum();
     if tensor.dims.len() != 2 || tensor.dims[0] != n_in as u64 || tensor.dims[1] != n_out as u64 {
         return Err(tensor_problem(name, &format!("shape {:?}, expected [{n_in}, {n_out}]", tensor.dims)));
     }
@@ -51,11 +68,22 @@ pub(crate) fn weight<B: Backend>(
         .dtype
         .weights()
         .ok_or_else(|| tensor_problem(name, &format!("type {} is not a weight format", tensor.dtype.name())))?;
-    let bytes = file.shared_data(tensor).ok_or_else(|| tensor_problem(name, "data outside the file"))?;
-    let matrix = backend
-        .matrix(MatrixSource { dtype, bytes, n_out, n_in })
-        .map_err(|error| tensor_problem(name, &error.to_string()))?;
-    Ok(Weight { matrix, n_in, n_out })
+    let row_bytes =
+        dtype.row_bytes(n_in).filter(|bytes| bytes.checked_mul(n_out) == Some(tensor.len)).ok_or_else(|| {
+            tensor_problem(name, &format!("{} bytes do not hold {n_out} rows of {n_in} {}", tensor.len, dtype.name()))
+        })?;
+    let mut first = 0;
+    let mut parts = Vec::with_capacity(widths.len());
+    for &width in widths {
+        let part = TensorInfo { start: tensor.start + first * row_bytes, len: width * row_bytes, ..tensor.clone() };
+        let bytes = file.shared_data(&part).ok_or_else(|| tensor_problem(name, "data outside the file"))?;
+        let matrix = backend
+            .matrix(MatrixSource { dtype, bytes, n_out: width, n_in })
+            .map_err(|error| tensor_problem(name, &error.to_string()))?;
+        parts.push(Weight { matrix, n_in, n_out: width });
+        first += width;
+    }
+    Ok(parts)
 }
 
 /// A small f32 (or f16/bf16) vector, dequantized and made resident.

@@ -1,7 +1,8 @@
 //! Each family's synthetic model (`sluice_tests::models::tiny_family`)
 //! against llama.cpp's outputs on the same file
 //! (tests/fixtures/<arch>-tiny-llamacpp.json): greedy continuations and
-//! top-5 log-probabilities, and the chat template it carries.
+//! top-5 log-probabilities, the chat template it carries, and where the
+//! fixture has them, llama-server's tokenizations.
 
 use std::sync::Arc;
 
@@ -51,10 +52,16 @@ fn top5(logits: &[f32]) -> Vec<(u32, f64)> {
 /// Every completion of `arch`'s fixture, greedily, until the first near
 /// tie: the steps compared.
 fn compare(arch: &'static str) -> usize {
-    let model: Arc<dyn Model> =
-        Arc::new(Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("the tiny model loads"));
+    compare_served(arch, "completions", 512)
+}
+
+/// [`compare`] for the completions under `key`, served by the model for
+/// sequences of `n_ctx_seq` positions, as llama-server served them.
+fn compare_served(arch: &'static str, key: &str, n_ctx_seq: usize) -> usize {
+    let model = Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("the tiny model loads");
+    let model: Arc<dyn Model> = Arc::new(model.for_context(n_ctx_seq).expect("the rope builds"));
     let mut compared = 0;
-    for completion in fixture(arch)["completions"].as_array().expect("completions") {
+    for completion in fixture(arch)[key].as_array().expect("completions") {
         let prompt = ids(&completion["prompt_tokens"]);
         let expected = ids(&completion["tokens"]);
         let mut session = Session::new(Arc::clone(&model), prompt.len() + expected.len() + 1).expect("a session");
@@ -133,17 +140,73 @@ fn gemma2_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("gemma2");
 }
 
-/// Every text of `arch`'s fixture tokenizes to llama-server's ids (BOS
-/// added as for a prompt).
+/// Every text of `arch`'s fixture tokenizes to llama-server's ids.
 fn tokenizes_as_llama_server(arch: &'static str) {
     let tokenizer = Tokenizer::from_gguf(&file(arch)).expect("tokenizer builds");
     let fixture = fixture(arch);
     let cases = fixture["tokenize"].as_array().expect("tokenize[]");
-    assert!(cases.len() >= 5);
+    assert!(cases.len() >= 10);
     for case in cases {
         let text = case["text"].as_str().expect("text");
-        assert_eq!(tokenizer.encode(text, true, true), ids(&case["tokens"]), "{arch}: {text:?}");
+        let add_special = case["add_special"].as_bool().expect("add_special");
+        // llama-server's /tokenize parses special tokens by default.
+        assert_eq!(tokenizer.encode(text, add_special, true), ids(&case["tokens"]), "{arch} {text:?}");
     }
+}
+
+/// Q/K/V biases, post-norms, gate and up fused, adjacent-pair RoPE over
+/// half of each head; the fifth layer (multi-token prediction) is in the
+/// file but not run.
+#[test]
+fn glm4_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("glm4");
+    assert!(compared >= 70, "too few steps compared: {compared}");
+}
+
+/// GLM-4-0414 opens with `[gMASK]<sop>`, shows only what follows an
+/// assistant turn's `</think>`, stripped, and ends a prompt with
+/// `<|assistant|>`. (It has no system turn, which llama-server would fold
+/// into the first user turn and sluice does not: not compared.)
+#[test]
+fn glm4_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("glm4");
+}
+
+/// Pre-tokenizer `glm4`: Llama 3's splits, whole-word tokens skipping the
+/// merges, no BOS.
+#[test]
+fn glm4_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("glm4");
+}
+
+/// Fused Q/K/V and gate/up, pre-scaled Q, NEOX RoPE over 12 of 16
+/// elements, the long LongRoPE factors (llama-server's context of 512 per
+/// sequence is above the original 256), and the file's sliding window
+/// ignored.
+#[test]
+fn phi3_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("phi3");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// The same model served for sequences of 256 (not above the original
+/// context) rotates by the short factors, as llama-server with `-c 256`.
+#[test]
+fn phi3_with_a_short_context_matches_llama_cpp_with_the_short_factors() {
+    let compared = compare_served("phi3", "completions_short", 256);
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// Phi-3.5's template: a turn per message, each ending in `<|end|>`.
+#[test]
+fn phi3_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("phi3");
+}
+
+/// SentencePiece with Phi-3's chat tokens, no BOS.
+#[test]
+fn phi3_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("phi3");
 }
 
 /// YaRN with the file's own correction bounds and magnitude multiplier,

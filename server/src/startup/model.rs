@@ -49,26 +49,48 @@ pub enum StartError {
 const ENGINE_ANSWER: Duration = Duration::from_secs(5);
 
 /// A model file loaded onto `device`, computing on `threads` threads (0 =
-/// one per core; the CPU's), with these LoRA adapters (ids in this order).
+/// one per core; the CPU's), with these LoRA adapters (ids in this order),
+/// for sequences of its trained context.
 pub fn load_model(
     path: &Path,
     device: Device,
     threads: usize,
     adapters: &[PathBuf],
 ) -> Result<Arc<dyn Model>, StartError> {
+    load_for_context(path, device, threads, adapters, None)
+}
+
+/// [`load_model`] for sequences of up to `n_ctx_seq` positions (`None`:
+/// the trained context), which picks a LongRoPE model's factors.
+fn load_for_context(
+    path: &Path,
+    device: Device,
+    threads: usize,
+    adapters: &[PathBuf],
+    n_ctx_seq: Option<usize>,
+) -> Result<Arc<dyn Model>, StartError> {
     usable(device)?;
     match device {
-        Device::Cpu => on_backend(path, Arc::new(CpuBackend::new(threads_or_cores(threads))), adapters),
+        Device::Cpu => on_backend(path, Arc::new(CpuBackend::new(threads_or_cores(threads))), adapters, n_ctx_seq),
         #[cfg(feature = "cuda")]
-        Device::Cuda(index) => on_backend(path, Arc::new(cuda::backend(index)?), adapters),
+        Device::Cuda(index) => on_backend(path, Arc::new(cuda::backend(index)?), adapters, n_ctx_seq),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(without_cuda(device)),
     }
 }
 
-fn on_backend<B: Backend>(path: &Path, backend: Arc<B>, adapters: &[PathBuf]) -> Result<Arc<dyn Model>, StartError> {
+fn on_backend<B: Backend>(
+    path: &Path,
+    backend: Arc<B>,
+    adapters: &[PathBuf],
+    n_ctx_seq: Option<usize>,
+) -> Result<Arc<dyn Model>, StartError> {
     tracing::info!(backend = %backend.describe(), "computing on");
     let model = Transformer::load(path, backend)
+        .and_then(|model| match n_ctx_seq {
+            Some(n_ctx_seq) => model.for_context(n_ctx_seq),
+            None => Ok(model),
+        })
         .map_err(|error: LoadError| StartError::Model { path: path.to_owned(), error: error.to_string() })?;
     let model = model.with_adapters(adapters).map_err(|error| StartError::Adapter { error: error.to_string() })?;
     for adapter in model.adapters() {
@@ -206,7 +228,11 @@ pub fn serve_model(
     let device =
         config.model.device.parse().map_err(|reason| StartError::Model { path: path.clone(), error: reason })?;
     let adapters: Vec<PathBuf> = config.lora.iter().map(|lora| lora.path.clone()).collect();
-    let model = load_model(&path, device, config.model.threads, &adapters)?;
+    // A slot's context (`engine.ctx`, 0: the trained one) picks LongRoPE's
+    // factors, as llama-server's per-sequence context does (which rounds a
+    // slot's share of `-c` up to a multiple of 256; sluice does not).
+    let n_ctx_seq = Some(config.engine.ctx).filter(|&ctx| ctx > 0);
+    let model = load_for_context(&path, device, config.model.threads, &adapters, n_ctx_seq)?;
     tracing::info!(backend = model.describe(), "model on its device");
     read_weights(model.as_ref());
     let tokenizer = Tokenizer::from_gguf(model.file())

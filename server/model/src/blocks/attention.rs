@@ -15,11 +15,16 @@ use crate::layer::Attention;
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};
 
+/// The Q|K|V weight of files that fuse them (Phi-3), rows in that order.
+pub(super) const FUSED_QKV: &str = "attn_qkv.weight";
+
 pub(super) struct AttentionBlock<B: Backend> {
     norm: B::Vector,
     q: Weight<B>,
     k: Weight<B>,
     v: Weight<B>,
+    /// Q, K and V are the parts of one fused tensor (`attn_qkv.weight`).
+    fused_qkv: bool,
     q_bias: Option<B::Vector>,
     k_bias: Option<B::Vector>,
     v_bias: Option<B::Vector>,
@@ -49,14 +54,34 @@ impl<B: Backend> AttentionBlock<B> {
             Some(_) => 1.0,
             None => 1.0 / (hp.head_dim as f32).sqrt(),
         };
+        let widths = [q_dim, kv_dim, kv_dim];
+        let fused_qkv = tensors.has(FUSED_QKV);
+        let [q, k, v] = match fused_qkv {
+            true => tensors.fused(FUSED_QKV, n_embd, widths)?,
+            false => [
+                tensors.weight("attn_q.weight", n_embd, q_dim)?,
+                tensors.weight("attn_k.weight", n_embd, kv_dim)?,
+                tensors.weight("attn_v.weight", n_embd, kv_dim)?,
+            ],
+        };
+        // A fused weight may come with a fused bias or with separate ones.
+        let [q_bias, k_bias, v_bias] = match fused_qkv && tensors.has("attn_qkv.bias") {
+            true => tensors.fused_vector("attn_qkv.bias", widths)?.map(Some),
+            false => [
+                tensors.optional("attn_q.bias", q_dim, kind.qkv_bias)?,
+                tensors.optional("attn_k.bias", kv_dim, kind.qkv_bias)?,
+                tensors.optional("attn_v.bias", kv_dim, kind.qkv_bias)?,
+            ],
+        };
         Ok(AttentionBlock {
             norm: tensors.vector("attn_norm.weight", n_embd)?,
-            q: tensors.weight("attn_q.weight", n_embd, q_dim)?,
-            k: tensors.weight("attn_k.weight", n_embd, kv_dim)?,
-            v: tensors.weight("attn_v.weight", n_embd, kv_dim)?,
-            q_bias: tensors.optional("attn_q.bias", q_dim, kind.qkv_bias)?,
-            k_bias: tensors.optional("attn_k.bias", kv_dim, kind.qkv_bias)?,
-            v_bias: tensors.optional("attn_v.bias", kv_dim, kind.qkv_bias)?,
+            q,
+            k,
+            v,
+            fused_qkv,
+            q_bias,
+            k_bias,
+            v_bias,
             q_norm: tensors.optional("attn_q_norm.weight", hp.head_dim, kind.qk_norm)?,
             k_norm: tensors.optional("attn_k_norm.weight", hp.head_dim, kind.qk_norm)?,
             output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
@@ -143,5 +168,10 @@ impl<B: Backend> AttentionBlock<B> {
             Site::Output => Some(&self.output),
             Site::Gate | Site::Up | Site::Down => None,
         }
+    }
+
+    /// The fused tensor the weight at `site` is a part of.
+    pub(super) fn fused(&self, site: Site) -> Option<&'static str> {
+        (self.fused_qkv && matches!(site, Site::Q | Site::K | Site::V)).then_some(FUSED_QKV)
     }
 }

@@ -11,10 +11,14 @@ use crate::layer::Ffn;
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};
 
+const UP: &str = "ffn_up.weight";
+
 pub(super) struct Mlp<B: Backend> {
     norm: B::Vector,
     gate: Weight<B>,
     up: Weight<B>,
+    /// Gate and up are the halves of one fused `ffn_up.weight`.
+    fused_up: bool,
     down: Weight<B>,
     act: Ffn,
     post_norm: Option<B::Vector>,
@@ -27,10 +31,18 @@ impl<B: Backend> Mlp<B> {
         post_norm: bool,
         hp: &HParams,
     ) -> Result<Self, LoadError> {
+        // Without a gate tensor, `ffn_up` holds the gate's rows, then the
+        // up projection's (Phi-3, GLM-4).
+        let fused_up = !tensors.has("ffn_gate.weight") && tensors.has(UP);
+        let [gate, up] = match fused_up {
+            true => tensors.fused(UP, hp.n_embd, [hp.n_ff, hp.n_ff])?,
+            false => [tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?, tensors.weight(UP, hp.n_embd, hp.n_ff)?],
+        };
         Ok(Mlp {
             norm: tensors.vector("ffn_norm.weight", hp.n_embd)?,
-            gate: tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?,
-            up: tensors.weight("ffn_up.weight", hp.n_embd, hp.n_ff)?,
+            gate,
+            up,
+            fused_up,
             down: tensors.weight("ffn_down.weight", hp.n_ff, hp.n_embd)?,
             act,
             post_norm: post_norm.then(|| tensors.vector("post_ffw_norm.weight", hp.n_embd)).transpose()?,
@@ -63,5 +75,10 @@ impl<B: Backend> Mlp<B> {
             Site::Down => Some(&self.down),
             Site::Q | Site::K | Site::V | Site::Output => None,
         }
+    }
+
+    /// The fused tensor the weight at `site` is a part of.
+    pub(super) fn fused(&self, site: Site) -> Option<&'static str> {
+        (self.fused_up && matches!(site, Site::Gate | Site::Up)).then_some(UP)
     }
 }

@@ -104,4 +104,12 @@ impl<B: Backend> Layer<B> {
         let FfnBlock::Gated(mlp) = &self.ffn;
         attention.weight(site).or_else(|| mlp.weight(site))
     }
+
+    /// The fused tensor (its suffix) the weight at `site` is a part of,
+    /// which adapters cannot target.
+    pub(crate) fn fused(&self, site: Site) -> Option<&'static str> {
+        let MixerBlock::Attention(attention) = &self.mixer;
+        let FfnBlock::Gated(mlp) = &self.ffn;
+        attention.fused(site).or_else(|| mlp.fused(site))
+    }
 }

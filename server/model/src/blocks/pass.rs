@@ -6,7 +6,7 @@ use sluice_kernels::ops::{HeadShape, Rope};
 
 use crate::gguf::GgufFile;
 use crate::lora::{Adapter, PassAdapters, Site};
-use crate::weights::{LoadError, Weight, tensor_problem, vector, weight};
+use crate::weights::{LoadError, Weight, fused, host_vector, tensor_problem, vector, weight};
 
 /// What every block of one forward pass reads.
 pub(crate) struct Pass<'a, B: Backend> {
@@ -78,6 +78,43 @@ impl<B: Backend> LayerTensors<'_, B> {
 
     pub(super) fn weight(&self, suffix: &str, n_in: usize, n_out: usize) -> Result<Weight<B>, LoadError> {
         weight(self.backend, self.file, &self.name(suffix), n_in, n_out)
+    }
+
+    /// Whether the file has the layer's tensor `suffix`.
+    pub(super) fn has(&self, suffix: &str) -> bool {
+        self.file.tensor(&self.name(suffix)).is_some()
+    }
+
+    /// A fused weight's parts, `widths` output rows each (see
+    /// [`fused`](crate::weights::fused)).
+    pub(super) fn fused<const N: usize>(
+        &self,
+        suffix: &str,
+        n_in: usize,
+        widths: [usize; N],
+    ) -> Result<[Weight<B>; N], LoadError> {
+        let name = self.name(suffix);
+        fused(self.backend, self.file, &name, n_in, &widths)?
+            .try_into()
+            .map_err(|_| tensor_problem(&name, "not split in its parts"))
+    }
+
+    /// A fused vector's parts, `widths` values each, in order.
+    pub(super) fn fused_vector<const N: usize>(
+        &self,
+        suffix: &str,
+        widths: [usize; N],
+    ) -> Result<[B::Vector; N], LoadError> {
+        let name = self.name(suffix);
+        let values = host_vector(self.file, &name, widths.iter().sum())?;
+        let mut rest = &values[..];
+        let mut parts = Vec::with_capacity(N);
+        for width in widths {
+            let (part, after) = rest.split_at(width);
+            parts.push(self.backend.vector(part).map_err(|error| tensor_problem(&name, &error.to_string()))?);
+            rest = after;
+        }
+        parts.try_into().map_err(|_| tensor_problem(&name, "not split in its parts"))
     }
 
     pub(super) fn vector(&self, suffix: &str, len: usize) -> Result<B::Vector, LoadError> {

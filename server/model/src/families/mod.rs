@@ -19,6 +19,8 @@
 //! | `gemma2.rs` | `gemma2` | Gemma 3's layers without Q/K norms, soft-capped scores and logits, every other layer local |
 //! | `mistral3.rs` | `mistral3` | Llama's layers, YaRN bounds from the file, Llama 4's query temperature |
 //! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
+//! | `phi3.rs` | `phi3` | NEOX RoPE (partial where the file says), pre-scaled Q, fused Q/K/V and gate/up, LongRoPE factors, no sliding window |
+//! | `glm4.rs` | `glm4` | adjacent-pair RoPE over part of each head, Q/K/V biases, post-norms, fused gate/up, trailing multi-token-prediction layers skipped |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local.
 
@@ -26,8 +28,10 @@ mod dflash;
 mod family;
 mod gemma2;
 mod gemma3;
+mod glm4;
 mod llama;
 mod mistral3;
+mod phi3;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
@@ -38,7 +42,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 9] = [
+pub(super) static FAMILIES: [&dyn Family; 11] = [
     &llama::LLAMA,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -48,6 +52,8 @@ pub(super) static FAMILIES: [&dyn Family; 9] = [
     &gemma2::Gemma2,
     &gemma3::Gemma3,
     &mistral3::Mistral3,
+    &phi3::Phi3,
+    &glm4::GLM4,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -93,7 +99,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4)"
         );
     }
 }

@@ -18,6 +18,8 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's splits with the contractions' case spelled out per letter.
+const GLM4: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 /// Mistral's Tekken split as llama.cpp spells it: "upper-case" is any
 /// letter but a–z and "lower-case" any letter but A–Z (the original's
@@ -48,6 +50,8 @@ impl PreTokenizer {
             }
             "dbrx" | "smaug-bpe" => plain(&[LLAMA3]),
             "tekken" => PreTokenizer { regexes: &[TEKKEN], ignore_merges: true, add_bos: true },
+            "chatglm-bpe" => plain(&[GLM4]),
+            "glm4" | "glm5" => PreTokenizer { regexes: &[GLM4], ignore_merges: true, add_bos: false },
             "qwen2" | "stablelm2" | "megrez" => plain(&[QWEN2]),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
                 plain(&[r"\p{N}", GPT2])
@@ -177,8 +181,20 @@ mod tests {
     use super::super::testing::bpe_entries;
     use super::*;
 
-    const NAMES: [&str; 11] =
-        ["default", "llama3", "dbrx", "qwen2", "smollm", "gpt-2", "falcon", "bloom", "viking", "poro-chat", "tekken"];
+    const NAMES: [&str; 12] = [
+        "default",
+        "llama3",
+        "dbrx",
+        "qwen2",
+        "smollm",
+        "gpt-2",
+        "falcon",
+        "bloom",
+        "viking",
+        "poro-chat",
+        "tekken",
+        "glm4",
+    ];
 
     /// Texts with every kind of character the regexes tell apart, around
     /// the places the parts are cut.
