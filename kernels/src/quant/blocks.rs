@@ -273,3 +273,16 @@ const _: () = {
     assert!(size_of::<BlockIQ4XS>() == 136);
     assert!(size_of::<BlockMXFP4>() == 17);
 };
+
+/// TQ2_0 (ternary in 2 bits): 2-bit fields laid out as Q2_K's quants
+/// (`low_k::two_bit_quants`), each field q standing for q − 1, then `d`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockTQ2_0 {
+    pub qs: [u8; 64],
+    pub d: [u8; 2],
+}
+
+const _: () = {
+    assert!(size_of::<BlockTQ2_0>() == 66);
+};

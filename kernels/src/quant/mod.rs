@@ -26,6 +26,9 @@ mod lut4_tests;
 pub(crate) mod packed;
 mod scalar;
 mod steps;
+mod ternary;
+#[cfg(test)]
+mod ternary_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -157,6 +160,7 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::MXFP4 => lut4::dot_mxfp4,
         DType::Q2_K => low_k::dot_q2_k,
         DType::Q3_K => low_k::dot_q3_k,
+        DType::TQ2_0 => ternary::dot_tq2_0,
     }
 }
 

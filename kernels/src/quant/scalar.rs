@@ -206,6 +206,7 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::IQ4_NL => lut4::dequantize_iq4_nl(src, dst),
         DType::IQ4_XS => lut4::dequantize_iq4_xs(src, dst),
         DType::MXFP4 => lut4::dequantize_mxfp4(src, dst),
+        DType::TQ2_0 => super::ternary::dequantize_tq2_0(src, dst),
     }
 }
 

@@ -45,6 +45,7 @@ fn scale_offsets(dtype: DType) -> &'static [usize] {
         DType::Q6_K => &[208],
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
+        DType::TQ2_0 => &[64],
         // MXFP4's scale is an exponent byte: see `finite_exponents`.
         DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
     }
@@ -157,6 +158,7 @@ fn ggml_ids_names_and_sizes() {
         (11, "Q3_K", 256, 110),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
+        (35, "TQ2_0", 256, 66),
     ];
     for (id, name, elems, bytes) in table {
         let dtype = DType::from_ggml(id).expect("known id");
@@ -264,6 +266,7 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
             f32::from(lut4::FP4_VALUES[usize::from(nibble(&b[1..], i))]) * scale
         }
         DType::Q2_K | DType::Q3_K => super::low_k_tests::documented_value(dtype, b, i),
+        DType::TQ2_0 => super::ternary_tests::documented_value(dtype, b, i),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),

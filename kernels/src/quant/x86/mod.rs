@@ -20,6 +20,7 @@ mod kquant_low;
 mod loads;
 mod lut4;
 mod packed;
+mod ternary;
 
 pub(super) use activations::quantize;
 
@@ -653,6 +654,7 @@ macro_rules! dot_kernels {
                     DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
                     DType::Q2_K => kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, None),
                     DType::Q3_K => kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, None),
+                    DType::TQ2_0 => kquant!(one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0, None),
                 }
             }
 
@@ -666,6 +668,7 @@ macro_rules! dot_kernels {
             kquant_entries!($features, dot_q6_k, one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k);
             kquant_entries!($features, dot_q2_k, one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k);
             kquant_entries!($features, dot_q3_k, one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k);
+            kquant_entries!($features, dot_tq2_0, one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0);
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
@@ -693,6 +696,7 @@ macro_rules! dot_kernels {
             kquant::kquant_kernels!($features);
             lut4::lut4_kernels!($features);
             kquant_low::low_k_kernels!($features);
+            ternary::ternary_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
