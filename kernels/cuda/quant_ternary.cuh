@@ -25,3 +25,42 @@ struct QxTQ2_0 {
         off = 0.0f;
     }
 };
+
+// Trit n of each of the four bytes of w, pow = 3^n (ternary.rs `trit`):
+// even and odd bytes in the two 16-bit halves of a word each, where the
+// products (at most 255 · 81 and 255 · 3) do not reach the other half.
+__device__ __forceinline__ u32 qx_trits4(u32 w, u32 pow) {
+    const u32 m = 0x00FF00FFu;
+    const u32 even = ((((w & m) * pow) & m) * 3u >> 8) & m;
+    const u32 odd = (((((w >> 8) & m) * pow) & m) * 3u >> 8) & m;
+    return even | (odd << 8);
+}
+
+// TQ1_0 (54 bytes): qs[48] with five trits per byte, qh[4] with four,
+// f16 d; the element is (t − 1) · d. Chunk c covers elements 16c .. 16c+16,
+// run k elements 16c + 4k ..: for c < 10 trit c / 2 of bytes
+// 16(c & 1) + 4k .. of qs; for c < 15 trit c − 10 of bytes 32 + 4k ..; for
+// c = 15 trit k of qh's four bytes.
+struct QxTQ1_0 {
+    enum : int { VALUES = 256, BYTES = 54, CHUNKS = 16, SPAN = 32, RUNS = 4, OFFSET = 0 };
+    struct Raw {
+        u32 w[4];
+        u32 d;
+    };
+    template <class Ld>
+    static __device__ __forceinline__ void load(const u8* block, int c, Raw& r) {
+        const u8* p = block + (c < 10 ? 16 * (c & 1) : c < 15 ? 32 : 48);
+        const int step = c < 15 ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.w[i] = qx_ld32_a2<Ld>(p + step * i);
+        r.d = Ld::ld16(block + 52);
+    }
+    static __device__ __forceinline__ int pos(int c, int k) { return 16 * c + 4 * k; }
+    static __device__ __forceinline__ void run(const Raw& r, int c, int k, float4& q, float& sc, float& off) {
+        const int n = c < 10 ? c >> 1 : c < 15 ? c - 10 : k;
+        const u32 pow = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+        q = qx_bytes<1>(qx_trits4(r.w[k], pow));
+        sc = f16_to_f32((u16)r.d);
+        off = 0.0f;
+    }
+};
