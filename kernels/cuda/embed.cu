@@ -44,7 +44,8 @@ __device__ __forceinline__ void embed_kernel(const u8* __restrict__ table, const
 //   out       n_tokens rows of `width` f32, row-major, 16-byte aligned.
 //   width     a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //             IQ4_NL, MXFP4)
-//             or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
+//             or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+//             IQ4_XS, TQ2_0, TQ1_0, IQ3_XXS, IQ3_S).
 //
 // Launch: grid (n_tokens, 1, 1), block (128, 1, 1) (any multiple of 32
 // works), no shared memory.
@@ -71,3 +72,7 @@ EMBED_ENTRY(iq4_xs, QxIQ4_XS)
 EMBED_ENTRY(mxfp4, QxMXFP4)
 EMBED_ENTRY(q2_k, QxQ2_K)
 EMBED_ENTRY(q3_k, QxQ3_K)
+EMBED_ENTRY(tq2_0, QxTQ2_0)
+EMBED_ENTRY(tq1_0, QxTQ1_0)
+EMBED_ENTRY(iq3_xxs, QxIQ3_XXS)
+EMBED_ENTRY(iq3_s, QxIQ3_S)

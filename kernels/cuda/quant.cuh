@@ -2,7 +2,8 @@
 // quant/mod.rs `DType`). The layouts and the value of each element follow
 // the Rust scalar reference (kernels/src/quant/scalar.rs, blocks.rs); that
 // code, not this file, defines them. Q2_K and Q3_K are in quant_low_k.cuh,
-// which follows this file in every program.
+// the ternary formats in quant_ternary.cuh, IQ3_XXS and IQ3_S in
+// quant_iq3.cuh, which follow this file in every program.
 //
 // A format is a struct of static functions, so the matvec, gemm and embed
 // kernels are templates over it and no format is written twice:

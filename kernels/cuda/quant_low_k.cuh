@@ -15,6 +15,14 @@
 // next step. The blocks are 4-byte (Q2_K) and 2-byte (Q3_K) aligned, so
 // fields are read in u32s and pairs of u16s.
 
+// Run k of chunk c's 2-bit fields (q0, q1: the chunk's 8 quant bytes),
+// one per byte; shared with TQ2_0 (quant_ternary.cuh), which stores its
+// fields so.
+__device__ __forceinline__ u32 qx_two_bit_run(u32 q0, u32 q1, int c, int k) {
+    const int j = 2 * ((c >> 2) & 1) + (k >> 1);
+    return (((k & 1) ? q1 : q0) >> (2 * j)) & 0x03030303u;
+}
+
 struct QxQ2_K {
     enum : int { VALUES = 256, BYTES = 84, CHUNKS = 16, SPAN = 64, RUNS = 4, OFFSET = 1 };
     struct Raw {
@@ -31,8 +39,7 @@ struct QxQ2_K {
     }
     static __device__ __forceinline__ int pos(int c, int k) { return qx_k_pos(c, k); }
     static __device__ __forceinline__ void run(const Raw& r, int c, int k, float4& q, float& sc, float& off) {
-        const int j = 2 * ((c >> 2) & 1) + (k >> 1);
-        q = qx_bytes<0>((((k & 1) ? r.q1 : r.q0) >> (2 * j)) & 0x03030303u);
+        q = qx_bytes<0>(qx_two_bit_run(r.q0, r.q1, c, k));
         // Group 4p + 2(k >> 1) + (g >> 1): byte 2(k >> 1) + (g >> 1) of the
         // span's four scale bytes.
         const u32 s = (r.scales >> (8 * (2 * (k >> 1) + ((c & 3) >> 1)))) & 0xFFu;
@@ -63,8 +70,7 @@ struct QxQ3_K {
     static __device__ __forceinline__ int pos(int c, int k) { return qx_k_pos(c, k); }
     static __device__ __forceinline__ void run(const Raw& r, int c, int k, float4& q, float& sc, float& off) {
         const int p = c >> 2;
-        const int j = 2 * (p & 1) + (k >> 1);
-        const u32 low = (((k & 1) ? r.q1 : r.q0) >> (2 * j)) & 0x03030303u;
+        const u32 low = qx_two_bit_run(r.q0, r.q1, c, k);
         // Bit 4(p >> 1) + j = 2p + (k >> 1) of each hmask byte, as bit 2.
         const u32 high = ((((k & 1) ? r.h1 : r.h0) >> (2 * p + (k >> 1))) & 0x01010101u) << 2;
         q = qx_bytes<4>(low | high);

@@ -273,3 +273,57 @@ const _: () = {
     assert!(size_of::<BlockIQ4XS>() == 136);
     assert!(size_of::<BlockMXFP4>() == 17);
 };
+
+/// TQ2_0 (ternary in 2 bits): 2-bit fields laid out as Q2_K's quants
+/// (`low_k::two_bit_quants`), each field q standing for q − 1, then `d`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockTQ2_0 {
+    pub qs: [u8; 64],
+    pub d: [u8; 2],
+}
+
+const _: () = {
+    assert!(size_of::<BlockTQ2_0>() == 66);
+};
+
+/// TQ1_0 (ternary in base 3): five trits per byte of `qs`, four per byte
+/// of `qh` (`ternary::tq1_0_quants` gives the element order), then `d`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockTQ1_0 {
+    pub qs: [u8; 48],
+    pub qh: [u8; 4],
+    pub d: [u8; 2],
+}
+
+const _: () = {
+    assert!(size_of::<BlockTQ1_0>() == 54);
+};
+
+/// IQ3_XXS: f16 `d`, then 64 grid indices and eight little-endian words of
+/// sub-block scale and signs (`iq3::iq3_xxs_sub_block`).
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ3XXS {
+    pub d: [u8; 2],
+    pub qs: [u8; 96],
+}
+
+/// IQ3_S: f16 `d`, the low eight bits of 64 grid indices, their ninth bits,
+/// one sign bit per weight, eight 4-bit sub-block scales
+/// (`iq3::iq3_s_sub_block`).
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ3S {
+    pub d: [u8; 2],
+    pub qs: [u8; 64],
+    pub qh: [u8; 8],
+    pub signs: [u8; 32],
+    pub scales: [u8; 4],
+}
+
+const _: () = {
+    assert!(size_of::<BlockIQ3XXS>() == 98);
+    assert!(size_of::<BlockIQ3S>() == 110);
+};

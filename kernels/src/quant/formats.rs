@@ -27,10 +27,14 @@ pub enum DType {
     MXFP4,
     Q2_K,
     Q3_K,
+    TQ2_0,
+    TQ1_0,
+    IQ3_XXS,
+    IQ3_S,
 }
 
 impl DType {
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 20] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -47,6 +51,10 @@ impl DType {
         DType::MXFP4,
         DType::Q2_K,
         DType::Q3_K,
+        DType::TQ2_0,
+        DType::TQ1_0,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
     ];
 
     /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
@@ -69,6 +77,10 @@ impl DType {
             11 => DType::Q3_K,
             30 => DType::BF16,
             39 => DType::MXFP4,
+            35 => DType::TQ2_0,
+            34 => DType::TQ1_0,
+            18 => DType::IQ3_XXS,
+            21 => DType::IQ3_S,
             _ => return None,
         })
     }
@@ -91,6 +103,10 @@ impl DType {
             DType::MXFP4 => "MXFP4",
             DType::Q2_K => "Q2_K",
             DType::Q3_K => "Q3_K",
+            DType::TQ2_0 => "TQ2_0",
+            DType::TQ1_0 => "TQ1_0",
+            DType::IQ3_XXS => "IQ3_XXS",
+            DType::IQ3_S => "IQ3_S",
         }
     }
 
@@ -101,7 +117,7 @@ impl DType {
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
             DType::IQ4_NL | DType::MXFP4 => QK,
-            DType::IQ4_XS => QK_K,
+            DType::IQ4_XS | DType::TQ2_0 | DType::TQ1_0 | DType::IQ3_XXS | DType::IQ3_S => QK_K,
         }
     }
 
@@ -124,6 +140,10 @@ impl DType {
             DType::MXFP4 => size_of::<BlockMXFP4>(),
             DType::Q2_K => size_of::<BlockQ2K>(),
             DType::Q3_K => size_of::<BlockQ3K>(),
+            DType::TQ2_0 => size_of::<BlockTQ2_0>(),
+            DType::TQ1_0 => size_of::<BlockTQ1_0>(),
+            DType::IQ3_XXS => size_of::<BlockIQ3XXS>(),
+            DType::IQ3_S => size_of::<BlockIQ3S>(),
         }
     }
 
@@ -142,7 +162,7 @@ impl DType {
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => ActFormat::Q8_K,
             // Why these partners: see `lut4`.
             DType::IQ4_NL | DType::MXFP4 => ActFormat::Q8_0S,
-            DType::IQ4_XS => ActFormat::Q8_K,
+            DType::IQ4_XS | DType::TQ2_0 | DType::TQ1_0 | DType::IQ3_XXS | DType::IQ3_S => ActFormat::Q8_K,
         }
     }
 
@@ -167,7 +187,8 @@ impl fmt::Display for DType {
 /// - `Q8_1`: as Q8_0 plus GGML's f16 `d · Σq` after `d` (partner of
 ///   Q4_1/Q5_1).
 /// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants
-///   (partner of the K-quants and IQ4_XS).
+///   (partner of the K-quants, IQ4_XS, IQ3_XXS, IQ3_S and the ternary
+///   formats).
 ///
 /// Quants round to nearest with ties to even and stay within ±127. Inputs
 /// must be finite: a non-finite value makes its block's scale non-finite,

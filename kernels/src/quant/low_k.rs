@@ -14,20 +14,7 @@
 //! offset of 4 taken off through the activation sums).
 
 use super::blocks::{BlockQ2K, BlockQ3K, BlockQ8K, QK_K, blocks};
-use super::steps::{bsum, dot_blocks, finish_kquant, finish_scaled, half_to_f32, idot};
-
-/// The 2-bit fields of a block in element order.
-fn two_bit_quants(qs: &[u8; 64]) -> [u8; QK_K] {
-    let mut q = [0u8; QK_K];
-    for (half, bytes) in qs.as_chunks::<32>().0.iter().enumerate() {
-        for j in 0..4 {
-            for (l, &byte) in bytes.iter().enumerate() {
-                q[128 * half + 32 * j + l] = (byte >> (2 * j)) & 3;
-            }
-        }
-    }
-    q
-}
+use super::steps::{bsum, dot_blocks, finish_kquant, finish_scaled, half_to_f32, idot, two_bit_quants};
 
 pub(crate) fn q2_k_quants(b: &BlockQ2K) -> [u8; QK_K] {
     two_bit_quants(&b.qs)

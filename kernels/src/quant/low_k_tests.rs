@@ -1,6 +1,7 @@
 //! Q2_K and Q3_K against their format description and against GGML's own
 //! results (fixtures made with llama.cpp b11434's libraries, see
-//! kernels/tests/fixtures/README.md). The SIMD levels are held to the
+//! kernels/tests/fixtures/README.md; the fixture checks are shared with the
+//! other Q8_K formats' tests). The SIMD levels are held to the
 //! reference by the table-driven tests in `quant/tests.rs`, which cover
 //! every `DType`.
 
@@ -80,9 +81,10 @@ fn hand_built_blocks_dequantize_as_described() {
     assert_eq!(y[16], 2.0 * -32.0 * -4.0, "scale 1 is 0 - 32");
 }
 
-/// A fixture from kernels/tests/fixtures: `rows` rows of `n` elements,
-/// quantized by GGML, with GGML's dequantization, activation rows (one per
-/// weight row), their Q8_K quantization and GGML's dot of each pair.
+/// A fixture from kernels/tests/fixtures (ggml-<type>.bin, see its
+/// README): `rows` rows of `n` elements, quantized by GGML, with GGML's
+/// dequantization, activation rows (one per weight row), their Q8_K
+/// quantization and GGML's dot of each pair.
 struct Fixture {
     rows: usize,
     n: usize,
@@ -115,25 +117,22 @@ impl Fixture {
     }
 }
 
-fn fixture(dtype: DType) -> Fixture {
-    let bytes: &[u8] = match dtype {
-        DType::Q2_K => include_bytes!("../../tests/fixtures/ggml-q2_k.bin"),
-        DType::Q3_K => include_bytes!("../../tests/fixtures/ggml-q3_k.bin"),
-        _ => unreachable!("fixtures exist for Q2_K and Q3_K"),
+/// The bytes of kernels/tests/fixtures/ggml-<name>.bin.
+macro_rules! ggml_fixture {
+    ($name:literal) => {
+        include_bytes!(concat!("../../tests/fixtures/ggml-", $name, ".bin"))
     };
-    Fixture::parse(dtype, bytes)
 }
+pub(crate) use ggml_fixture;
 
-#[test]
-fn dequantization_equals_ggml_bit_for_bit() {
-    for dtype in [DType::Q2_K, DType::Q3_K] {
-        let f = fixture(dtype);
-        for (r, (w, want)) in f.weights.iter().zip(&f.dequantized).enumerate() {
-            let mut got = vec![0.0; f.n];
-            dequantize_row(dtype, w, &mut got).expect("valid row");
-            for (i, (g, &e)) in got.iter().zip(want).enumerate() {
-                assert_eq!(g.to_bits(), e, "{dtype} row {r} element {i}: {g} vs {}", f32::from_bits(e));
-            }
+/// Sluice's dequantization of a fixture's rows gives GGML's bits.
+pub(crate) fn assert_dequantization_equals_ggml(dtype: DType, bytes: &[u8]) {
+    let f = Fixture::parse(dtype, bytes);
+    for (r, (w, want)) in f.weights.iter().zip(&f.dequantized).enumerate() {
+        let mut got = vec![0.0; f.n];
+        dequantize_row(dtype, w, &mut got).expect("valid row");
+        for (i, (g, &e)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.to_bits(), e, "{dtype} row {r} element {i}: {g} vs {}", f32::from_bits(e));
         }
     }
 }
@@ -141,20 +140,30 @@ fn dequantization_equals_ggml_bit_for_bit() {
 /// Against GGML's own Q8_K rows (GGML signs its Q8_K scale after the
 /// block's largest value, sluice keeps it positive, so the bytes differ
 /// while the values agree), sluice's dot is GGML's to a few ulps of the
-/// terms' magnitude: GGML's x86 kernels add the blocks' terms in eight float
-/// lanes, sluice in one, block by block (see `scalar.rs`).
+/// terms' magnitude (`tolerance` of Σ|w·x|): GGML's x86 kernels add the
+/// blocks' terms in eight float lanes, sluice in one, block by block (see
+/// `scalar.rs`).
+pub(crate) fn assert_dots_match_ggml(dtype: DType, bytes: &[u8], tolerance: f32) {
+    let f = Fixture::parse(dtype, bytes);
+    assert_eq!(f.rows, 4);
+    for r in 0..f.rows {
+        let got = try_vec_dot(dtype, &f.weights[r], &f.acts_q8_k[r], f.n).expect("valid lengths");
+        let want = f.dots[r];
+        let mut w = vec![0.0; f.n];
+        dequantize_row(dtype, &f.weights[r], &mut w).expect("valid row");
+        let magnitude: f32 = w.iter().zip(&f.acts[r]).map(|(w, x)| (w * x).abs()).sum();
+        assert!((got - want).abs() <= tolerance * magnitude, "{dtype} row {r}: {got} vs GGML's {want}");
+    }
+}
+
+#[test]
+fn dequantization_equals_ggml_bit_for_bit() {
+    assert_dequantization_equals_ggml(DType::Q2_K, ggml_fixture!("q2_k"));
+    assert_dequantization_equals_ggml(DType::Q3_K, ggml_fixture!("q3_k"));
+}
+
 #[test]
 fn dots_match_ggml_on_its_q8_k_rows() {
-    for dtype in [DType::Q2_K, DType::Q3_K] {
-        let f = fixture(dtype);
-        assert_eq!(f.rows, 4);
-        for r in 0..f.rows {
-            let got = try_vec_dot(dtype, &f.weights[r], &f.acts_q8_k[r], f.n).expect("valid lengths");
-            let want = f.dots[r];
-            let mut w = vec![0.0; f.n];
-            dequantize_row(dtype, &f.weights[r], &mut w).expect("valid row");
-            let magnitude: f32 = w.iter().zip(&f.acts[r]).map(|(w, x)| (w * x).abs()).sum();
-            assert!((got - want).abs() <= 1e-6 * magnitude, "{dtype} row {r}: {got} vs GGML's {want}");
-        }
-    }
+    assert_dots_match_ggml(DType::Q2_K, ggml_fixture!("q2_k"), 1e-6);
+    assert_dots_match_ggml(DType::Q3_K, ggml_fixture!("q3_k"), 1e-6);
 }

@@ -17,6 +17,11 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+mod iq3;
+mod iq3_grids;
+#[cfg(test)]
+mod iq3_tests;
+mod iq_signs;
 mod low_k;
 #[cfg(test)]
 mod low_k_tests;
@@ -26,6 +31,9 @@ mod lut4_tests;
 pub(crate) mod packed;
 mod scalar;
 mod steps;
+mod ternary;
+#[cfg(test)]
+mod ternary_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -157,6 +165,10 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::MXFP4 => lut4::dot_mxfp4,
         DType::Q2_K => low_k::dot_q2_k,
         DType::Q3_K => low_k::dot_q3_k,
+        DType::TQ2_0 => ternary::dot_tq2_0,
+        DType::TQ1_0 => ternary::dot_tq1_0,
+        DType::IQ3_XXS => iq3::dot_iq3_xxs,
+        DType::IQ3_S => iq3::dot_iq3_s,
     }
 }
 

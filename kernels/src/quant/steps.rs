@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::blocks::{BlockQ8K, blocks};
+use super::blocks::{BlockQ8K, QK_K, blocks};
 
 #[inline(always)]
 pub(crate) fn half_to_f32(bits: [u8; 2]) -> f32 {
@@ -52,4 +52,18 @@ pub(crate) fn dot_blocks<W: bytemuck::Pod, A: bytemuck::Pod>(
 #[inline(always)]
 pub(crate) fn finish_symmetric(acc: f32, d_w: f32, d_a: f32, isum: i32) -> f32 {
     (d_w * d_a).mul_add(isum as f32, acc)
+}
+
+/// The 2-bit fields of Q2_K's and TQ2_0's quant bytes in element order:
+/// element `128h + 32j + l` is bits `2j, 2j+1` of `qs[32h + l]`.
+pub(crate) fn two_bit_quants(qs: &[u8; 64]) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for (half, bytes) in qs.as_chunks::<32>().0.iter().enumerate() {
+        for j in 0..4 {
+            for (l, &byte) in bytes.iter().enumerate() {
+                q[128 * half + 32 * j + l] = (byte >> (2 * j)) & 3;
+            }
+        }
+    }
+    q
 }

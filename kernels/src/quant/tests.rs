@@ -40,11 +40,13 @@ impl Rng {
 /// Offsets of the f16 scale fields inside a block.
 fn scale_offsets(dtype: DType) -> &'static [usize] {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS | DType::IQ3_XXS | DType::IQ3_S => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
+        DType::TQ2_0 => &[64],
+        DType::TQ1_0 => &[52],
         // MXFP4's scale is an exponent byte: see `finite_exponents`.
         DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
     }
@@ -157,6 +159,10 @@ fn ggml_ids_names_and_sizes() {
         (11, "Q3_K", 256, 110),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
+        (35, "TQ2_0", 256, 66),
+        (34, "TQ1_0", 256, 54),
+        (18, "IQ3_XXS", 256, 98),
+        (21, "IQ3_S", 256, 110),
     ];
     for (id, name, elems, bytes) in table {
         let dtype = DType::from_ggml(id).expect("known id");
@@ -264,6 +270,8 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
             f32::from(lut4::FP4_VALUES[usize::from(nibble(&b[1..], i))]) * scale
         }
         DType::Q2_K | DType::Q3_K => super::low_k_tests::documented_value(dtype, b, i),
+        DType::TQ2_0 | DType::TQ1_0 => super::ternary_tests::documented_value(dtype, b, i),
+        DType::IQ3_XXS | DType::IQ3_S => super::iq3_tests::documented_value(dtype, b, i),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),

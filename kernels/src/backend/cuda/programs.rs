@@ -5,11 +5,13 @@
 use std::ffi::CString;
 
 /// Put in front of every program, in this order.
-const HEADERS: [&str; 4] = [
+const HEADERS: [&str; 6] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/quant.cuh"),
     include_str!("../../../cuda/quant_lut4.cuh"),
     include_str!("../../../cuda/quant_low_k.cuh"),
+    include_str!("../../../cuda/quant_ternary.cuh"),
+    include_str!("../../../cuda/quant_iq3.cuh"),
 ];
 
 const FILES: [(&str, &str); 10] = [

@@ -15,11 +15,13 @@
 //! [`super::Kernels`], which is only built for a level the CPU supports.
 
 mod activations;
+mod iq3;
 mod kquant;
 mod kquant_low;
 mod loads;
 mod lut4;
 mod packed;
+mod ternary;
 
 pub(super) use activations::quantize;
 
@@ -61,19 +63,25 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(0xF))
 }
 
+/// 0xFF in byte `j` where bit `j` of the little-endian `bits` is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn set_bit_bytes(bits: [u8; 4]) -> __m256i {
+    // Byte j of the result starts as byte j/8 of `bits` (pshufb works per
+    // 128-bit lane, and every lane holds a copy), then tests bit j%8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(i32::from_le_bytes(bits)),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
 /// 0x10 in byte `j` where bit `j` of the little-endian `qh` is set.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn fifth_bits(qh: [u8; 4]) -> __m256i {
-    // Byte j of the result starts as byte j/8 of qh (pshufb works per 128-bit
-    // lane, and every lane holds a copy of qh), then tests bit j%8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(i32::from_le_bytes(qh)),
-        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(set_bit_bytes(qh), _mm256_set1_epi8(0x10))
 }
 
 /// Four pairs of adjacent f16 fields (a scale and an offset, one little-endian
@@ -653,6 +661,12 @@ macro_rules! dot_kernels {
                     DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
                     DType::Q2_K => kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, None),
                     DType::Q3_K => kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, None),
+                    DType::TQ2_0 => kquant!(one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0, None),
+                    DType::TQ1_0 => kquant!(one_tq1_0, four_tq1_0, two_pairs_tq1_0, four_by_eight_tq1_0, None),
+                    DType::IQ3_XXS => {
+                        kquant!(one_iq3_xxs, four_iq3_xxs, two_pairs_iq3_xxs, four_by_eight_iq3_xxs, None)
+                    }
+                    DType::IQ3_S => kquant!(one_iq3_s, four_iq3_s, two_pairs_iq3_s, four_by_eight_iq3_s, None),
                 }
             }
 
@@ -666,6 +680,17 @@ macro_rules! dot_kernels {
             kquant_entries!($features, dot_q6_k, one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k);
             kquant_entries!($features, dot_q2_k, one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k);
             kquant_entries!($features, dot_q3_k, one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k);
+            kquant_entries!($features, dot_tq2_0, one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0);
+            kquant_entries!($features, dot_tq1_0, one_tq1_0, four_tq1_0, two_pairs_tq1_0, four_by_eight_tq1_0);
+            kquant_entries!(
+                $features,
+                dot_iq3_xxs,
+                one_iq3_xxs,
+                four_iq3_xxs,
+                two_pairs_iq3_xxs,
+                four_by_eight_iq3_xxs
+            );
+            kquant_entries!($features, dot_iq3_s, one_iq3_s, four_iq3_s, two_pairs_iq3_s, four_by_eight_iq3_s);
 
             /// Signed × signed bytes through the unsigned × signed dot: |w| and
             /// a with w's sign. |−128| reads as 128 unsigned, so every i8
@@ -693,6 +718,8 @@ macro_rules! dot_kernels {
             kquant::kquant_kernels!($features);
             lut4::lut4_kernels!($features);
             kquant_low::low_k_kernels!($features);
+            ternary::ternary_kernels!($features);
+            iq3::iq3_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
