@@ -17,6 +17,7 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+mod iq_signs;
 mod low_k;
 #[cfg(test)]
 mod low_k_tests;
