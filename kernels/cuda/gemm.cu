@@ -281,7 +281,8 @@ __device__ __forceinline__ void gemm_kernel(const u8* __restrict__ w, const floa
 //   y      m rows of n_out f32, row-major (written, never read).
 //   n_in   a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //          IQ4_NL, MXFP4)
-//          or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS); n_out >= 1, m >= 1, any values.
+//          or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS,
+//          IQ2_XS, IQ2_S, IQ1_S, IQ1_M); n_out >= 1, m >= 1, any values.
 //
 // Launch: grid (ceil(n_out / 128), ceil(m / 64), 1), block (256, 1, 1), no
 // dynamic shared memory (static: 24 KB, 48 KB for Q6_K).
@@ -308,3 +309,8 @@ GEMM_ENTRY(iq4_xs, QxIQ4_XS)
 GEMM_ENTRY(mxfp4, QxMXFP4)
 GEMM_ENTRY(q2_k, QxQ2_K)
 GEMM_ENTRY(q3_k, QxQ3_K)
+GEMM_ENTRY(iq2_xxs, QxIQ2_XXS)
+GEMM_ENTRY(iq2_xs, QxIQ2_XS)
+GEMM_ENTRY(iq2_s, QxIQ2_S)
+GEMM_ENTRY(iq1_s, QxIQ1_S)
+GEMM_ENTRY(iq1_m, QxIQ1_M)

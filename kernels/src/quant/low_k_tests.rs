@@ -1,12 +1,11 @@
-//! Q2_K and Q3_K against their format description and against GGML's own
-//! results (fixtures made with llama.cpp b11434's libraries, see
-//! kernels/tests/fixtures/README.md). The SIMD levels are held to the
+//! Q2_K and Q3_K against their format description (against GGML's own
+//! results in `ggml_rows.rs`). The SIMD levels are held to the
 //! reference by the table-driven tests in `quant/tests.rs`, which cover
 //! every `DType`.
 
 use half::f16;
 
-use super::{ActFormat, DType, dequantize_row, try_vec_dot};
+use super::{DType, dequantize_row};
 
 /// The value of element `i` of a Q2_K or Q3_K block, spelled out from the
 /// format description rather than sharing code with the implementation.
@@ -78,83 +77,4 @@ fn hand_built_blocks_dequantize_as_described() {
     assert_eq!(y[1], 2.0 * 1.0 * -4.0);
     assert_eq!(y[208], 2.0 * -32.0 * -3.0);
     assert_eq!(y[16], 2.0 * -32.0 * -4.0, "scale 1 is 0 - 32");
-}
-
-/// A fixture from kernels/tests/fixtures: `rows` rows of `n` elements,
-/// quantized by GGML, with GGML's dequantization, activation rows (one per
-/// weight row), their Q8_K quantization and GGML's dot of each pair.
-struct Fixture {
-    rows: usize,
-    n: usize,
-    weights: Vec<Vec<u8>>,
-    dequantized: Vec<Vec<u32>>,
-    acts: Vec<Vec<f32>>,
-    acts_q8_k: Vec<Vec<u8>>,
-    dots: Vec<f32>,
-}
-
-impl Fixture {
-    fn parse(dtype: DType, bytes: &[u8]) -> Fixture {
-        let mut at = 0;
-        let mut take = |len: usize| {
-            let part = &bytes[at..at + len];
-            at += len;
-            part
-        };
-        let word = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-        let (rows, n) = (word(take(4)) as usize, word(take(4)) as usize);
-        let row_bytes = dtype.row_bytes(n).expect("whole blocks");
-        let act_bytes = ActFormat::Q8_K.row_bytes(n).expect("whole blocks");
-        let weights = (0..rows).map(|_| take(row_bytes).to_vec()).collect();
-        let dequantized = (0..rows).map(|_| take(4 * n).chunks_exact(4).map(word).collect()).collect();
-        let acts = (0..rows).map(|_| take(4 * n).chunks_exact(4).map(|b| f32::from_bits(word(b))).collect()).collect();
-        let acts_q8_k = (0..rows).map(|_| take(act_bytes).to_vec()).collect();
-        let dots = take(4 * rows).chunks_exact(4).map(|b| f32::from_bits(word(b))).collect();
-        assert_eq!(at, bytes.len(), "{dtype}: trailing bytes");
-        Fixture { rows, n, weights, dequantized, acts, acts_q8_k, dots }
-    }
-}
-
-fn fixture(dtype: DType) -> Fixture {
-    let bytes: &[u8] = match dtype {
-        DType::Q2_K => include_bytes!("../../tests/fixtures/ggml-q2_k.bin"),
-        DType::Q3_K => include_bytes!("../../tests/fixtures/ggml-q3_k.bin"),
-        _ => unreachable!("fixtures exist for Q2_K and Q3_K"),
-    };
-    Fixture::parse(dtype, bytes)
-}
-
-#[test]
-fn dequantization_equals_ggml_bit_for_bit() {
-    for dtype in [DType::Q2_K, DType::Q3_K] {
-        let f = fixture(dtype);
-        for (r, (w, want)) in f.weights.iter().zip(&f.dequantized).enumerate() {
-            let mut got = vec![0.0; f.n];
-            dequantize_row(dtype, w, &mut got).expect("valid row");
-            for (i, (g, &e)) in got.iter().zip(want).enumerate() {
-                assert_eq!(g.to_bits(), e, "{dtype} row {r} element {i}: {g} vs {}", f32::from_bits(e));
-            }
-        }
-    }
-}
-
-/// Against GGML's own Q8_K rows (GGML signs its Q8_K scale after the
-/// block's largest value, sluice keeps it positive, so the bytes differ
-/// while the values agree), sluice's dot is GGML's to a few ulps of the
-/// terms' magnitude: GGML's x86 kernels add the blocks' terms in eight float
-/// lanes, sluice in one, block by block (see `scalar.rs`).
-#[test]
-fn dots_match_ggml_on_its_q8_k_rows() {
-    for dtype in [DType::Q2_K, DType::Q3_K] {
-        let f = fixture(dtype);
-        assert_eq!(f.rows, 4);
-        for r in 0..f.rows {
-            let got = try_vec_dot(dtype, &f.weights[r], &f.acts_q8_k[r], f.n).expect("valid lengths");
-            let want = f.dots[r];
-            let mut w = vec![0.0; f.n];
-            dequantize_row(dtype, &f.weights[r], &mut w).expect("valid row");
-            let magnitude: f32 = w.iter().zip(&f.acts[r]).map(|(w, x)| (w * x).abs()).sum();
-            assert!((got - want).abs() <= 1e-6 * magnitude, "{dtype} row {r}: {got} vs GGML's {want}");
-        }
-    }
 }

@@ -17,6 +17,17 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+#[cfg(test)]
+mod ggml_rows;
+mod grid;
+mod iq1;
+pub(crate) mod iq1_grid;
+#[cfg(test)]
+mod iq1_tests;
+mod iq2;
+pub(crate) mod iq2_grids;
+#[cfg(test)]
+mod iq2_tests;
 mod iq_signs;
 mod low_k;
 #[cfg(test)]
@@ -158,6 +169,11 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::MXFP4 => lut4::dot_mxfp4,
         DType::Q2_K => low_k::dot_q2_k,
         DType::Q3_K => low_k::dot_q3_k,
+        DType::IQ2_XXS => grid::dot::<blocks::BlockIQ2XXS>,
+        DType::IQ2_XS => grid::dot::<blocks::BlockIQ2XS>,
+        DType::IQ2_S => grid::dot::<blocks::BlockIQ2S>,
+        DType::IQ1_S => grid::dot::<blocks::BlockIQ1S>,
+        DType::IQ1_M => grid::dot::<blocks::BlockIQ1M>,
     }
 }
 

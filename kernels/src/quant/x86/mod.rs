@@ -15,6 +15,7 @@
 //! [`super::Kernels`], which is only built for a level the CPU supports.
 
 mod activations;
+mod grid;
 mod kquant;
 mod kquant_low;
 mod loads;
@@ -61,19 +62,26 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(0xF))
 }
 
+/// 0xFF in byte `j` where bit `j` of the little-endian `bits` is set, 0
+/// elsewhere.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bit_masks(bits: [u8; 4]) -> __m256i {
+    // Byte j of the result starts as byte j/8 of `bits` (pshufb works per
+    // 128-bit lane, and every lane holds a copy), then tests bit j%8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(i32::from_le_bytes(bits)),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
 /// 0x10 in byte `j` where bit `j` of the little-endian `qh` is set.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn fifth_bits(qh: [u8; 4]) -> __m256i {
-    // Byte j of the result starts as byte j/8 of qh (pshufb works per 128-bit
-    // lane, and every lane holds a copy of qh), then tests bit j%8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(i32::from_le_bytes(qh)),
-        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(bit_masks(qh), _mm256_set1_epi8(0x10))
 }
 
 /// Four pairs of adjacent f16 fields (a scale and an offset, one little-endian
@@ -620,6 +628,16 @@ macro_rules! dot_kernels {
                     four_by_eight: None,
                     packed: None,
                 };
+                // Every row on its own (the grid i-quants: their grid
+                // lookups, not the activation loads, bound the speed).
+                let row_by_row = |one| Dot {
+                    one,
+                    four: None,
+                    four_by_two: None,
+                    four_by_four: None,
+                    four_by_eight: None,
+                    packed: None,
+                };
                 macro_rules! packed {
                     ($kernel:ident) => {
                         PackedDot {
@@ -653,6 +671,11 @@ macro_rules! dot_kernels {
                     DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
                     DType::Q2_K => kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, None),
                     DType::Q3_K => kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, None),
+                    DType::IQ2_XXS => row_by_row(one_signed::<BlockIQ2XXS>),
+                    DType::IQ2_XS => row_by_row(one_signed::<BlockIQ2XS>),
+                    DType::IQ2_S => row_by_row(one_signed::<BlockIQ2S>),
+                    DType::IQ1_S => row_by_row(one_offset::<BlockIQ1S>),
+                    DType::IQ1_M => row_by_row(one_offset::<BlockIQ1M>),
                 }
             }
 
@@ -693,6 +716,7 @@ macro_rules! dot_kernels {
             kquant::kquant_kernels!($features);
             lut4::lut4_kernels!($features);
             kquant_low::low_k_kernels!($features);
+            grid::grid_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
