@@ -45,7 +45,8 @@ __device__ __forceinline__ void embed_kernel(const u8* __restrict__ table, const
 //   width     a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //             IQ4_NL, MXFP4)
 //             or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-//             IQ4_XS, TQ2_0, TQ1_0, IQ3_XXS, IQ3_S).
+//             IQ4_XS, TQ2_0, TQ1_0, IQ3_XXS, IQ3_S, IQ2_XXS,
+//             IQ2_XS, IQ2_S, IQ1_S, IQ1_M).
 //
 // Launch: grid (n_tokens, 1, 1), block (128, 1, 1) (any multiple of 32
 // works), no shared memory.
@@ -76,3 +77,8 @@ EMBED_ENTRY(tq2_0, QxTQ2_0)
 EMBED_ENTRY(tq1_0, QxTQ1_0)
 EMBED_ENTRY(iq3_xxs, QxIQ3_XXS)
 EMBED_ENTRY(iq3_s, QxIQ3_S)
+EMBED_ENTRY(iq2_xxs, QxIQ2_XXS)
+EMBED_ENTRY(iq2_xs, QxIQ2_XS)
+EMBED_ENTRY(iq2_s, QxIQ2_S)
+EMBED_ENTRY(iq1_s, QxIQ1_S)
+EMBED_ENTRY(iq1_m, QxIQ1_M)

@@ -177,7 +177,8 @@ __device__ __forceinline__ void mv_kernel(const u8* __restrict__ w, const float*
 //   n_in   a multiple of 32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //          IQ4_NL, MXFP4)
 //          or of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-//          IQ4_XS, TQ2_0, TQ1_0, IQ3_XXS, IQ3_S).
+//          IQ4_XS, TQ2_0, TQ1_0, IQ3_XXS, IQ3_S, IQ2_XXS,
+//          IQ2_XS, IQ2_S, IQ1_S, IQ1_M).
 //   n_out  >= 1; m >= 1 (meant for m <= 8: W is reread for every 4 rows).
 //
 // Launch: grid (ceil(n_out / 4), 1, 1), block (128, 1, 1), no dynamic
@@ -209,3 +210,8 @@ MV_ENTRY(tq2_0, QxTQ2_0)
 MV_ENTRY(tq1_0, QxTQ1_0)
 MV_ENTRY(iq3_xxs, QxIQ3_XXS)
 MV_ENTRY(iq3_s, QxIQ3_S)
+MV_ENTRY(iq2_xxs, QxIQ2_XXS)
+MV_ENTRY(iq2_xs, QxIQ2_XS)
+MV_ENTRY(iq2_s, QxIQ2_S)
+MV_ENTRY(iq1_s, QxIQ1_S)
+MV_ENTRY(iq1_m, QxIQ1_M)

@@ -327,3 +327,75 @@ const _: () = {
     assert!(size_of::<BlockIQ3XXS>() == 98);
     assert!(size_of::<BlockIQ3S>() == 110);
 };
+
+/// IQ2_XXS: f16 `d`, then eight sub-blocks of 32 elements in 8 bytes each:
+/// four `iq2xxs` grid indices (one per group of 8), then a little-endian
+/// u32 whose bits 7l..7l+7 select group l's signs (`iq_signs`) and whose
+/// top four bits are the sub-block's scale.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ2XXS {
+    pub d: [u8; 2],
+    pub qs: [u8; 64],
+}
+
+const _: () = {
+    assert!(size_of::<BlockIQ2XXS>() == 66);
+};
+
+/// IQ2_XS: f16 `d`, then per group of 8 elements a little-endian u16 (low
+/// nine bits an `iq2xs` grid index, high seven the sign field), then one
+/// byte per sub-block of 32: low nibble the scale of elements 0..16, high
+/// nibble that of 16..32.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ2XS {
+    pub d: [u8; 2],
+    pub qs: [u8; 64],
+    pub scales: [u8; 8],
+}
+
+/// IQ2_S: f16 `d`, the low eight bits of the 32 `iq2s` grid indices, the
+/// 32 sign bytes (bit j negates element j of the group), per sub-block a
+/// byte of the indices' top two bits (bits 2l, 2l+1 for group l), then the
+/// scales as IQ2_XS's.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ2S {
+    pub d: [u8; 2],
+    pub qs: [u8; 32],
+    pub signs: [u8; 32],
+    pub qh: [u8; 8],
+    pub scales: [u8; 8],
+}
+
+/// IQ1_S: f16 `d`, the low eight bits of the 32 `iq1s` grid indices, then
+/// per sub-block a little-endian u16: bits 3l..3l+3 the top of group l's
+/// index, bits 12..14 the scale, bit 15 the sign of the ±1/8 offset.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ1S {
+    pub d: [u8; 2],
+    pub qs: [u8; 32],
+    pub qh: [u8; 16],
+}
+
+/// IQ1_M: the low eight bits of the 32 `iq1s` grid indices, per pair of
+/// groups a byte (per group a nibble: bits 0..2 the index's top, bit 3 the
+/// offset's sign), then four little-endian u16 holding two 3-bit scales per
+/// sub-block (bits 6·(ib % 2).. of word ib / 2) and, in their top nibbles,
+/// the f16 `d`.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+pub(crate) struct BlockIQ1M {
+    pub qs: [u8; 32],
+    pub qh: [u8; 16],
+    pub scales: [u8; 8],
+}
+
+const _: () = {
+    assert!(size_of::<BlockIQ2XS>() == 74);
+    assert!(size_of::<BlockIQ2S>() == 82);
+    assert!(size_of::<BlockIQ1S>() == 50);
+    assert!(size_of::<BlockIQ1M>() == 56);
+};

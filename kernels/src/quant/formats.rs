@@ -31,10 +31,15 @@ pub enum DType {
     TQ1_0,
     IQ3_XXS,
     IQ3_S,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ1_S,
+    IQ1_M,
 }
 
 impl DType {
-    pub const ALL: [DType; 20] = [
+    pub const ALL: [DType; 25] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -55,6 +60,11 @@ impl DType {
         DType::TQ1_0,
         DType::IQ3_XXS,
         DType::IQ3_S,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
     ];
 
     /// The type for a GGML/GGUF tensor type id; `None` for types sluice does
@@ -75,6 +85,11 @@ impl DType {
             23 => DType::IQ4_XS,
             10 => DType::Q2_K,
             11 => DType::Q3_K,
+            16 => DType::IQ2_XXS,
+            17 => DType::IQ2_XS,
+            22 => DType::IQ2_S,
+            19 => DType::IQ1_S,
+            29 => DType::IQ1_M,
             30 => DType::BF16,
             39 => DType::MXFP4,
             35 => DType::TQ2_0,
@@ -107,6 +122,11 @@ impl DType {
             DType::TQ1_0 => "TQ1_0",
             DType::IQ3_XXS => "IQ3_XXS",
             DType::IQ3_S => "IQ3_S",
+            DType::IQ2_XXS => "IQ2_XXS",
+            DType::IQ2_XS => "IQ2_XS",
+            DType::IQ2_S => "IQ2_S",
+            DType::IQ1_S => "IQ1_S",
+            DType::IQ1_M => "IQ1_M",
         }
     }
 
@@ -118,6 +138,7 @@ impl DType {
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
             DType::IQ4_NL | DType::MXFP4 => QK,
             DType::IQ4_XS | DType::TQ2_0 | DType::TQ1_0 | DType::IQ3_XXS | DType::IQ3_S => QK_K,
+            DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ1_S | DType::IQ1_M => QK_K,
         }
     }
 
@@ -144,6 +165,11 @@ impl DType {
             DType::TQ1_0 => size_of::<BlockTQ1_0>(),
             DType::IQ3_XXS => size_of::<BlockIQ3XXS>(),
             DType::IQ3_S => size_of::<BlockIQ3S>(),
+            DType::IQ2_XXS => size_of::<BlockIQ2XXS>(),
+            DType::IQ2_XS => size_of::<BlockIQ2XS>(),
+            DType::IQ2_S => size_of::<BlockIQ2S>(),
+            DType::IQ1_S => size_of::<BlockIQ1S>(),
+            DType::IQ1_M => size_of::<BlockIQ1M>(),
         }
     }
 
@@ -163,6 +189,8 @@ impl DType {
             // Why these partners: see `lut4`.
             DType::IQ4_NL | DType::MXFP4 => ActFormat::Q8_0S,
             DType::IQ4_XS | DType::TQ2_0 | DType::TQ1_0 | DType::IQ3_XXS | DType::IQ3_S => ActFormat::Q8_K,
+            // As in GGML: see `grid`.
+            DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ1_S | DType::IQ1_M => ActFormat::Q8_K,
         }
     }
 
@@ -187,8 +215,8 @@ impl fmt::Display for DType {
 /// - `Q8_1`: as Q8_0 plus GGML's f16 `d · Σq` after `d` (partner of
 ///   Q4_1/Q5_1).
 /// - `Q8_K`: blocks of 256 as f32 `d`, 256 i8, then 16 i16 sums of 16 quants
-///   (partner of the K-quants, IQ4_XS, IQ3_XXS, IQ3_S and the ternary
-///   formats).
+///   (partner of the K-quants, IQ4_XS, the ternary formats and the grid
+///   i-quants).
 ///
 /// Quants round to nearest with ties to even and stay within ±127. Inputs
 /// must be finite: a non-finite value makes its block's scale non-finite,

@@ -1,11 +1,10 @@
-//! IQ3_XXS and IQ3_S against their format descriptions and against GGML's
-//! own results (kernels/tests/fixtures/README.md). The SIMD levels are held
+//! IQ3_XXS and IQ3_S against their format descriptions (against GGML's
+//! own results in `ggml_rows.rs`). The SIMD levels are held
 //! to the reference by the table-driven tests in `quant/tests.rs`.
 
 use half::f16;
 
 use super::iq3_grids::{IQ3S_GRID, IQ3XXS_GRID};
-use super::low_k_tests::{assert_dequantization_equals_ggml, assert_dots_match_ggml, ggml_fixture};
 use super::{DType, dequantize_row};
 
 /// The value of element `i` of an IQ3 block, spelled out from the format
@@ -73,16 +72,4 @@ fn hand_built_iq3_s_block_dequantizes_as_described() {
     assert_eq!(&y[36..40], &entry);
     assert_eq!(y[33], -2.5 * f32::from(IQ3S_GRID[0].to_le_bytes()[1]));
     assert_eq!(y[0], 0.5, "scale nibble 0 → db = d, grid entry 0 = 1s");
-}
-
-#[test]
-fn iq3_xxs_equals_ggml() {
-    assert_dequantization_equals_ggml(DType::IQ3_XXS, ggml_fixture!("iq3_xxs"));
-    assert_dots_match_ggml(DType::IQ3_XXS, ggml_fixture!("iq3_xxs"), 1e-6);
-}
-
-#[test]
-fn iq3_s_equals_ggml() {
-    assert_dequantization_equals_ggml(DType::IQ3_S, ggml_fixture!("iq3_s"));
-    assert_dots_match_ggml(DType::IQ3_S, ggml_fixture!("iq3_s"), 1e-6);
 }

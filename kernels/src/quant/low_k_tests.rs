@@ -1,13 +1,11 @@
-//! Q2_K and Q3_K against their format description and against GGML's own
-//! results (fixtures made with llama.cpp b11434's libraries, see
-//! kernels/tests/fixtures/README.md; the fixture checks are shared with the
-//! other Q8_K formats' tests). The SIMD levels are held to the
+//! Q2_K and Q3_K against their format description (against GGML's own
+//! results in `ggml_rows.rs`). The SIMD levels are held to the
 //! reference by the table-driven tests in `quant/tests.rs`, which cover
 //! every `DType`.
 
 use half::f16;
 
-use super::{ActFormat, DType, dequantize_row, try_vec_dot};
+use super::{DType, dequantize_row};
 
 /// The value of element `i` of a Q2_K or Q3_K block, spelled out from the
 /// format description rather than sharing code with the implementation.
@@ -79,91 +77,4 @@ fn hand_built_blocks_dequantize_as_described() {
     assert_eq!(y[1], 2.0 * 1.0 * -4.0);
     assert_eq!(y[208], 2.0 * -32.0 * -3.0);
     assert_eq!(y[16], 2.0 * -32.0 * -4.0, "scale 1 is 0 - 32");
-}
-
-/// A fixture from kernels/tests/fixtures (ggml-<type>.bin, see its
-/// README): `rows` rows of `n` elements, quantized by GGML, with GGML's
-/// dequantization, activation rows (one per weight row), their Q8_K
-/// quantization and GGML's dot of each pair.
-struct Fixture {
-    rows: usize,
-    n: usize,
-    weights: Vec<Vec<u8>>,
-    dequantized: Vec<Vec<u32>>,
-    acts: Vec<Vec<f32>>,
-    acts_q8_k: Vec<Vec<u8>>,
-    dots: Vec<f32>,
-}
-
-impl Fixture {
-    fn parse(dtype: DType, bytes: &[u8]) -> Fixture {
-        let mut at = 0;
-        let mut take = |len: usize| {
-            let part = &bytes[at..at + len];
-            at += len;
-            part
-        };
-        let word = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-        let (rows, n) = (word(take(4)) as usize, word(take(4)) as usize);
-        let row_bytes = dtype.row_bytes(n).expect("whole blocks");
-        let act_bytes = ActFormat::Q8_K.row_bytes(n).expect("whole blocks");
-        let weights = (0..rows).map(|_| take(row_bytes).to_vec()).collect();
-        let dequantized = (0..rows).map(|_| take(4 * n).chunks_exact(4).map(word).collect()).collect();
-        let acts = (0..rows).map(|_| take(4 * n).chunks_exact(4).map(|b| f32::from_bits(word(b))).collect()).collect();
-        let acts_q8_k = (0..rows).map(|_| take(act_bytes).to_vec()).collect();
-        let dots = take(4 * rows).chunks_exact(4).map(|b| f32::from_bits(word(b))).collect();
-        assert_eq!(at, bytes.len(), "{dtype}: trailing bytes");
-        Fixture { rows, n, weights, dequantized, acts, acts_q8_k, dots }
-    }
-}
-
-/// The bytes of kernels/tests/fixtures/ggml-<name>.bin.
-macro_rules! ggml_fixture {
-    ($name:literal) => {
-        include_bytes!(concat!("../../tests/fixtures/ggml-", $name, ".bin"))
-    };
-}
-pub(crate) use ggml_fixture;
-
-/// Sluice's dequantization of a fixture's rows gives GGML's bits.
-pub(crate) fn assert_dequantization_equals_ggml(dtype: DType, bytes: &[u8]) {
-    let f = Fixture::parse(dtype, bytes);
-    for (r, (w, want)) in f.weights.iter().zip(&f.dequantized).enumerate() {
-        let mut got = vec![0.0; f.n];
-        dequantize_row(dtype, w, &mut got).expect("valid row");
-        for (i, (g, &e)) in got.iter().zip(want).enumerate() {
-            assert_eq!(g.to_bits(), e, "{dtype} row {r} element {i}: {g} vs {}", f32::from_bits(e));
-        }
-    }
-}
-
-/// Against GGML's own Q8_K rows (GGML signs its Q8_K scale after the
-/// block's largest value, sluice keeps it positive, so the bytes differ
-/// while the values agree), sluice's dot is GGML's to a few ulps of the
-/// terms' magnitude (`tolerance` of Σ|w·x|): GGML's x86 kernels add the
-/// blocks' terms in eight float lanes, sluice in one, block by block (see
-/// `scalar.rs`).
-pub(crate) fn assert_dots_match_ggml(dtype: DType, bytes: &[u8], tolerance: f32) {
-    let f = Fixture::parse(dtype, bytes);
-    assert_eq!(f.rows, 4);
-    for r in 0..f.rows {
-        let got = try_vec_dot(dtype, &f.weights[r], &f.acts_q8_k[r], f.n).expect("valid lengths");
-        let want = f.dots[r];
-        let mut w = vec![0.0; f.n];
-        dequantize_row(dtype, &f.weights[r], &mut w).expect("valid row");
-        let magnitude: f32 = w.iter().zip(&f.acts[r]).map(|(w, x)| (w * x).abs()).sum();
-        assert!((got - want).abs() <= tolerance * magnitude, "{dtype} row {r}: {got} vs GGML's {want}");
-    }
-}
-
-#[test]
-fn dequantization_equals_ggml_bit_for_bit() {
-    assert_dequantization_equals_ggml(DType::Q2_K, ggml_fixture!("q2_k"));
-    assert_dequantization_equals_ggml(DType::Q3_K, ggml_fixture!("q3_k"));
-}
-
-#[test]
-fn dots_match_ggml_on_its_q8_k_rows() {
-    assert_dots_match_ggml(DType::Q2_K, ggml_fixture!("q2_k"), 1e-6);
-    assert_dots_match_ggml(DType::Q3_K, ggml_fixture!("q3_k"), 1e-6);
 }

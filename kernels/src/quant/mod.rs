@@ -17,6 +17,17 @@ pub(crate) mod blocks;
 mod entries;
 mod error;
 mod formats;
+#[cfg(test)]
+mod ggml_rows;
+mod grid;
+mod iq1;
+pub(crate) mod iq1_grid;
+#[cfg(test)]
+mod iq1_tests;
+mod iq2;
+pub(crate) mod iq2_grids;
+#[cfg(test)]
+mod iq2_tests;
 mod iq3;
 mod iq3_grids;
 #[cfg(test)]
@@ -169,6 +180,11 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::TQ1_0 => ternary::dot_tq1_0,
         DType::IQ3_XXS => iq3::dot_iq3_xxs,
         DType::IQ3_S => iq3::dot_iq3_s,
+        DType::IQ2_XXS => grid::dot::<blocks::BlockIQ2XXS>,
+        DType::IQ2_XS => grid::dot::<blocks::BlockIQ2XS>,
+        DType::IQ2_S => grid::dot::<blocks::BlockIQ2S>,
+        DType::IQ1_S => grid::dot::<blocks::BlockIQ1S>,
+        DType::IQ1_M => grid::dot::<blocks::BlockIQ1M>,
     }
 }
 

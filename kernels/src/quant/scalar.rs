@@ -195,6 +195,11 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         }),
         DType::Q2_K => super::low_k::dequantize_q2_k(src, dst),
         DType::Q3_K => super::low_k::dequantize_q3_k(src, dst),
+        DType::IQ2_XXS => super::grid::dequantize::<super::blocks::BlockIQ2XXS>(src, dst),
+        DType::IQ2_XS => super::grid::dequantize::<super::blocks::BlockIQ2XS>(src, dst),
+        DType::IQ2_S => super::grid::dequantize::<super::blocks::BlockIQ2S>(src, dst),
+        DType::IQ1_S => super::grid::dequantize::<super::blocks::BlockIQ1S>(src, dst),
+        DType::IQ1_M => super::grid::dequantize::<super::blocks::BlockIQ1M>(src, dst),
         DType::Q6_K => each_block(src, dst, |b: &BlockQ6K, y: &mut [f32; QK_K]| {
             let d = half_to_f32(b.d);
             for (i, (y, q)) in y.iter_mut().zip(q6_k_quants(b)).enumerate() {

@@ -47,8 +47,26 @@ fn scale_offsets(dtype: DType) -> &'static [usize] {
         DType::Q3_K => &[108],
         DType::TQ2_0 => &[64],
         DType::TQ1_0 => &[52],
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ1_S => &[0],
+        // IQ1_M's scale is spread over four words: see `put_scales`.
+        DType::IQ1_M => &[],
         // MXFP4's scale is an exponent byte: see `finite_exponents`.
         DType::F32 | DType::F16 | DType::BF16 | DType::MXFP4 => &[],
+    }
+}
+
+/// Writes the block's f16 scales, the k-th being `scale(k)`; IQ1_M's one
+/// scale goes to the top nibbles of its four scale words.
+fn put_scales(dtype: DType, block: &mut [u8], scale: impl Fn(usize) -> f16) {
+    for (k, &off) in scale_offsets(dtype).iter().enumerate() {
+        block[off..off + 2].copy_from_slice(&scale(k).to_le_bytes());
+    }
+    if dtype == DType::IQ1_M {
+        let bits = scale(0).to_bits();
+        for k in 0..4 {
+            let hi = &mut block[48 + 2 * k + 1];
+            *hi = (*hi & 0x0F) | ((((bits >> (4 * k)) & 0xF) as u8) << 4);
+        }
     }
 }
 
@@ -78,10 +96,9 @@ pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, n: usize) -> Vec<u8> {
         _ => {
             rng.fill(&mut row);
             for block in row.chunks_exact_mut(dtype.block_bytes()) {
-                for &off in scale_offsets(dtype) {
-                    let scale = f16::from_f32(rng.signed_unit() * 0.01);
-                    block[off..off + 2].copy_from_slice(&scale.to_le_bytes());
-                }
+                let count = scale_offsets(dtype).len() + usize::from(dtype == DType::IQ1_M);
+                let scales: Vec<f16> = (0..count).map(|_| f16::from_f32(rng.signed_unit() * 0.01)).collect();
+                put_scales(dtype, block, |k| scales[k]);
                 if dtype == DType::MXFP4 {
                     // 2^-10 .. 2^-3: the values' range, as above.
                     block[0] = 118 + rng.below(8) as u8;
@@ -157,6 +174,11 @@ fn ggml_ids_names_and_sizes() {
         (23, "IQ4_XS", 256, 136),
         (10, "Q2_K", 256, 84),
         (11, "Q3_K", 256, 110),
+        (16, "IQ2_XXS", 256, 66),
+        (17, "IQ2_XS", 256, 74),
+        (22, "IQ2_S", 256, 82),
+        (19, "IQ1_S", 256, 50),
+        (29, "IQ1_M", 256, 56),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
         (35, "TQ2_0", 256, 66),
@@ -169,7 +191,7 @@ fn ggml_ids_names_and_sizes() {
         assert_eq!((dtype.name(), dtype.block_elems(), dtype.block_bytes()), (name, elems, bytes));
         assert_eq!(dtype.to_string(), name);
     }
-    for id in [4, 5, 9, 15, 16, 29, 31, 1000] {
+    for id in [4, 5, 9, 15, 31, 1000] {
         assert_eq!(DType::from_ggml(id), None, "id {id}");
     }
     assert_eq!(DType::ALL.len(), table.len());
@@ -272,6 +294,8 @@ fn documented_value(dtype: DType, b: &[u8], i: usize) -> f32 {
         DType::Q2_K | DType::Q3_K => super::low_k_tests::documented_value(dtype, b, i),
         DType::TQ2_0 | DType::TQ1_0 => super::ternary_tests::documented_value(dtype, b, i),
         DType::IQ3_XXS | DType::IQ3_S => super::iq3_tests::documented_value(dtype, b, i),
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => super::iq2_tests::documented_value(dtype, b, i),
+        DType::IQ1_S | DType::IQ1_M => super::iq1_tests::documented_value(dtype, b, i),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => h(0),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
@@ -467,9 +491,7 @@ fn adversarial_weights(rng: &mut Rng, dtype: DType, n: usize) -> Vec<Vec<u8>> {
         for scale in [1.0f32, -65504.0] {
             let mut row = vec![fill; len];
             for block in row.chunks_exact_mut(dtype.block_bytes()) {
-                for &off in scale_offsets(dtype) {
-                    block[off..off + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
-                }
+                put_scales(dtype, block, |_| f16::from_f32(scale));
             }
             finite_exponents(dtype, &mut row);
             rows.push(row);
@@ -477,10 +499,7 @@ fn adversarial_weights(rng: &mut Rng, dtype: DType, n: usize) -> Vec<Vec<u8>> {
     }
     let mut row = random_weights(rng, dtype, n);
     for block in row.chunks_exact_mut(dtype.block_bytes()) {
-        for (k, &off) in scale_offsets(dtype).iter().enumerate() {
-            let scale = if k == 0 { f16::MAX } else { f16::MIN };
-            block[off..off + 2].copy_from_slice(&scale.to_le_bytes());
-        }
+        put_scales(dtype, block, |k| if k == 0 { f16::MAX } else { f16::MIN });
     }
     rows.push(row);
     rows

@@ -3,8 +3,13 @@
 //! no include path, so nothing is looked up on the machine that compiles).
 
 use std::ffi::CString;
+use std::fmt::Write;
 
-/// Put in front of every program, in this order.
+use crate::quant::iq1_grid::IQ1S_GRID;
+use crate::quant::iq2_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+
+/// Put in front of every program, in this order, then the grid tables
+/// ([`grid_tables`]) and [`GRID_HEADER`], which reads them.
 const HEADERS: [&str; 6] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/quant.cuh"),
@@ -13,6 +18,8 @@ const HEADERS: [&str; 6] = [
     include_str!("../../../cuda/quant_ternary.cuh"),
     include_str!("../../../cuda/quant_iq3.cuh"),
 ];
+
+const GRID_HEADER: &str = include_str!("../../../cuda/quant_grid.cuh");
 
 const FILES: [(&str, &str); 10] = [
     ("matvec", include_str!("../../../cuda/matvec.cu")),
@@ -59,12 +66,34 @@ impl Program {
     }
 }
 
+/// The grid i-quants' tables (`quant::iq2_grids`, `quant::iq1_grid`) as CUDA arrays of u32,
+/// entry i as words 2i (its low half) and 2i + 1, so that the device reads
+/// the numbers the CPU reads.
+fn grid_tables() -> String {
+    let mut out = String::new();
+    let tables: [(&str, &[u64]); 4] = [
+        ("qx_iq2xxs_grid", &IQ2XXS_GRID),
+        ("qx_iq2xs_grid", &IQ2XS_GRID),
+        ("qx_iq2s_grid", &IQ2S_GRID),
+        ("qx_iq1s_grid", &IQ1S_GRID),
+    ];
+    for (name, table) in tables {
+        let _ = write!(out, "__device__ const u32 {name}[{}] = {{", 2 * table.len());
+        for &entry in table {
+            let _ = write!(out, "{:#x}u, {:#x}u, ", entry as u32, entry >> 32);
+        }
+        out.push_str("};\n");
+    }
+    out
+}
+
 /// Every kernel program, headers included.
 pub fn programs() -> Vec<Program> {
+    let headers = [HEADERS.join("\n"), grid_tables(), GRID_HEADER.into()].join("\n");
     FILES
         .iter()
         .map(|(name, file)| {
-            let mut source = HEADERS.join("\n");
+            let mut source = headers.clone();
             source.push('\n');
             source.push_str(file);
             Program { name: (*name).into(), source }

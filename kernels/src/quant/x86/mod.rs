@@ -15,6 +15,7 @@
 //! [`super::Kernels`], which is only built for a level the CPU supports.
 
 mod activations;
+mod grid;
 mod iq3;
 mod kquant;
 mod kquant_low;
@@ -628,6 +629,16 @@ macro_rules! dot_kernels {
                     four_by_eight: None,
                     packed: None,
                 };
+                // Every row on its own (the grid i-quants: their grid
+                // lookups, not the activation loads, bound the speed).
+                let row_by_row = |one| Dot {
+                    one,
+                    four: None,
+                    four_by_two: None,
+                    four_by_four: None,
+                    four_by_eight: None,
+                    packed: None,
+                };
                 macro_rules! packed {
                     ($kernel:ident) => {
                         PackedDot {
@@ -667,6 +678,11 @@ macro_rules! dot_kernels {
                         kquant!(one_iq3_xxs, four_iq3_xxs, two_pairs_iq3_xxs, four_by_eight_iq3_xxs, None)
                     }
                     DType::IQ3_S => kquant!(one_iq3_s, four_iq3_s, two_pairs_iq3_s, four_by_eight_iq3_s, None),
+                    DType::IQ2_XXS => row_by_row(one_signed::<BlockIQ2XXS>),
+                    DType::IQ2_XS => row_by_row(one_signed::<BlockIQ2XS>),
+                    DType::IQ2_S => row_by_row(one_signed::<BlockIQ2S>),
+                    DType::IQ1_S => row_by_row(one_offset::<BlockIQ1S>),
+                    DType::IQ1_M => row_by_row(one_offset::<BlockIQ1M>),
                 }
             }
 
@@ -720,6 +736,7 @@ macro_rules! dot_kernels {
             kquant_low::low_k_kernels!($features);
             ternary::ternary_kernels!($features);
             iq3::iq3_kernels!($features);
+            grid::grid_kernels!($features);
             packed::packed_kernels!($features, $ops);
         }
     };
