@@ -71,3 +71,39 @@ pub fn gemma_vocabulary(pieces: &[&str]) -> (Vec<String>, impl Fn(GgufBuilder) -
     };
     (tokens, metadata)
 }
+
+/// A byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`) in the
+/// layout llama.cpp's converter writes: the 256 byte characters, then
+/// `words` (plain text, spaces included) with every prefix of each made a
+/// token by one merge, then `specials` as control tokens. Returns the
+/// tokens, their types and the merges, in rank order.
+pub fn bpe_vocabulary(words: &[&str], specials: &[&str]) -> (Vec<String>, Vec<i32>, Vec<String>) {
+    let mut tokens: Vec<String> = (0..=255u8).map(|byte| byte_char(byte).to_string()).collect();
+    let mut merges = Vec::new();
+    for word in words {
+        let chars: Vec<char> = word.bytes().map(byte_char).collect();
+        for end in 2..=chars.len() {
+            let (left, right): (String, String) = (chars[..end - 1].iter().collect(), chars[end - 1].to_string());
+            let token = format!("{left}{right}");
+            if !tokens.contains(&token) {
+                merges.push(format!("{left} {right}"));
+                tokens.push(token);
+            }
+        }
+    }
+    let mut types = vec![NORMAL; tokens.len()];
+    tokens.extend(specials.iter().map(|special| (*special).to_owned()));
+    types.extend(specials.iter().map(|_| CONTROL));
+    (tokens, types, merges)
+}
+
+/// GPT-2's printable stand-in for a byte: printable Latin-1 bytes are
+/// themselves, the others take the code points from U+0100 on, in order.
+pub fn byte_char(byte: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(byte) {
+        return char::from(byte);
+    }
+    let shifted = (0..byte).filter(|&b| !printable(b)).count() as u32;
+    char::from_u32(256 + shifted).unwrap_or(char::REPLACEMENT_CHARACTER)
+}

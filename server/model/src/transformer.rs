@@ -38,7 +38,8 @@ pub struct Transformer<B: Backend> {
     pub(super) local_rope: Option<Rope>,
     /// Token embeddings are multiplied by this.
     pub(super) embed_scale: Option<f32>,
-    /// Logits are soft-capped at this.
+    /// Logits are multiplied by this, then soft-capped at this.
+    pub(super) logit_scale: Option<f32>,
     pub(super) logit_softcap: Option<f32>,
     pub(super) heads: HeadShape,
     /// LoRA adapters, by id (load order).
@@ -108,6 +109,7 @@ impl<B: Backend> Transformer<B> {
             rope,
             local_rope,
             embed_scale: outer.embed_scale,
+            logit_scale: outer.logit_scale,
             logit_softcap: outer.logit_softcap,
             heads,
             adapters,

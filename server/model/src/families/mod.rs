@@ -18,6 +18,9 @@
 //! | `dflash.rs` | `dflash` | a DFlash draft: Qwen3 layers, lent embeddings and head, feature fusion |
 //! | `gemma2.rs` | `gemma2` | Gemma 3's layers without Q/K norms, soft-capped scores and logits, every other layer local |
 //! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
+//! | `smollm3.rs` | `smollm3` | Llama's layers, every fourth without RoPE |
+//! | `granite.rs` | `granite` | Llama's layers, scaled embeddings, residuals, scores and logits by the file's multipliers |
+//! | `olmo2.rs` | `olmo2` | NEOX RoPE, post-norms only, Q/K norms over the whole vector, an untied head, optional local layers (OLMo 3) |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local.
 
@@ -25,18 +28,21 @@ mod dflash;
 mod family;
 mod gemma2;
 mod gemma3;
+mod granite;
 mod llama;
+mod olmo2;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
 mod qwen3vl;
 mod sliding;
+mod smollm3;
 
 use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 8] = [
+pub(super) static FAMILIES: [&dyn Family; 11] = [
     &llama::LLAMA,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -45,6 +51,9 @@ pub(super) static FAMILIES: [&dyn Family; 8] = [
     &dflash::Dflash,
     &gemma2::Gemma2,
     &gemma3::Gemma3,
+    &smollm3::Smollm3,
+    &granite::Granite,
+    &olmo2::Olmo2,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -89,7 +98,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, smollm3, granite, olmo2)"
         );
     }
 }
