@@ -60,8 +60,30 @@ fn tiny_gemma(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
 
 /// The words the synthetic BPE models' vocabularies build by merges.
 const BPE_WORDS: [&str; 24] = [
-    " the", " cat", " sat", " on", " mat", " Hello", " world", " a", " dog", " ran", " is", " and", "Hello", "the",
-    "user", "assistant", "system", "  ", "\n\n", " caf\u{e9}", "\u{65e5}\u{672c}", " 12", "!", "ing",
+    " the",
+    " cat",
+    " sat",
+    " on",
+    " mat",
+    " Hello",
+    " world",
+    " a",
+    " dog",
+    " ran",
+    " is",
+    " and",
+    "Hello",
+    "the",
+    "user",
+    "assistant",
+    "system",
+    "  ",
+    "\n\n",
+    " caf\u{e9}",
+    "\u{65e5}\u{672c}",
+    " 12",
+    "!",
+    "ing",
 ];
 
 /// The synthetic BPE models (`arch` `smollm3`, `granite` or `olmo2`) whose
