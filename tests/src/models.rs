@@ -92,10 +92,10 @@ const BPE_WORDS: [&str; 24] = [
 /// `tokenizer.ggml.pre`, special tokens and published chat template, as its
 /// converter writes them. SmolLM3 has eight layers (two without RoPE);
 /// Granite non-trivial multipliers; OLMo 2 eight layers, six of them local
-/// with windows of 5 positions (OLMo 3's layout). The LM head gives byte
-/// tokens past ASCII and special tokens logits of 0, below any greedy
-/// choice: llama-server reports no log-probs for a lone UTF-8 byte and
-/// stops at an end-of-generation token. The final norm's weights of 4
+/// with windows of 5 positions (OLMo 3's layout). The LM head gives pieces
+/// of UTF-8 characters and special tokens logits of 0, below any greedy
+/// choice: llama-server reports no log-probs for a piece of a character
+/// and stops at an end-of-generation token. The final norm's weights of 4
 /// spread the logits, so that near ties are rare.
 fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     use crate::gguf_writer::{Rng, Tensor, TinyModel, Value};
@@ -120,20 +120,31 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let shape = TinyModel { n_layer, n_vocab, tokens: Some(tokens.clone()), ..TinyModel::recipe(arch, seed) };
     let e = shape.n_embd;
     let mut rng = Rng::new(seed ^ 0x4ead);
+    let byte_of: std::collections::HashMap<char, u8> =
+        (0..=255u8).map(|byte| (crate::vocab::byte_char(byte), byte)).collect();
+    // A piece cut inside a UTF-8 character (a byte past ASCII, or a prefix
+    // of a word like " café") cannot be shown on its own.
+    let partial = |token: &str| {
+        let bytes: Option<Vec<u8>> = token.chars().map(|c| byte_of.get(&c).copied()).collect();
+        bytes.is_some_and(|bytes| std::str::from_utf8(&bytes).is_err())
+    };
     let head: Vec<f32> = (0..n_vocab)
         .flat_map(|token| {
-            let silent = types[token] != crate::vocab::NORMAL || (0x80..256).contains(&token);
+            let silent = types[token] != crate::vocab::NORMAL || partial(&tokens[token]);
             let row = rng.vec(e, 1.0 / (e as f32).sqrt());
             if silent { vec![0.0; e] } else { row }
         })
         .collect();
+    // Granite's logits are divided by its logit scale: its final norm
+    // spreads them as much more.
+    let spread = if arch == "granite" { 32.0 } else { 4.0 };
     let model = shape
         .build()
         .meta("tokenizer.ggml.pre", Value::Str(pre.into()))
         .meta("tokenizer.ggml.token_type", Value::I32s(types.clone()))
         .meta("tokenizer.ggml.merges", Value::Strs(merges))
         .meta("tokenizer.chat_template", Value::Str(template.into()))
-        .tensor(Tensor::f32("output_norm.weight", &[e as u64], &vec![4.0; e]))
+        .tensor(Tensor::f32("output_norm.weight", &[e as u64], &vec![spread; e]))
         .tensor(Tensor::f32("output.weight", &[e as u64, n_vocab as u64], &head));
     match arch {
         // SmolLM3's files name BOS and EOS but not whether to add BOS.
