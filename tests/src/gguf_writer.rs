@@ -358,7 +358,13 @@ impl TinyModel {
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
         let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4");
         let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3");
-        let post_norms = matches!(arch, "gemma2" | "gemma3" | "glm4");
+        // OLMo 2: no pre-norms, Q/K norms over the whole vectors, post-norms;
+        // Granite: its one required multiplier.
+        let olmo2 = arch == "olmo2";
+        let post_norms = matches!(arch, "gemma2" | "gemma3" | "glm4" | "olmo2");
+        if arch == "granite" {
+            builder = builder.meta("granite.logit_scale", Value::F32(8.0));
+        }
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             let norm = |rng: &mut Rng, len: usize| rng.vec(len, 0.2).iter().map(|x| 1.0 + x).collect::<Vec<f32>>();
@@ -372,6 +378,13 @@ impl TinyModel {
                 .tensor(matrix(name("ffn_gate.weight"), e, f, &mut rng))
                 .tensor(matrix(name("ffn_up.weight"), e, f, &mut rng))
                 .tensor(matrix(name("ffn_down.weight"), f, e, &mut rng));
+            if olmo2 {
+                builder = builder
+                    .without_tensor(&name("attn_norm.weight"))
+                    .without_tensor(&name("ffn_norm.weight"))
+                    .tensor(Tensor::f32(&name("attn_q_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
+                    .tensor(Tensor::f32(&name("attn_k_norm.weight"), &[kv_dim as u64], &norm(&mut rng, kv_dim)));
+            }
             if qkv_bias {
                 builder = builder
                     .tensor(Tensor::f32(&name("attn_q.bias"), &[e], &rng.vec(self.n_embd, 0.1)))
@@ -388,6 +401,10 @@ impl TinyModel {
                     .tensor(Tensor::f32(&name("post_attention_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
                     .tensor(Tensor::f32(&name("post_ffw_norm.weight"), &[e], &norm(&mut rng, self.n_embd)));
             }
+        }
+        if olmo2 {
+            // Its head is never tied.
+            builder = builder.tensor(matrix("output.weight".into(), e, v, &mut rng));
         }
         builder
     }

@@ -178,6 +178,9 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.matmul(&head.matrix, &s.h, m, &mut logits);
             lora.select(&output.logit_rows).apply(b, &model.adapters, None, &s.h, &mut logits);
             output.logits = b.download_owned(logits)?;
+            if let Some(factor) = model.logit_scale {
+                output.logits.iter_mut().for_each(|logit| *logit *= factor);
+            }
             if let Some(cap) = model.logit_softcap {
                 // llama.cpp's order: times the f32 reciprocal, tanh, times the cap.
                 let inverse = 1.0 / cap;

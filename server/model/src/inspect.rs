@@ -55,17 +55,32 @@ pub fn ranges(indices: &[usize]) -> String {
 impl fmt::Display for LayerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.mixer {
-            Mixer::Attention(Attention { qkv_bias, qk_norm, q_scale, softcap, window, own_rope }) => {
+            Mixer::Attention(Attention {
+                qkv_bias,
+                qk_norm,
+                qk_norm_whole,
+                rotary,
+                score_scale,
+                q_scale,
+                softcap,
+                window,
+                own_rope,
+            }) => {
                 match window {
                     Some(window) => write!(f, "sliding-window attention ({window} positions)")?,
                     None => f.write_str("attention")?,
                 }
-                let mut extras: Vec<String> = [(qkv_bias, "Q/K/V biases"), (qk_norm, "Q/K norms")]
+                let qk_norm = match qk_norm_whole {
+                    true => (qk_norm, "whole-vector Q/K norms"),
+                    false => (qk_norm, "Q/K norms"),
+                };
+                let mut extras: Vec<String> = [(qkv_bias, "Q/K/V biases"), qk_norm, (!rotary, "no RoPE")]
                     .into_iter()
                     .filter(|&(set, _)| set)
                     .map(|(_, name)| name.to_string())
                     .collect();
                 extras.extend(q_scale.map(|scale| format!("Q scaled by {scale}")));
+                extras.extend(score_scale.map(|scale| format!("scores scaled by {scale}")));
                 extras.extend(softcap.map(|cap| format!("scores soft-capped at {cap}")));
                 extras.extend(own_rope.map(|rope| format!("RoPE base {}", rope.base)));
                 if !extras.is_empty() {
@@ -77,8 +92,14 @@ impl fmt::Display for LayerKind {
             Ffn::SwiGlu => ", SwiGLU feed-forward",
             Ffn::GeGlu => ", GELU-gated feed-forward",
         })?;
+        if !self.pre_norms {
+            f.write_str(", no pre-norms")?;
+        }
         if self.post_norms {
             f.write_str(", post-norms")?;
+        }
+        if let Some(scale) = self.residual_scale {
+            write!(f, ", residuals scaled by {scale}")?;
         }
         Ok(())
     }

@@ -13,15 +13,27 @@
 pub(crate) struct LayerKind {
     pub mixer: Mixer,
     pub ffn: Ffn,
+    /// Each block's input is RMS-normed (`attn_norm`, `ffn_norm`); OLMo 2
+    /// has none, its blocks read the residual stream itself.
+    pub pre_norms: bool,
     /// Each block's output is RMS-normed before its residual add
-    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 2 and 3).
+    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 2 and 3, OLMo 2).
     pub post_norms: bool,
+    /// Each block's output is multiplied by this before its residual add
+    /// (Granite's `residual_scale`), after any post-norm.
+    pub residual_scale: Option<f32>,
 }
 
 impl LayerKind {
-    /// Attention of `attention`'s shape and a SwiGLU MLP, no post-norms.
+    /// Attention of `attention`'s shape and a SwiGLU MLP, pre-norms only.
     pub(crate) const fn plain(attention: Attention) -> Self {
-        LayerKind { mixer: Mixer::Attention(attention), ffn: Ffn::SwiGlu, post_norms: false }
+        LayerKind {
+            mixer: Mixer::Attention(attention),
+            ffn: Ffn::SwiGlu,
+            pre_norms: true,
+            post_norms: false,
+            residual_scale: None,
+        }
     }
 }
 
@@ -41,6 +53,17 @@ pub(crate) struct Attention {
     pub qkv_bias: bool,
     /// RMSNorm of each Q and K head before RoPE (`attn_{q,k}_norm`).
     pub qk_norm: bool,
+    /// The Q and K norms span the whole projected vector, all heads
+    /// together (OLMo 2: weights of `n_head·head_dim` and
+    /// `n_head_kv·head_dim`), not each head.
+    pub qk_norm_whole: bool,
+    /// Q and K are rotated; a layer without position embedding (SmolLM3's
+    /// every fourth, Granite files with `rope.scaling.finetuned = false`)
+    /// attends by content alone.
+    pub rotary: bool,
+    /// The scores' scale instead of `1/√head_dim` (Granite's
+    /// `attention.scale`); ignored when `q_scale` is set.
+    pub score_scale: Option<f32>,
     /// Q is multiplied by this after RoPE and the scores are not scaled
     /// again (Gemma, where llama.cpp rounds there); `None`: scores are
     /// scaled by `1/√head_dim`.
@@ -65,7 +88,17 @@ pub(crate) struct OwnRope {
 impl Attention {
     /// Full attention, scores scaled by `1/√head_dim`, the model's RoPE.
     pub(crate) const fn full(qkv_bias: bool, qk_norm: bool) -> Self {
-        Attention { qkv_bias, qk_norm, q_scale: None, softcap: None, window: None, own_rope: None }
+        Attention {
+            qkv_bias,
+            qk_norm,
+            qk_norm_whole: false,
+            rotary: true,
+            score_scale: None,
+            q_scale: None,
+            softcap: None,
+            window: None,
+            own_rope: None,
+        }
     }
 }
 

@@ -38,7 +38,8 @@ pub struct Transformer<B: Backend> {
     pub(super) local_rope: Option<Rope>,
     /// Token embeddings are multiplied by this.
     pub(super) embed_scale: Option<f32>,
-    /// Logits are soft-capped at this.
+    /// Logits are multiplied by this, then soft-capped at this.
+    pub(super) logit_scale: Option<f32>,
     pub(super) logit_softcap: Option<f32>,
     /// Queries are scaled by position (Llama 4's temperature, this factor
     /// times the log of the position's bucket of original contexts).
@@ -112,6 +113,7 @@ impl<B: Backend> Transformer<B> {
             rope,
             local_rope,
             embed_scale: outer.embed_scale,
+            logit_scale: outer.logit_scale,
             logit_softcap: outer.logit_softcap,
             q_temperature: outer.q_temperature,
             heads,

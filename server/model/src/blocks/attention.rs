@@ -1,9 +1,10 @@
 //! Causal self-attention with grouped KV heads over the paged KV store:
-//! RMSNorm, Q/K/V projections (optional biases), optional per-head Q/K
-//! RMSNorm, RoPE (the model's or the layer's own), then every row's K/V is
-//! stored before any row attends, so rows of one sequence in a pass see
-//! each other causally, over the whole sequence or a sliding window. The
-//! output projection may be RMS-normed before the residual add.
+//! RMSNorm (where the layer has one), Q/K/V projections (optional biases),
+//! optional Q/K RMSNorm (per head or over the whole vector), RoPE (the
+//! model's or the layer's own, or none), then every row's K/V is stored
+//! before any row attends, so rows of one sequence in a pass see each other
+//! causally, over the whole sequence or a sliding window. The output
+//! projection may be RMS-normed and scaled before the residual add.
 
 use sluice_kernels::backend::Backend;
 use sluice_kernels::ops::{Rope, Scores};
@@ -11,7 +12,7 @@ use sluice_kernels::ops::{Rope, Scores};
 use super::pass::{LayerTensors, Pass, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
-use crate::layer::Attention;
+use crate::layer::{Attention, LayerKind};
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};
 
@@ -19,7 +20,8 @@ use crate::weights::{LoadError, Weight};
 pub(super) const FUSED_QKV: &str = "attn_qkv.weight";
 
 pub(super) struct AttentionBlock<B: Backend> {
-    norm: B::Vector,
+    /// `None`: the projections read the residual stream itself.
+    norm: Option<B::Vector>,
     q: Weight<B>,
     k: Weight<B>,
     v: Weight<B>,
@@ -32,6 +34,10 @@ pub(super) struct AttentionBlock<B: Backend> {
     k_norm: Option<B::Vector>,
     output: Weight<B>,
     post_norm: Option<B::Vector>,
+    /// The output's scale before the residual add.
+    residual_scale: Option<f32>,
+    /// Q and K are rotated.
+    rotary: bool,
     /// Q's scale, when Q is scaled before attention rather than its scores.
     q_scale: Option<f32>,
     scores: Scores,
@@ -45,14 +51,19 @@ impl<B: Backend> AttentionBlock<B> {
     pub(super) fn load(
         tensors: &LayerTensors<'_, B>,
         kind: Attention,
-        post_norm: bool,
+        layer: LayerKind,
         hp: &HParams,
         cache: usize,
     ) -> Result<Self, LoadError> {
         let (n_embd, q_dim, kv_dim) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
-        let scale = match kind.q_scale {
-            Some(_) => 1.0,
-            None => 1.0 / (hp.head_dim as f32).sqrt(),
+        let scale = match (kind.q_scale, kind.score_scale) {
+            (Some(_), _) => 1.0,
+            (None, Some(scale)) => scale,
+            (None, None) => 1.0 / (hp.head_dim as f32).sqrt(),
+        };
+        let (q_norm_len, k_norm_len) = match kind.qk_norm_whole {
+            true => (q_dim, kv_dim),
+            false => (hp.head_dim, hp.head_dim),
         };
         let widths = [q_dim, kv_dim, kv_dim];
         let fused_qkv = tensors.has(FUSED_QKV);
@@ -74,7 +85,7 @@ impl<B: Backend> AttentionBlock<B> {
             ],
         };
         Ok(AttentionBlock {
-            norm: tensors.vector("attn_norm.weight", n_embd)?,
+            norm: layer.pre_norms.then(|| tensors.vector("attn_norm.weight", n_embd)).transpose()?,
             q,
             k,
             v,
@@ -82,10 +93,12 @@ impl<B: Backend> AttentionBlock<B> {
             q_bias,
             k_bias,
             v_bias,
-            q_norm: tensors.optional("attn_q_norm.weight", hp.head_dim, kind.qk_norm)?,
-            k_norm: tensors.optional("attn_k_norm.weight", hp.head_dim, kind.qk_norm)?,
+            q_norm: tensors.optional("attn_q_norm.weight", q_norm_len, kind.qk_norm)?,
+            k_norm: tensors.optional("attn_k_norm.weight", k_norm_len, kind.qk_norm)?,
             output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
-            post_norm: post_norm.then(|| tensors.vector("post_attention_norm.weight", n_embd)).transpose()?,
+            post_norm: layer.post_norms.then(|| tensors.vector("post_attention_norm.weight", n_embd)).transpose()?,
+            residual_scale: layer.residual_scale,
+            rotary: kind.rotary,
             q_scale: kind.q_scale,
             scores: Scores { scale, softcap: kind.softcap, window: kind.window },
             local_rope: kind.own_rope.is_some(),
@@ -101,14 +114,20 @@ impl<B: Backend> AttentionBlock<B> {
         s: &mut Scratch<B>,
     ) -> Result<(), ForwardError> {
         let b = pass.backend;
-        b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
+        let input = match &self.norm {
+            Some(norm) => {
+                b.rms_norm(&s.x, norm, pass.rms_eps, &mut s.h);
+                &s.h
+            }
+            None => &s.x,
+        };
         b.matmuls(
-            &s.h,
+            input,
             pass.rows,
             &mut [(&self.q.matrix, &mut s.q), (&self.k.matrix, &mut s.k), (&self.v.matrix, &mut s.v)],
         );
         for (site, values) in [(Site::Q, &mut s.q), (Site::K, &mut s.k), (Site::V, &mut s.v)] {
-            pass.adapted(layer, site, &s.h, values);
+            pass.adapted(layer, site, input, values);
         }
         for (values, bias) in [(&mut s.q, &self.q_bias), (&mut s.k, &self.k_bias), (&mut s.v, &self.v_bias)] {
             if let Some(bias) = bias {
@@ -120,9 +139,11 @@ impl<B: Backend> AttentionBlock<B> {
                 b.rms_norm_in_place(values, norm, pass.rms_eps);
             }
         }
-        let (rope, angles) = self.rope(pass);
-        b.rope(rope, angles, &mut s.q);
-        b.rope(rope, angles, &mut s.k);
+        if self.rotary {
+            let (rope, angles) = self.rope(pass);
+            b.rope(rope, angles, &mut s.q);
+            b.rope(rope, angles, &mut s.k);
+        }
         if let Some(q_scale) = self.q_scale {
             b.scale(&mut s.q, q_scale)?;
         }
@@ -135,6 +156,9 @@ impl<B: Backend> AttentionBlock<B> {
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
         if let Some(norm) = &self.post_norm {
             b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
+        }
+        if let Some(scale) = self.residual_scale {
+            b.scale(&mut s.h, scale)?;
         }
         b.add(&mut s.x, &s.h);
         Ok(())
@@ -155,8 +179,10 @@ impl<B: Backend> AttentionBlock<B> {
         if let Some(norm) = &self.k_norm {
             b.rms_norm_in_place(&mut s.k, norm, pass.rms_eps);
         }
-        let (rope, angles) = self.rope(pass);
-        b.rope(rope, angles, &mut s.k);
+        if self.rotary {
+            let (rope, angles) = self.rope(pass);
+            b.rope(rope, angles, &mut s.k);
+        }
         b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
     }
 

@@ -1,20 +1,22 @@
-//! The gated feed-forward: RMSNorm, gate and up projections,
-//! `act(gate) · up` (SiLU or GELU), down projection, and where the layer
-//! has one, an RMSNorm of the result before the residual add.
+//! The gated feed-forward: RMSNorm (where the layer has one), gate and up
+//! projections, `act(gate) · up` (SiLU or GELU), down projection, and where
+//! the layer has them, an RMSNorm and a scale of the result before the
+//! residual add.
 
 use sluice_kernels::backend::Backend;
 
 use super::pass::{LayerTensors, Pass, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
-use crate::layer::Ffn;
+use crate::layer::{Ffn, LayerKind};
 use crate::lora::Site;
 use crate::weights::{LoadError, Weight};
 
 const UP: &str = "ffn_up.weight";
 
 pub(super) struct Mlp<B: Backend> {
-    norm: B::Vector,
+    /// `None`: the projections read the residual stream itself.
+    norm: Option<B::Vector>,
     gate: Weight<B>,
     up: Weight<B>,
     /// Gate and up are the halves of one fused `ffn_up.weight`.
@@ -22,15 +24,11 @@ pub(super) struct Mlp<B: Backend> {
     down: Weight<B>,
     act: Ffn,
     post_norm: Option<B::Vector>,
+    residual_scale: Option<f32>,
 }
 
 impl<B: Backend> Mlp<B> {
-    pub(super) fn load(
-        tensors: &LayerTensors<'_, B>,
-        act: Ffn,
-        post_norm: bool,
-        hp: &HParams,
-    ) -> Result<Self, LoadError> {
+    pub(super) fn load(tensors: &LayerTensors<'_, B>, layer: LayerKind, hp: &HParams) -> Result<Self, LoadError> {
         // Without a gate tensor, `ffn_up` holds the gate's rows, then the
         // up projection's (Phi-3, GLM-4).
         let fused_up = !tensors.has("ffn_gate.weight") && tensors.has(UP);
@@ -39,22 +37,29 @@ impl<B: Backend> Mlp<B> {
             false => [tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?, tensors.weight(UP, hp.n_embd, hp.n_ff)?],
         };
         Ok(Mlp {
-            norm: tensors.vector("ffn_norm.weight", hp.n_embd)?,
+            norm: layer.pre_norms.then(|| tensors.vector("ffn_norm.weight", hp.n_embd)).transpose()?,
             gate,
             up,
             fused_up,
             down: tensors.weight("ffn_down.weight", hp.n_ff, hp.n_embd)?,
-            act,
-            post_norm: post_norm.then(|| tensors.vector("post_ffw_norm.weight", hp.n_embd)).transpose()?,
+            act: layer.ffn,
+            post_norm: layer.post_norms.then(|| tensors.vector("post_ffw_norm.weight", hp.n_embd)).transpose()?,
+            residual_scale: layer.residual_scale,
         })
     }
 
     pub(super) fn run(&self, pass: &Pass<'_, B>, layer: usize, s: &mut Scratch<B>) -> Result<(), ForwardError> {
         let b = pass.backend;
-        b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
-        b.matmuls(&s.h, pass.rows, &mut [(&self.gate.matrix, &mut s.gate), (&self.up.matrix, &mut s.up)]);
-        pass.adapted(layer, Site::Gate, &s.h, &mut s.gate);
-        pass.adapted(layer, Site::Up, &s.h, &mut s.up);
+        let input = match &self.norm {
+            Some(norm) => {
+                b.rms_norm(&s.x, norm, pass.rms_eps, &mut s.h);
+                &s.h
+            }
+            None => &s.x,
+        };
+        b.matmuls(input, pass.rows, &mut [(&self.gate.matrix, &mut s.gate), (&self.up.matrix, &mut s.up)]);
+        pass.adapted(layer, Site::Gate, input, &mut s.gate);
+        pass.adapted(layer, Site::Up, input, &mut s.up);
         match self.act {
             Ffn::SwiGlu => b.swiglu(&s.gate, &s.up, &mut s.ffn),
             Ffn::GeGlu => b.geglu(&s.gate, &s.up, &mut s.ffn)?,
@@ -63,6 +68,9 @@ impl<B: Backend> Mlp<B> {
         pass.adapted(layer, Site::Down, &s.ffn, &mut s.h);
         if let Some(norm) = &self.post_norm {
             b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
+        }
+        if let Some(scale) = self.residual_scale {
+            b.scale(&mut s.h, scale)?;
         }
         b.add(&mut s.x, &s.h);
         Ok(())

@@ -3,10 +3,12 @@
 //! names them) and runs as one residual step, `x += block(x)`.
 //!
 //! - `attention.rs`: causal self-attention over the paged KV store, with
-//!   optional Q/K/V biases, Q/K norms, a sliding window, soft-capped
-//!   scores, a pre-scaled Q, a RoPE of its own and a post-norm;
+//!   optional Q/K/V biases, Q/K norms (per head or whole), a sliding
+//!   window, soft-capped scores, a pre-scaled Q or a score scale of its
+//!   own, a RoPE of its own or none, and an optional pre-norm, post-norm
+//!   and residual scale;
 //! - `mlp.rs`: the gated feed-forward (SwiGLU or GeGLU), with an optional
-//!   post-norm;
+//!   pre-norm, post-norm and residual scale;
 //! - `pass.rs`: what they share (the pass, its buffers, a layer's tensors).
 //!
 //! [`Layer`] composes a layer's blocks from its declared
@@ -67,10 +69,10 @@ impl<B: Backend> Layer<B> {
             (Mixer::Attention(attention), Cache::Paged) => {
                 caches.paged += 1;
                 let cache = caches.paged - 1;
-                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind.post_norms, hp, cache)?)
+                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, cache)?)
             }
         };
-        let ffn = FfnBlock::Gated(Mlp::load(&tensors, kind.ffn, kind.post_norms, hp)?);
+        let ffn = FfnBlock::Gated(Mlp::load(&tensors, kind, hp)?);
         Ok(Layer { mixer, ffn })
     }
 

@@ -48,8 +48,12 @@ pub(crate) struct Outer {
     /// taps): their concatenated width, projected by `fc.weight` to
     /// `n_embd` and normed by `enc.output_norm.weight`.
     pub(crate) fusion: Option<usize>,
-    /// Token embeddings are multiplied by this (Gemma: `√n_embd`).
+    /// Token embeddings are multiplied by this (Gemma: `√n_embd`,
+    /// Granite: `embedding_scale`).
     pub(crate) embed_scale: Option<f32>,
+    /// Logits are multiplied by this (Granite: the f32 reciprocal of
+    /// `logit_scale`, as llama.cpp multiplies rather than divides).
+    pub(crate) logit_scale: Option<f32>,
     /// Logits are soft-capped at this, `cap · tanh(logit / cap)`.
     pub(crate) logit_softcap: Option<f32>,
     /// Llama 4's query temperature: after RoPE, a row at position `pos`
@@ -66,6 +70,7 @@ impl Outer {
             head_rows: hp.n_vocab,
             fusion: None,
             embed_scale: None,
+            logit_scale: None,
             logit_softcap: None,
             q_temperature: None,
         }

@@ -11,7 +11,7 @@ use super::gemma3::{embedding_scale, gemma_q_scale, local_rope_base, own_rope, s
 use super::sliding;
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle};
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, Ffn, LayerKind};
 use crate::weights::LoadError;
 
 pub(super) struct Gemma2;
@@ -41,7 +41,7 @@ impl Family for Gemma2 {
                     true => Attention { window: Some(window), own_rope: local_rope, ..attention },
                     false => attention,
                 };
-                LayerKind { mixer: Mixer::Attention(attention), ffn: Ffn::GeGlu, post_norms: true }
+                LayerKind { ffn: Ffn::GeGlu, post_norms: true, ..LayerKind::plain(attention) }
             })
             .collect())
     }

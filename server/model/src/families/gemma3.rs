@@ -15,7 +15,7 @@ use super::family::{Family, Outer};
 use super::sliding;
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle, invalid};
-use crate::layer::{Attention, Ffn, LayerKind, Mixer, OwnRope};
+use crate::layer::{Attention, Ffn, LayerKind, OwnRope};
 use crate::weights::LoadError;
 
 pub(super) struct Gemma3;
@@ -49,7 +49,7 @@ impl Family for Gemma3 {
                     own_rope: local.then(|| own_rope(hp, local_base, 1.0)).flatten(),
                     ..Attention::full(false, true)
                 };
-                LayerKind { mixer: Mixer::Attention(attention), ffn: Ffn::GeGlu, post_norms: true }
+                LayerKind { ffn: Ffn::GeGlu, post_norms: true, ..LayerKind::plain(attention) }
             })
             .collect())
     }

@@ -8,12 +8,12 @@
 use super::family::Uniform;
 use crate::gguf::GgufFile;
 use crate::hparams::{HParamsError, RopeStyle, invalid};
-use crate::layer::{Attention, Ffn, LayerKind, Mixer};
+use crate::layer::{Attention, LayerKind};
 
 pub(super) const GLM4: Uniform = Uniform {
     name: "glm4",
     rope: text_rope,
-    layer: LayerKind { mixer: Mixer::Attention(Attention::full(false, false)), ffn: Ffn::SwiGlu, post_norms: true },
+    layer: LayerKind { post_norms: true, ..LayerKind::plain(Attention::full(false, false)) },
 };
 
 /// GLM-4V's files name M-RoPE sections; its vision path is not run.

@@ -21,6 +21,9 @@
 //! | `gemma3.rs` | `gemma3` | NEOX RoPE, Q/K norms, pre-scaled Q, post-norms, GeGLU, scaled embeddings, local layers with a sliding window and their own RoPE base |
 //! | `phi3.rs` | `phi3` | NEOX RoPE (partial where the file says), pre-scaled Q, fused Q/K/V and gate/up, LongRoPE factors, no sliding window |
 //! | `glm4.rs` | `glm4` | adjacent-pair RoPE over part of each head, Q/K/V biases, post-norms, fused gate/up, trailing multi-token-prediction layers skipped |
+//! | `smollm3.rs` | `smollm3` | Llama's layers, every fourth without RoPE |
+//! | `granite.rs` | `granite` | Llama's layers, scaled embeddings, residuals, scores and logits by the file's multipliers |
+//! | `olmo2.rs` | `olmo2` | NEOX RoPE, post-norms only, Q/K norms over the whole vector, an untied head, optional local layers (OLMo 3) |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local.
 
@@ -29,20 +32,23 @@ mod family;
 mod gemma2;
 mod gemma3;
 mod glm4;
+mod granite;
 mod llama;
 mod mistral3;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen2vl;
 mod qwen3;
 mod qwen3vl;
 mod sliding;
+mod smollm3;
 
 use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 11] = [
+pub(super) static FAMILIES: [&dyn Family; 14] = [
     &llama::LLAMA,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -54,6 +60,9 @@ pub(super) static FAMILIES: [&dyn Family; 11] = [
     &mistral3::Mistral3,
     &phi3::Phi3,
     &glm4::GLM4,
+    &smollm3::Smollm3,
+    &granite::Granite,
+    &olmo2::Olmo2,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -99,7 +108,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2)"
         );
     }
 }
