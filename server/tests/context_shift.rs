@@ -7,6 +7,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_tests::http::Server;
+use sluice_tests::models::tiny_family;
 
 const CTX: usize = 64;
 const PROMPT: &str = "Once upon a time, in a small village by the sea,";
@@ -25,6 +26,40 @@ fn prompt_tokens(server: &Server) -> Vec<u64> {
     let (status, answer) = server.post("/tokenize", &json!({ "content": PROMPT, "add_special": true }));
     assert_eq!(status, StatusCode::OK, "{answer}");
     ids(&answer["tokens"])
+}
+
+/// `shifted`, a request of `prompt` keeping all of it and generating
+/// twice the context, was truncated at its first shift exactly as a fresh
+/// request holding what it kept goes on; its tokens.
+fn assert_goes_on_as_fresh(server: &Server, prompt: &[u64], shifted: &Value) -> Vec<u64> {
+    let (n_prompt, n_predict) = (prompt.len(), 2 * CTX);
+    assert_eq!(shifted["tokens_predicted"].as_u64(), Some(n_predict as u64), "{shifted}");
+    assert_eq!(shifted["truncated"], true, "a shifted context is reported as truncated");
+    assert_eq!(shifted["timings"]["prompt_n"].as_u64(), Some(n_prompt as u64), "the prompt is counted once");
+    let generated = ids(&shifted["tokens"]);
+    assert_eq!(generated.len(), n_predict);
+
+    // The first shift comes when the token sampled would take the last
+    // cell: it drops half of the cells after the kept prompt.
+    let pending = CTX - n_prompt;
+    let cells: Vec<u64> = prompt.iter().chain(&generated[..pending - 1]).copied().collect();
+    assert_eq!(cells.len(), CTX - 1);
+    let discard = (cells.len() - n_prompt) / 2;
+    let mut kept: Vec<u64> = cells[..n_prompt].to_vec();
+    kept.extend_from_slice(&cells[n_prompt + discard..]);
+    kept.push(generated[pending - 1]);
+
+    // A fresh request holding exactly that (and keeping the same prompt
+    // when it shifts in its turn) generates what the shifted one did.
+    let fresh = complete(
+        server,
+        &json!({
+            "prompt": kept, "n_predict": n_predict - pending, "ignore_eos": true, "temperature": 0,
+            "n_keep": n_prompt, "return_tokens": true, "cache_prompt": false,
+        }),
+    );
+    assert_eq!(ids(&fresh["tokens"]), generated[pending..].to_vec(), "{fresh}");
+    generated
 }
 
 #[test]
@@ -60,32 +95,7 @@ fn a_shifted_request_goes_on_as_a_fresh_one_with_what_it_kept() {
         "n_keep": n_prompt, "return_tokens": true,
     });
     let shifted = complete(&server, &body);
-    assert_eq!(shifted["tokens_predicted"].as_u64(), Some(n_predict as u64), "{shifted}");
-    assert_eq!(shifted["truncated"], true, "a shifted context is reported as truncated");
-    assert_eq!(shifted["timings"]["prompt_n"].as_u64(), Some(n_prompt as u64), "the prompt is counted once");
-    let generated = ids(&shifted["tokens"]);
-    assert_eq!(generated.len(), n_predict);
-
-    // The first shift comes when the token sampled would take the last
-    // cell: it drops half of the cells after the kept prompt.
-    let pending = CTX - n_prompt;
-    let cells: Vec<u64> = prompt.iter().chain(&generated[..pending - 1]).copied().collect();
-    assert_eq!(cells.len(), CTX - 1);
-    let discard = (cells.len() - n_prompt) / 2;
-    let mut kept: Vec<u64> = cells[..n_prompt].to_vec();
-    kept.extend_from_slice(&cells[n_prompt + discard..]);
-    kept.push(generated[pending - 1]);
-
-    // A fresh request holding exactly that (and keeping the same prompt
-    // when it shifts in its turn) generates what the shifted one did.
-    let fresh = complete(
-        &server,
-        &json!({
-            "prompt": kept, "n_predict": n_predict - pending, "ignore_eos": true, "temperature": 0,
-            "n_keep": n_prompt, "return_tokens": true, "cache_prompt": false,
-        }),
-    );
-    assert_eq!(ids(&fresh["tokens"]), generated[pending..].to_vec(), "{fresh}");
+    let generated = assert_goes_on_as_fresh(&server, &prompt, &shifted);
 
     // Streaming shifts the same way.
     let mut streamed = body.clone();
@@ -97,4 +107,43 @@ fn a_shifted_request_goes_on_as_a_fresh_one_with_what_it_kept() {
     assert_eq!(tokens, generated);
     let last = stream.events.last().expect("a final event");
     assert_eq!(last["truncated"], true, "{last}");
+}
+
+/// The tiny Gemma 3 (six window layers of 5 positions, one global), its
+/// window layers freeing their old cells: a shift goes on as a fresh
+/// request does; a repeated prompt is computed whole, never served from the
+/// prefix cache (the window cells it would resume from are gone), and slot
+/// files are refused. With `--swa-full` every cell is kept: the same
+/// tokens, and the prompt served from the prefix cache.
+#[test]
+fn a_window_model_shifts_and_computes_every_prompt_whole() {
+    let dir = std::env::temp_dir().join(format!("sluice-shift-gemma3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let model = dir.join("gemma3.gguf");
+    std::fs::write(&model, tiny_family("gemma3").expect("a tiny Gemma 3").build()).expect("written");
+    let (ctx, folder) = (CTX.to_string(), dir.to_str().expect("utf-8"));
+    let args = ["-c", &ctx, "-np", "1", "--context-shift", "-b", "32", "-ub", "32", "--slot-save-path", folder];
+    let server = Server::start_model(&model, &args, &[]);
+    assert!(server.log().contains("KV: 6 window layers"), "{}", server.log());
+    let prompt: Vec<u64> = (0..20).map(|i| 134 + (i * 5) % 16).collect();
+    let body = json!({
+        "prompt": prompt, "n_predict": 2 * CTX, "ignore_eos": true, "temperature": 0,
+        "n_keep": prompt.len(), "return_tokens": true,
+    });
+    let shifted = complete(&server, &body);
+    let generated = assert_goes_on_as_fresh(&server, &prompt, &shifted);
+    let again = complete(&server, &body);
+    assert_eq!(ids(&again["tokens"]), generated);
+    assert_eq!(again["timings"]["cache_n"], 0, "{again}");
+    let (status, answer) = server.post("/slots/0?action=save", &json!({ "filename": "slot.bin" }));
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("--swa-full")), "{answer}");
+
+    let full = Server::start_model(&model, &[&args[..], &["--swa-full"]].concat(), &[]);
+    assert!(full.log().contains("every cell kept: --swa-full"), "{}", full.log());
+    assert_eq!(ids(&complete(&full, &body)["tokens"]), generated);
+    let again = complete(&full, &body);
+    assert_eq!(ids(&again["tokens"]), generated);
+    assert_eq!(again["timings"]["cache_n"].as_u64(), Some(prompt.len() as u64 - 1), "{again}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,6 +18,7 @@ use sluice_model::tokenizer::Tokenizer;
 use sluice_model::{Model, Transformer};
 use sluice_plugin_host::{PluginHost, PluginLimits, PluginSource, WasmFixup, builtin_fixup};
 use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
+use sluice_tests::models::tiny_family;
 
 fn model(builder: &GgufBuilder) -> Arc<dyn Model> {
     let file = GgufFile::from_bytes(builder.build()).expect("parses");
@@ -209,9 +210,19 @@ fn run_engine(
     slots: usize,
     together: bool,
 ) -> Outputs {
+    run_engine_with(EngineConfig { slots, ctx: 256, ..EngineConfig::default() }, target, draft, requests, together)
+}
+
+/// [`run_engine`] with the engine's settings `config`.
+fn run_engine_with(
+    config: EngineConfig,
+    target: &GgufBuilder,
+    draft: Option<&GgufBuilder>,
+    requests: &[GenerationRequest],
+    together: bool,
+) -> Outputs {
     let target = model(target);
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file()).expect("tokenizer"));
-    let config = EngineConfig { slots, ctx: 256, ..EngineConfig::default() };
     let speculation = draft.map(|draft| {
         let paired = pair(&*target, GgufFile::from_bytes(draft.build()).expect("parses"), None, &[mrope_temporal()])
             .expect("paired");
@@ -285,6 +296,29 @@ fn a_target_drafting_for_itself_accepts_every_greedy_draft() {
     let (drafted, accepted) = counts[0];
     assert!(drafted > 0 && accepted == drafted, "greedy self-drafting: {counts:?}");
     assert!(counts.iter().all(|&(drafted, _)| drafted > 0), "{counts:?}");
+}
+
+/// Gemma 3 (windows of 5) drafting for itself: the target's window layers
+/// free their old cells (steps of at most 64 tokens size its window store
+/// below the paged one) while rejected drafts roll back; tokens equal the
+/// run without a draft and the run keeping every cell (`--swa-full`), one
+/// slot and four.
+#[test]
+fn a_window_model_drafts_for_itself_and_freeing_changes_nothing() {
+    let gemma = tiny_family("gemma3").expect("a tiny Gemma 3");
+    let config =
+        |slots, swa_full| EngineConfig { slots, ctx: 256, batch_tokens: 64, swa_full, ..EngineConfig::default() };
+    assert!(config(4, false).window_blocks(Some(5)).is_some(), "the window layers free cells");
+    let requests: Vec<GenerationRequest> =
+        requests(0.0).into_iter().map(|request| GenerationRequest { ignore_eos: true, ..request }).collect();
+    let alone = run_engine_with(config(1, false), &gemma, None, &requests, true);
+    let full = run_engine_with(config(1, true), &gemma, None, &requests, true);
+    assert_eq!(alone.tokens, full.tokens, "freeing window cells changes no token");
+    for slots in [1, 4] {
+        let drafted = run_engine_with(config(slots, false), &gemma, Some(&gemma), &requests, true);
+        assert_eq!(drafted.tokens, alone.tokens, "{slots} slots");
+        assert!(drafted.drafted > 0 && drafted.accepted == drafted.drafted, "{drafted:?}");
+    }
 }
 
 #[test]

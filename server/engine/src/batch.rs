@@ -70,6 +70,7 @@ pub(super) fn assemble(work: &[Work], slots: &[Option<Active>], taps: &[usize], 
             }
         };
         batch.block_tables.push(active.blocks.table.clone());
+        batch.window_tables.push(active.blocks.window_table().to_vec());
         batch.adapters.push(active.request.lora.clone());
         for (offset, token) in inputs.into_iter().enumerate() {
             let cell = start + offset;

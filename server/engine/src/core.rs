@@ -37,6 +37,7 @@ use super::text::TextStream;
 use super::trace::TraceRecorder;
 use sluice_model::batch::forward_in_parts;
 use sluice_model::tokenizer::Tokenizer;
+use sluice_model::window::WindowPool;
 use sluice_model::{Context, Model};
 
 /// What the engine runs: the target, its tokenizer and an optional draft.
@@ -132,8 +133,20 @@ impl Engine {
         commands: mpsc::Receiver<Command>,
     ) -> Result<Self, BackendError> {
         let (n_blocks, block_tokens) = config.kv_blocks();
-        let context = Arc::clone(&model).context(n_blocks, block_tokens, config.kv_types)?;
-        let mut blocks = BlockManager::new(n_blocks, block_tokens);
+        let (context, mut blocks) = match config.window_blocks(model.kv_window()) {
+            Some((window, window_blocks)) => (
+                Arc::clone(&model).windowed_context(n_blocks, window_blocks, block_tokens, config.kv_types)?,
+                BlockManager::new(n_blocks, block_tokens).with_window(WindowPool::new(
+                    window_blocks,
+                    block_tokens,
+                    window,
+                )),
+            ),
+            None => (
+                Arc::clone(&model).context(n_blocks, block_tokens, config.kv_types)?,
+                BlockManager::new(n_blocks, block_tokens),
+            ),
+        };
         // `--cache-ram` in blocks of this store.
         if let Some(mib) = config.cache_mib {
             let bytes = usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
@@ -574,6 +587,7 @@ impl Engine {
             let written = active.cells;
             active.draft.trim(written);
             self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
+            self.blocks.slide(&mut active.blocks, written);
             committed.push((slot, first_cell, rows.start..rows.start + (written - first_cell)));
             let metrics = &self.shared.metrics;
             Metrics::set(&metrics.n_tokens_max, Metrics::get(&metrics.n_tokens_max).max(written as u64));

@@ -10,9 +10,21 @@
 //! A chain starts from a root: 0 for KV computed without LoRA adapters,
 //! else a key of the adapter configuration (`engine::adapters`), so KV is
 //! only ever reused under the configuration that computed it.
+//!
+//! A model's sliding-window layers may keep their cells in a store of
+//! their own ([`BlockManager::with_window`]): each sequence then also has a
+//! window table whose blocks older than the window go back to that store's
+//! pool as the sequence grows ([`BlockManager::slide`]). Those blocks are
+//! gone when a later prompt would resume the sequence, so such a manager
+//! neither borrows from nor offers to the prefix cache: every prompt is
+//! computed whole (llama.cpp without `--swa-full` re-processes prompts the
+//! same way). `--swa-full` keeps every window cell with the paged ones
+//! instead, and the prefix cache with them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+
+use sluice_model::window::{WindowPool, WindowTable};
 
 /// A sequence's blocks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,9 +39,16 @@ pub struct SeqBlocks {
     cacheable: bool,
     /// The chain's root: its adapter configuration's key.
     root: u64,
+    /// Its window layers' blocks, where they have a store of their own.
+    window: WindowTable,
 }
 
 impl SeqBlocks {
+    /// Its window layers' blocks, in cell order (see [`WindowTable`]).
+    pub fn window_table(&self) -> &[u32] {
+        &self.window.table
+    }
+
     /// Whether its blocks are offered to the prefix cache.
     pub fn cacheable(&self) -> bool {
         self.cacheable
@@ -115,6 +134,8 @@ pub struct BlockManager {
     last_use: Vec<u64>,
     clock: u64,
     hits: u64,
+    /// The window layers' own blocks, if they have a store of their own.
+    window: Option<WindowPool>,
 }
 
 fn chain(previous: u64, tokens: &[u32]) -> u64 {
@@ -142,7 +163,26 @@ impl BlockManager {
             last_use: vec![0; n_blocks],
             clock: 0,
             hits: 0,
+            window: None,
         }
+    }
+
+    /// A manager whose sequences also take window blocks from `pool`, and
+    /// which keeps no prefix cache (see the module's doc).
+    pub fn with_window(self, pool: WindowPool) -> Self {
+        BlockManager { window: Some(pool), ..self }
+    }
+
+    /// Whether window layers' old cells are freed (and prompts are never
+    /// served from the prefix cache).
+    pub fn frees_window_cells(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// Window blocks in use, if the window layers have a store of their
+    /// own.
+    pub fn window_used(&self) -> Option<usize> {
+        self.window.as_ref().map(WindowPool::used)
     }
 
     pub fn block_tokens(&self) -> usize {
@@ -231,6 +271,7 @@ impl BlockManager {
     /// configuration keyed `root`, borrowing its longest cached prefix when
     /// `use_cache`.
     pub fn admit(&mut self, root: u64, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
+        let use_cache = use_cache && self.window.is_none();
         let mut blocks = SeqBlocks { cacheable: use_cache, root, ..SeqBlocks::default() };
         let matched =
             if use_cache { self.matching_blocks(root, prompt) } else { Matched { whole: Vec::new(), partial: None } };
@@ -316,7 +357,21 @@ impl BlockManager {
             let block = self.allocate().ok_or_else(|| self.out_of_blocks())?;
             blocks.table.push(block);
         }
+        if let Some(pool) = &mut self.window {
+            pool.reserve(&mut blocks.window, cells)
+                .map_err(|full| OutOfBlocks { n_blocks: full.n_blocks, block_tokens: self.block_tokens })?;
+        }
         Ok(())
+    }
+
+    /// Return the window blocks a sequence that keeps `cells` cells no
+    /// longer reads. Called with the cells kept after a pass, never with
+    /// cells a pass wrote ahead (rejected drafts), so a rollback finds its
+    /// window whole.
+    pub fn slide(&mut self, blocks: &mut SeqBlocks, cells: usize) {
+        if let Some(pool) = &mut self.window {
+            pool.slide(&mut blocks.window, cells);
+        }
     }
 
     /// Offer the sequence's newly completed full blocks to the prefix
@@ -369,7 +424,10 @@ impl BlockManager {
     /// End a sequence: its blocks go back to the cache (if cached) or the
     /// free list once no other sequence uses them.
     pub fn release(&mut self, blocks: SeqBlocks) {
-        let SeqBlocks { table, hashes, tail, cacheable, root } = blocks;
+        let SeqBlocks { table, hashes, tail, cacheable, root, window } = blocks;
+        if let Some(pool) = &mut self.window {
+            pool.release(window);
+        }
         let parent = hashes.last().copied().unwrap_or(root);
         let mut tail = cacheable.then_some(tail);
         for (position, block) in table.into_iter().enumerate() {
@@ -603,5 +661,42 @@ mod tests {
         assert_eq!(manager.admit(base, &prompt, true).expect("room").cached_tokens, 0);
         assert_eq!(manager.cached_prefix(adapted, &prompt), 9, "the same configuration shares, tail too");
         assert_eq!(manager.cached_run(adapted, &prompt).1, 10);
+    }
+
+    #[test]
+    fn a_window_manager_frees_old_window_blocks_and_caches_no_prefix() {
+        let (window, block_tokens) = (8, 4);
+        let per_sequence = WindowPool::blocks_per_sequence(window, block_tokens, 4);
+        let mut manager = BlockManager::new(16, block_tokens).with_window(WindowPool::new(per_sequence, 4, window));
+        let written = tokens(30, 12);
+        let mut seq = manager.admit(0, &written[..10], true).expect("room");
+        for cells in [10, 14, 18, 22, 26, 30] {
+            manager.reserve(&mut seq.blocks, cells).expect("a window and a pass fit");
+            manager.commit(&mut seq.blocks, &written[..cells]);
+            manager.slide(&mut seq.blocks, cells);
+        }
+        // After 30 cells the next row reads cells 23..=30: blocks 5 to 7.
+        assert_eq!(manager.window_used(), Some(3));
+        assert_eq!(seq.blocks.window_table()[..5], [0; 5], "freed entries name block 0");
+        assert_eq!(manager.stats(), BlockStats { used: 8, cached: 0, free: 8 }, "paged layers keep every cell");
+        manager.release(seq.blocks);
+        assert_eq!(manager.window_used(), Some(0));
+        assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 16 }, "nothing offered to the cache");
+        assert_eq!(manager.admit(0, &written, true).expect("room").cached_tokens, 0);
+    }
+
+    /// The server's stores for one 32k-token slot of a Gemma 3-shaped
+    /// model (five window layers of 1024 to one global, default batch):
+    /// under a quarter of the block-layers of keeping every cell.
+    #[test]
+    fn a_32k_slot_of_a_gemma3_shaped_model_allocates_under_a_quarter_of_all_global() {
+        let config = crate::EngineConfig { slots: 1, ctx: 32 * 1024, ..crate::EngineConfig::default() };
+        let (n_blocks, _) = config.kv_blocks();
+        let (window, window_blocks) = config.window_blocks(Some(1024)).expect("window cells are freed");
+        assert_eq!((n_blocks, window, window_blocks), (2049, 1024, 97));
+        let (windowed, all_global) = (n_blocks + 5 * window_blocks, 6 * n_blocks);
+        assert!(windowed * 4 <= all_global, "{windowed} of {all_global}");
+        assert_eq!(crate::EngineConfig { swa_full: true, ..config.clone() }.window_blocks(Some(1024)), None);
+        assert_eq!(crate::EngineConfig { ctx: 1024, ..config }.window_blocks(Some(1024)), None, "no smaller");
     }
 }

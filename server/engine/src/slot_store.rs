@@ -301,6 +301,11 @@ pub enum SlotActionError {
     NoPrefixCache,
     #[error("restoring a slot is not supported with a draft model: slot files hold no draft KV")]
     Draft,
+    #[error(
+        "slot files hold the prefix cache's KV, which this model's sliding-window layers do not keep: \
+         start with --swa-full (engine.swa_full) to save and restore slots"
+    )]
+    Window,
     #[error("{n_tokens} tokens with {len} bytes of KV blocks: not what this store holds")]
     Malformed { n_tokens: usize, len: usize },
     #[error("the KV store refused the slot's blocks")]

@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use sluice_kernels::backend::KvTypes;
+use sluice_model::window::WindowPool;
 
 use super::delivery::{EventSender, Queue, QueueTicket};
 use super::metrics::Metrics;
@@ -37,6 +38,11 @@ pub struct EngineConfig {
     pub kv_types: KvTypes,
     /// Share prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// Sliding-window layers keep every cell, as the others do, instead of
+    /// freeing those older than their window (llama-server
+    /// `--swa-full`): more KV memory, but the prefix cache and slot files
+    /// work on such models (see `engine::kv`).
+    pub swa_full: bool,
     /// Most MiB of KV the prefix cache keeps for finished requests; `None`
     /// = as much as the pool has free.
     pub cache_mib: Option<u64>,
@@ -61,6 +67,21 @@ impl EngineConfig {
         let block_tokens = self.kv_block_tokens.max(1);
         ((self.slots * self.ctx).div_ceil(block_tokens) + self.slots, block_tokens)
     }
+
+    /// For a model whose window layers see `window` positions: that window
+    /// and the blocks of the window layers' own store (each slot's window
+    /// plus a step's rows), unless `swa_full` keeps every cell or the
+    /// store would be no smaller than the paged one.
+    pub fn window_blocks(&self, window: Option<usize>) -> Option<(usize, usize)> {
+        let window = window.filter(|_| !self.swa_full)?;
+        let (n_blocks, block_tokens) = self.kv_blocks();
+        // A step gives a slot at most the batch's tokens (the policy's
+        // budget; a verification's drafts share it), and a slot reserves one
+        // cell past its pass before its blocks slide.
+        let blocks =
+            WindowPool::blocks_per_sequence(window, block_tokens, self.batch_tokens).checked_mul(self.slots)?;
+        (blocks < n_blocks).then_some((window, blocks))
+    }
 }
 
 impl Default for EngineConfig {
@@ -74,6 +95,7 @@ impl Default for EngineConfig {
             kv_block_tokens: 16,
             kv_types: KvTypes::default(),
             prefix_cache: true,
+            swa_full: false,
             cache_mib: Some(8192),
             context_shift: false,
             queue_limit: 256,

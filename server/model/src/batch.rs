@@ -117,6 +117,9 @@ pub struct Batch {
     pub rows: Vec<BatchRow>,
     /// Per sequence: the KV blocks holding its cells, in order.
     pub block_tables: Vec<Vec<u32>>,
+    /// Per sequence, in a context whose window layers have a store of
+    /// their own: its window blocks ([`crate::window::WindowTable`]).
+    pub window_tables: Vec<Vec<u32>>,
     /// Embedding rows (n_embd each) referenced by `RowInput::Embedding`.
     pub embeddings: Vec<f32>,
     /// Layers whose input hidden states the caller wants (DFlash taps);
@@ -199,6 +202,7 @@ pub fn forward_in_parts(
         let part = Batch {
             rows,
             block_tables: batch.block_tables.clone(),
+            window_tables: batch.window_tables.clone(),
             embeddings,
             taps: batch.taps.clone(),
             bidirectional: false,

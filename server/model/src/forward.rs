@@ -14,7 +14,7 @@ use sluice_kernels::backend::{
 };
 
 use super::batch::{Batch, ForwardError, ForwardOutput, RowInput};
-use super::blocks::{Pass, Scratch};
+use super::blocks::{CacheLayout, Pass, Scratch, Stores};
 use super::gguf::GgufFile;
 use super::hparams::HParams;
 use super::lora::{AdapterInfo, PassAdapters};
@@ -23,11 +23,15 @@ use super::vision::{Encoder, Projector};
 use super::weights::LoadError;
 use super::{Context, Model};
 
-/// A model's KV store and buffers for the sequences one owner runs.
+/// A model's KV stores and buffers for the sequences one owner runs.
 struct TransformerContext<B: Backend> {
     model: Arc<Transformer<B>>,
     shape: KvShape,
+    /// The paged layers' store, and the window layers' when they have none
+    /// of their own.
     kv: B::Kv,
+    /// The window layers' store, where their old cells are freed.
+    window: Option<WindowStore<B>>,
     scratch: Scratch<B>,
     pass: B::Pass,
     /// The pass's angles of the model's local RoPE, if it has one.
@@ -37,34 +41,44 @@ struct TransformerContext<B: Backend> {
     q_temperature: Vec<f32>,
 }
 
+/// The window layers' own store and the pass's layout of its cells.
+struct WindowStore<B: Backend> {
+    shape: KvShape,
+    kv: B::Kv,
+    pass: B::Pass,
+}
+
 impl<B: Backend> TransformerContext<B> {
+    /// A context whose window layers have a store of `window_blocks` blocks
+    /// of their own, or keep every cell beside the paged layers (`None`).
     fn new(
         model: Arc<Transformer<B>>,
         n_blocks: usize,
+        window_blocks: Option<usize>,
         block_tokens: usize,
         types: KvTypes,
     ) -> Result<Self, BackendError> {
         let hp = &model.hparams;
+        let caches = &model.caches;
+        let (kv_dim, head_dim) = (hp.kv_dim(), hp.head_dim);
+        let window_blocks = window_blocks.filter(|_| caches.window > 0);
         // Only the layers that keep K/V in paged cells have a layer here.
-        let (n_layer, kv_dim, head_dim) = (model.caches.paged, hp.kv_dim(), hp.head_dim);
+        let n_layer = caches.paged + if window_blocks.is_some() { 0 } else { caches.window };
         let shape = KvShape { n_layer, kv_dim, head_dim, n_blocks, block_tokens, types };
         let kv = model.backend.kv(shape)?;
-        // The store's real size, in llama.cpp's words (the store exists, so
-        // these products do not overflow).
-        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
-        let ((k_cell, v_cell), cells) = (shape.cell_bytes()?, n_blocks * block_tokens);
-        tracing::info!(
-            "KV cache: {:.2} MiB ({cells} cells, {n_layer} layers), K ({}): {:.2} MiB, V ({}): {:.2} MiB",
-            mib(shape.bytes()?),
-            types.k,
-            mib(cells * n_layer * k_cell),
-            types.v,
-            mib(cells * n_layer * v_cell),
-        );
+        let window = match window_blocks {
+            Some(blocks) => {
+                let shape = KvShape { n_layer: caches.window, n_blocks: blocks.max(1), ..shape };
+                Some(WindowStore { shape, kv: model.backend.kv(shape)?, pass: B::Pass::default() })
+            }
+            None => None,
+        };
+        log_stores(&shape, window.as_ref().map(|window| &window.shape), caches)?;
         Ok(TransformerContext {
             model,
             shape,
             kv,
+            window,
             scratch: Scratch::default(),
             pass: B::Pass::default(),
             local_pass: B::Pass::default(),
@@ -107,6 +121,25 @@ impl<B: Backend> TransformerContext<B> {
         }
     }
 
+    /// The rows in the window store, through the batch's window tables.
+    fn window_rows(&self, batch: &Batch, rows: &[PassRow]) -> Result<Vec<PassRow>, ForwardError> {
+        let Some(window) = &self.window else { return Ok(Vec::new()) };
+        batch
+            .rows
+            .iter()
+            .zip(rows)
+            .enumerate()
+            .map(|(row, (entry, pass_row))| {
+                let table = batch.window_tables.get(entry.seq).ok_or(ForwardError::Sequence { row, seq: entry.seq })?;
+                let slot = window
+                    .shape
+                    .slot(table, entry.cell as usize)
+                    .ok_or(ForwardError::Cell { row, cell: entry.cell })?;
+                Ok(PassRow { slot, ..*pass_row })
+            })
+            .collect()
+    }
+
     /// Prepare the pass's layout on the backend.
     fn prepare(&mut self, batch: &Batch, rows: &[PassRow]) -> Result<(), ForwardError> {
         let sequences: Vec<PassSequence> = batch
@@ -125,6 +158,18 @@ impl<B: Backend> TransformerContext<B> {
         if let Some(scale) = model.q_temperature {
             let floor = model.hparams.n_ctx_orig as f32;
             self.q_temperature.extend(rows.iter().map(|row| query_temperature(row.pos[0], floor, scale)));
+        }
+        let window_rows = self.window_rows(batch, rows)?;
+        if let Some(window) = &mut self.window {
+            let sequences: Vec<PassSequence> = batch
+                .window_tables
+                .iter()
+                .enumerate()
+                .map(|(seq, blocks)| PassSequence { blocks, hidden: batch.hidden.get(seq).map_or(&[], Vec::as_slice) })
+                .collect();
+            // Its angles are never used: the layers rotate with the pass's.
+            let layout = PassLayout { rows: &window_rows, sequences: &sequences };
+            model.backend.prepare(&model.rope, &layout, &mut window.pass)?;
         }
         Ok(())
     }
@@ -151,14 +196,15 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.scale(&mut s.x, factor)?;
         }
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
-        let pass = model.pass(&self.pass, &self.local_pass, &self.q_temperature, n, &lora);
+        let (mut kv, window_layout) = stores(&mut self.kv, &mut self.window, model.caches.paged);
+        let pass = model.pass(&self.pass, &self.local_pass, window_layout, &self.q_temperature, n, &lora);
         b.begin_layers(&self.pass);
         // The bracket is closed whatever the layers return: a device
         // backend must not be left recording.
         let layers = (|| -> Result<(), ForwardError> {
             for (index, layer) in model.layers.iter().enumerate() {
                 tap(b, batch, index, &s.x, &mut output.taps)?;
-                layer.run(&pass, index, &mut self.kv, s)?;
+                layer.run(&pass, index, &mut kv, s)?;
             }
             Ok(())
         })();
@@ -209,9 +255,10 @@ impl<B: Backend> Context for TransformerContext<B> {
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
         // No adapter applies to context rows.
         let lora = PassAdapters::new(std::iter::empty(), &[], model.adapters.len())?;
-        let pass = model.pass(&self.pass, &self.local_pass, &self.q_temperature, n, &lora);
+        let (mut kv, window_layout) = stores(&mut self.kv, &mut self.window, model.caches.paged);
+        let pass = model.pass(&self.pass, &self.local_pass, window_layout, &self.q_temperature, n, &lora);
         for layer in &model.layers {
-            layer.inject(&pass, &mut self.kv, s);
+            layer.inject(&pass, &mut kv, s);
         }
         Ok(())
     }
@@ -256,7 +303,21 @@ impl<B: Backend> Model for Transformer<B> {
         block_tokens: usize,
         types: KvTypes,
     ) -> Result<Box<dyn Context>, BackendError> {
-        Ok(Box::new(TransformerContext::new(self, n_blocks, block_tokens, types)?))
+        Ok(Box::new(TransformerContext::new(self, n_blocks, None, block_tokens, types)?))
+    }
+
+    fn kv_window(&self) -> Option<usize> {
+        (self.caches.window > 0).then_some(self.caches.window_len)
+    }
+
+    fn windowed_context(
+        self: Arc<Self>,
+        n_blocks: usize,
+        window_blocks: usize,
+        block_tokens: usize,
+        types: KvTypes,
+    ) -> Result<Box<dyn Context>, BackendError> {
+        Ok(Box::new(TransformerContext::new(self, n_blocks, Some(window_blocks), block_tokens, types)?))
     }
 
     fn load_sibling(&self, file: GgufFile) -> Result<Arc<dyn Model>, LoadError> {
@@ -287,6 +348,7 @@ impl<B: Backend> Transformer<B> {
         &'a self,
         layout: &'a B::Pass,
         local: &'a B::Pass,
+        window_layout: Option<&'a B::Pass>,
         q_temperature: &'a [f32],
         rows: usize,
         lora: &'a PassAdapters,
@@ -294,6 +356,7 @@ impl<B: Backend> Transformer<B> {
         Pass {
             backend: &self.backend,
             layout,
+            window_layout,
             rows,
             rms_eps: self.hparams.rms_eps,
             rope: &self.rope,
@@ -310,6 +373,57 @@ impl<B: Backend> Transformer<B> {
 /// bucket in f32, the logarithm in f64, rounded to f32 at the end.
 fn query_temperature(pos: u32, floor: f32, scale: f32) -> f32 {
     (((pos as f32 / floor).floor() as f64 + 1.0).ln() * scale as f64 + 1.0) as f32
+/// A pass's KV stores, and its layout of the window store if there is one.
+fn stores<'a, B: Backend>(
+    paged: &'a mut B::Kv,
+    window: &'a mut Option<WindowStore<B>>,
+    n_paged: usize,
+) -> (Stores<'a, B>, Option<&'a B::Pass>) {
+    match window {
+        Some(WindowStore { kv, pass, .. }) => (Stores { paged, window: Some(kv), n_paged }, Some(&*pass)),
+        None => (Stores { paged, window: None, n_paged }, None),
+    }
+}
+
+/// Log the stores' sizes, per layer kind, in llama.cpp's words (the stores
+/// exist, so these products do not overflow).
+fn log_stores(paged: &KvShape, window: Option<&KvShape>, caches: &CacheLayout) -> Result<(), BackendError> {
+    let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+    let layer_mib = |shape: &KvShape| -> Result<f64, BackendError> {
+        let (k, v) = shape.cell_bytes()?;
+        Ok(mib(shape.n_blocks * shape.block_tokens * (k + v)))
+    };
+    let total = paged.bytes()? + window.map_or(Ok(0), KvShape::bytes)?;
+    let (k_cell, v_cell) = paged.cell_bytes()?;
+    let cells = paged.n_blocks * paged.block_tokens;
+    tracing::info!(
+        "KV cache: {:.2} MiB ({cells} cells, {} layers), K ({}): {:.2} MiB, V ({}): {:.2} MiB",
+        mib(total),
+        paged.n_layer,
+        paged.types.k,
+        mib(cells * paged.n_layer * k_cell),
+        paged.types.v,
+        mib(cells * paged.n_layer * v_cell),
+    );
+    if caches.window == 0 {
+        return Ok(());
+    }
+    let full = format!("{} full layers × {:.2} MiB", caches.paged, layer_mib(paged)?);
+    match window {
+        Some(window) => tracing::info!(
+            "KV: {} window layers × {:.2} MiB ({} cells for a window of {}), {full}",
+            window.n_layer,
+            layer_mib(window)?,
+            window.n_blocks * window.block_tokens,
+            caches.window_len,
+        ),
+        None => tracing::info!(
+            "KV: {} window layers × {:.2} MiB (every cell kept: --swa-full), {full}",
+            caches.window,
+            layer_mib(paged)?,
+        ),
+    }
+    Ok(())
 }
 
 /// The rows' inputs for [`Backend::embed`] (checked by `layout`).

@@ -117,11 +117,16 @@ pub(crate) enum Ffn {
 pub(crate) enum Cache {
     /// A key and a value per position, in the paged KV store.
     Paged,
+    /// A key and a value for each of the last `n` positions only: older
+    /// cells are never read again, so their blocks may go back to a pool
+    /// of their own as the sequence grows (sliding-window attention).
+    Window(usize),
 }
 
 impl Mixer {
     pub(crate) fn cache(self) -> Cache {
         match self {
+            Mixer::Attention(Attention { window: Some(n), .. }) => Cache::Window(n),
             Mixer::Attention(_) => Cache::Paged,
         }
     }

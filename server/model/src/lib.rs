@@ -41,6 +41,7 @@ pub mod tokenizer;
 mod transformer;
 pub mod vision;
 mod weights;
+pub mod window;
 
 pub use batch::{Context, ForwardError, ForwardOutput};
 pub use lora::AdapterInfo;

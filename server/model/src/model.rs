@@ -35,6 +35,27 @@ pub trait Model: Send + Sync {
         types: KvTypes,
     ) -> Result<Box<dyn Context>, BackendError>;
 
+    /// The longest window of the layers that attend through one: the cells
+    /// each sequence needs of them. `None` when every layer sees the whole
+    /// sequence.
+    fn kv_window(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`Model::context`] whose window layers (if any) keep their cells in
+    /// a store of `window_blocks` blocks of their own, addressed by each
+    /// batch's `window_tables` (see [`crate::window`]); a model without
+    /// window layers ignores it.
+    fn windowed_context(
+        self: Arc<Self>,
+        n_blocks: usize,
+        _window_blocks: usize,
+        block_tokens: usize,
+        types: KvTypes,
+    ) -> Result<Box<dyn Context>, BackendError> {
+        self.context(n_blocks, block_tokens, types)
+    }
+
     /// Another model (a draft) loaded onto the same backend and threads; a
     /// DFlash draft without an embedding table or LM head of its own uses
     /// this model's.

@@ -203,7 +203,8 @@ mod tests {
             let kinds = family.layers(&model.file, &model.hparams).expect("declared");
             assert_eq!(kinds.len(), 3, "{}", family.name());
             let paged = kinds.iter().filter(|kind| kind.mixer.cache() == Cache::Paged).count();
-            assert_eq!(model.caches.paged, paged, "{}", family.name());
+            let window = kinds.iter().filter(|kind| matches!(kind.mixer.cache(), Cache::Window(_))).count();
+            assert_eq!((model.caches.paged, model.caches.window), (paged, window), "{}", family.name());
             assert!(kinds.iter().all(|kind| matches!(kind.mixer, Mixer::Attention(_))));
         }
     }

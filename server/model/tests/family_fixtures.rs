@@ -288,3 +288,33 @@ fn olmo2_template_renders_as_llama_server_renders_it() {
 fn olmo2_tokenizes_as_llama_server() {
     tokenizes_as_llama_server("olmo2");
 }
+
+/// Window layers that free the cells older than their window (blocks of 16
+/// cells, windows of 5) give every logit bit for bit what they give keeping
+/// every cell, over a sequence many windows long, prefilled in passes that
+/// reach back into earlier ones; they hold at most a window and a pass of
+/// blocks while the sequence grows to eight.
+#[test]
+fn freeing_window_cells_changes_no_logit() {
+    for arch in ["gemma2", "gemma3"] {
+        let model: Arc<dyn Model> =
+            Arc::new(Transformer::from_file(file(arch), Arc::new(CpuBackend::new(2))).expect("the tiny model loads"));
+        let (prompt, decoded) = (40, 88);
+        let capacity = prompt + decoded;
+        let mut freeing = Session::new(Arc::clone(&model), capacity).expect("a session");
+        let mut keeping = Session::keeping_every_cell(Arc::clone(&model), capacity).expect("a session");
+        assert_eq!(keeping.window_blocks_used(), None);
+        let tokens: Vec<u32> = (0..prompt as u32).map(|i| (i * 7 + 3) % 20 + 4).collect();
+        let mut logits = freeing.prefill(&tokens, 7).expect("prefill");
+        assert_eq!(logits, keeping.prefill(&tokens, 7).expect("prefill"), "{arch} prefill");
+        // Window 5 before a pass of 7: cells 33..40 in blocks 2 (32..48).
+        assert_eq!(freeing.window_blocks_used(), Some(1), "{arch}");
+        for step in 0..decoded {
+            let next = top5(&logits)[0].0;
+            logits = freeing.decode(next).expect("decode");
+            assert_eq!(logits, keeping.decode(next).expect("decode"), "{arch} step {step}");
+            assert!(freeing.window_blocks_used().is_some_and(|used| used <= 2), "{arch} step {step}");
+        }
+        assert_eq!(freeing.len(), capacity);
+    }
+}

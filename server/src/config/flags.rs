@@ -159,6 +159,9 @@ impl Config {
         if let Some(kv_type) = flags.cache_type_v {
             self.engine.cache_type_v = kv_type;
         }
+        if flags.swa_full {
+            self.engine.swa_full = true;
+        }
         match (flags.context_shift, flags.no_context_shift) {
             (true, _) => self.engine.context_shift = true,
             (_, true) => self.engine.context_shift = false,
@@ -415,6 +418,11 @@ pub struct Overrides {
     /// Stop a request whose slot's context is full (the default).
     #[arg(long, overrides_with = "context_shift")]
     pub no_context_shift: bool,
+    /// Sliding-window layers keep every cell instead of only their window
+    /// (`engine.swa_full`): more KV memory, prefix cache and slot files on
+    /// such models.
+    #[arg(long)]
+    pub swa_full: bool,
     /// Seconds of silence before an SSE stream gets a comment; 0 = never
     /// (`server.sse_ping_interval`).
     #[arg(long, value_name = "SECONDS")]

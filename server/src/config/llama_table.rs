@@ -83,19 +83,19 @@ pub(super) const FLAGS: &[Flag] = &[
     flag(&["-ub"], true, Alias("--ubatch-size")),
     flag(&["--ubatch-size"], true, Native),
     flag(&["--keep"], true, Native),
-    flag(&["--swa-full"], false, Ignore("sluice keeps every layer's full KV")),
+    flag(&["--swa-full"], false, Native),
     flag(
         &["-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"],
         true,
         Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token",
+            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token (on sliding-window models with --swa-full)",
         ),
     ),
     flag(
         &["-cms", "--checkpoint-min-step"],
         true,
         Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token",
+            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token (on sliding-window models with --swa-full)",
         ),
     ),
     flag(&["-cram"], true, Alias("--cache-ram")),

@@ -276,6 +276,11 @@ pub struct EngineSection {
     pub cache_type_v: KvType,
     /// Share prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// Sliding-window layers keep every cell, as the other layers do
+    /// (llama-server `--swa-full`), instead of only their window: more KV
+    /// memory, but prompts are served from the prefix cache and slot files
+    /// can be saved on such models (Gemma 2 and 3).
+    pub swa_full: bool,
     /// Most MiB of KV the prefix cache keeps for finished requests
     /// (llama-server `--cache-ram`; -1 = no bound but the KV pool's).
     pub cache_ram_mib: i64,
@@ -298,6 +303,7 @@ impl Default for EngineSection {
             cache_type_k: KvType::F16,
             cache_type_v: KvType::F16,
             prefix_cache: true,
+            swa_full: false,
             cache_ram_mib: 8192,
             context_shift: false,
             queue_limit: 256,

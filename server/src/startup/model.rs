@@ -192,6 +192,7 @@ pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
         kv_block_tokens: engine.kv_block_tokens,
         kv_types: KvTypes { k: engine.cache_type_k, v: engine.cache_type_v },
         prefix_cache: engine.prefix_cache,
+        swa_full: engine.swa_full,
         cache_mib: u64::try_from(engine.cache_ram_mib).ok(),
         context_shift: engine.context_shift,
         queue_limit: engine.queue_limit,

@@ -67,6 +67,9 @@ impl Engine {
 
     /// The slot's tokens still in the prefix cache, and their blocks' bytes.
     fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
+        if self.blocks.frees_window_cells() {
+            return Err(SlotActionError::Window);
+        }
         let (root, tokens) = &self.slot_tokens[slot];
         let (blocks, n_tokens) = self.blocks.cached_run(*root, tokens);
         let mut bytes = Vec::with_capacity(blocks.len() * self.context.block_format().bytes);
@@ -87,6 +90,9 @@ impl Engine {
         }
         if !self.config.prefix_cache {
             return Err(SlotActionError::NoPrefixCache);
+        }
+        if self.blocks.frees_window_cells() {
+            return Err(SlotActionError::Window);
         }
         let SlotFile { root, tokens, blocks: bytes } = file;
         let block_bytes = self.context.block_format().bytes;

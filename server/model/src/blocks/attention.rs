@@ -9,7 +9,7 @@
 use sluice_kernels::backend::Backend;
 use sluice_kernels::ops::{Rope, Scores};
 
-use super::pass::{LayerTensors, Pass, Scratch};
+use super::pass::{KvPlace, LayerTensors, Pass, Scratch, Stores};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::{Attention, LayerKind};
@@ -43,8 +43,8 @@ pub(super) struct AttentionBlock<B: Backend> {
     scores: Scores,
     /// It rotates with the pass's local RoPE.
     local_rope: bool,
-    /// Its layer of the paged KV store.
-    cache: usize,
+    /// Its layer of the KV stores.
+    cache: KvPlace,
 }
 
 impl<B: Backend> AttentionBlock<B> {
@@ -53,7 +53,7 @@ impl<B: Backend> AttentionBlock<B> {
         kind: Attention,
         layer: LayerKind,
         hp: &HParams,
-        cache: usize,
+        cache: KvPlace,
     ) -> Result<Self, LoadError> {
         let (n_embd, q_dim, kv_dim) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let scale = match (kind.q_scale, kind.score_scale) {
@@ -110,7 +110,7 @@ impl<B: Backend> AttentionBlock<B> {
         &self,
         pass: &Pass<'_, B>,
         layer: usize,
-        kv: &mut B::Kv,
+        kv: &mut Stores<'_, B>,
         s: &mut Scratch<B>,
     ) -> Result<(), ForwardError> {
         let b = pass.backend;
@@ -150,8 +150,9 @@ impl<B: Backend> AttentionBlock<B> {
         if !pass.q_temperature.is_empty() {
             b.scale_rows(&mut s.q, pass.q_temperature)?;
         }
-        b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
-        b.attend(kv, self.cache, &s.q, pass.layout, pass.heads, self.scores, &mut s.attn)?;
+        let (kv, cache, layout) = self.store(pass, kv);
+        b.store_kv(kv, cache, &s.k, &s.v, layout);
+        b.attend(kv, cache, &s.q, layout, pass.heads, self.scores, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
         if let Some(norm) = &self.post_norm {
@@ -172,8 +173,18 @@ impl<B: Backend> AttentionBlock<B> {
         }
     }
 
+    /// Its store, its layer there, and the pass's layout of that store's
+    /// cells.
+    fn store<'a>(&self, pass: &Pass<'a, B>, kv: &'a mut Stores<'_, B>) -> (&'a mut B::Kv, usize, &'a B::Pass) {
+        match (self.cache, kv.window.as_deref_mut(), pass.window_layout) {
+            (KvPlace::Window(layer), Some(window), Some(layout)) => (window, layer, layout),
+            (KvPlace::Window(layer), ..) => (&mut *kv.paged, kv.n_paged + layer, pass.layout),
+            (KvPlace::Paged(layer), ..) => (&mut *kv.paged, layer, pass.layout),
+        }
+    }
+
     /// Store the K (normed, rotated) and V of rows whose input is `s.x`.
-    pub(super) fn inject(&self, pass: &Pass<'_, B>, kv: &mut B::Kv, s: &mut Scratch<B>) {
+    pub(super) fn inject(&self, pass: &Pass<'_, B>, kv: &mut Stores<'_, B>, s: &mut Scratch<B>) {
         let b = pass.backend;
         b.matmuls(&s.x, pass.rows, &mut [(&self.k.matrix, &mut s.k), (&self.v.matrix, &mut s.v)]);
         if let Some(norm) = &self.k_norm {
@@ -183,7 +194,8 @@ impl<B: Backend> AttentionBlock<B> {
             let (rope, angles) = self.rope(pass);
             b.rope(rope, angles, &mut s.k);
         }
-        b.store_kv(kv, self.cache, &s.k, &s.v, pass.layout);
+        let (kv, cache, layout) = self.store(pass, kv);
+        b.store_kv(kv, cache, &s.k, &s.v, layout);
     }
 
     pub(super) fn weight(&self, site: Site) -> Option<&Weight<B>> {

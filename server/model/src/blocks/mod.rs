@@ -29,7 +29,7 @@ use super::weights::{LoadError, Weight};
 use attention::AttentionBlock;
 use mlp::Mlp;
 use pass::LayerTensors;
-pub(crate) use pass::{Pass, Scratch};
+pub(crate) use pass::{KvPlace, Pass, Scratch, Stores};
 
 /// One loaded layer: its mixer's residual step, then its feed-forward's.
 pub(crate) struct Layer<B: Backend> {
@@ -49,8 +49,13 @@ enum FfnBlock<B: Backend> {
 /// layer order as each layer's [`Cache`] asks.
 #[derive(Debug, Default)]
 pub(crate) struct CacheLayout {
-    /// Layers with K/V in the paged store.
+    /// Layers with a K/V cell for every position ([`Cache::Paged`]).
     pub(crate) paged: usize,
+    /// Layers that keep only a window of positions ([`Cache::Window`]).
+    pub(crate) window: usize,
+    /// The longest window among them: the cells a window store keeps per
+    /// sequence.
+    pub(crate) window_len: usize,
 }
 
 impl<B: Backend> Layer<B> {
@@ -65,13 +70,19 @@ impl<B: Backend> Layer<B> {
         caches: &mut CacheLayout,
     ) -> Result<Self, LoadError> {
         let tensors = LayerTensors { backend, file, index };
-        let mixer = match (kind.mixer, kind.mixer.cache()) {
-            (Mixer::Attention(attention), Cache::Paged) => {
+        let place = match kind.mixer.cache() {
+            Cache::Paged => {
                 caches.paged += 1;
-                let cache = caches.paged - 1;
-                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, cache)?)
+                KvPlace::Paged(caches.paged - 1)
+            }
+            Cache::Window(n) => {
+                caches.window += 1;
+                caches.window_len = caches.window_len.max(n);
+                KvPlace::Window(caches.window - 1)
             }
         };
+        let Mixer::Attention(attention) = kind.mixer;
+        let mixer = MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, place)?);
         let ffn = FfnBlock::Gated(Mlp::load(&tensors, kind, hp)?);
         Ok(Layer { mixer, ffn })
     }
@@ -81,7 +92,7 @@ impl<B: Backend> Layer<B> {
         &self,
         pass: &Pass<'_, B>,
         layer: usize,
-        kv: &mut B::Kv,
+        kv: &mut Stores<'_, B>,
         scratch: &mut Scratch<B>,
     ) -> Result<(), ForwardError> {
         match &self.mixer {
@@ -94,7 +105,7 @@ impl<B: Backend> Layer<B> {
 
     /// Write what this layer keeps for rows whose hidden state is
     /// `scratch.x`, without running it (DFlash context injection).
-    pub(crate) fn inject(&self, pass: &Pass<'_, B>, kv: &mut B::Kv, scratch: &mut Scratch<B>) {
+    pub(crate) fn inject(&self, pass: &Pass<'_, B>, kv: &mut Stores<'_, B>, scratch: &mut Scratch<B>) {
         match &self.mixer {
             MixerBlock::Attention(attention) => attention.inject(pass, kv, scratch),
         }

@@ -13,6 +13,8 @@ pub(crate) struct Pass<'a, B: Backend> {
     pub(crate) backend: &'a B,
     /// The rows' layout on the backend (positions, KV slots, visibility).
     pub(crate) layout: &'a B::Pass,
+    /// Their layout in the window layers' store, in a context that has one.
+    pub(crate) window_layout: Option<&'a B::Pass>,
     pub(crate) rows: usize,
     pub(crate) rms_eps: f32,
     pub(crate) rope: &'a Rope,
@@ -32,6 +34,25 @@ impl<B: Backend> Pass<'_, B> {
     pub(super) fn adapted(&self, layer: usize, site: Site, x: &B::Rows, out: &mut B::Rows) {
         self.lora.apply(self.backend, self.adapters, Some((layer, site)), x, out);
     }
+}
+
+/// A layer's K/V in a context's stores: window layers have a store of
+/// their own where the context frees old cells, else they follow the
+/// paged layers in the one store (every cell kept, `--swa-full`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KvPlace {
+    Paged(usize),
+    Window(usize),
+}
+
+/// A pass's KV stores: `window` is `None` in a context whose window
+/// layers keep every cell beside the paged layers.
+pub(crate) struct Stores<'a, B: Backend> {
+    pub(crate) paged: &'a mut B::Kv,
+    pub(crate) window: Option<&'a mut B::Kv>,
+    /// Paged layers in the model (where window layers start in `paged`
+    /// when they have no store of their own).
+    pub(crate) n_paged: usize,
 }
 
 /// The buffers of a pass: the residual stream `x` and the blocks' working
