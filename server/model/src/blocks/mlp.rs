@@ -30,8 +30,9 @@ pub(super) struct Mlp<B: Backend> {
 impl<B: Backend> Mlp<B> {
     pub(super) fn load(tensors: &LayerTensors<'_, B>, layer: LayerKind, hp: &HParams) -> Result<Self, LoadError> {
         // Without a gate tensor, `ffn_up` holds the gate's rows, then the
-        // up projection's (Phi-3, GLM-4).
-        let fused_up = !tensors.has("ffn_gate.weight") && tensors.has(UP);
+        // up projection's (Phi-3, GLM-4); an `ffn_up` of `n_ff` rows is a
+        // plain one whose gate is missing.
+        let fused_up = !tensors.has("ffn_gate.weight") && tensors.out_rows(UP).is_some_and(|rows| rows != hp.n_ff);
         let [gate, up] = match fused_up {
             true => tensors.fused(UP, hp.n_embd, [hp.n_ff, hp.n_ff])?,
             false => [tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?, tensors.weight(UP, hp.n_embd, hp.n_ff)?],

@@ -85,6 +85,11 @@ impl<B: Backend> LayerTensors<'_, B> {
         self.file.tensor(&self.name(suffix)).is_some()
     }
 
+    /// The output rows of a matrix the file carries (its second dimension).
+    pub(super) fn out_rows(&self, suffix: &str) -> Option<usize> {
+        self.file.tensor(&self.name(suffix)).and_then(|tensor| tensor.dims.get(1)).map(|&rows| rows as usize)
+    }
+
     /// A fused weight's parts, `widths` output rows each (see
     /// [`fused`](crate::weights::fused)).
     pub(super) fn fused<const N: usize>(
