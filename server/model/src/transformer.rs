@@ -210,15 +210,16 @@ mod tests {
     }
 
     /// Phi-3's Q|K|V and gate|up and GLM-4's gate|up load as their parts;
-    /// a fused tensor of the wrong width is refused by name.
+    /// a fused tensor of the wrong width is refused by name (one of `n_ff`
+    /// rows is a plain `ffn_up` whose gate is missing, and is refused so).
     #[test]
     fn fused_tensors_load_as_their_parts_and_a_wrong_width_is_refused() {
         let [phi3, glm4] = ["phi3", "glm4"].map(|arch| tiny_family(arch).expect("a tiny model"));
         assert_eq!(load(&phi3).map(|model| model.layers.len()), Ok(4));
         for (model, name, dims, expected) in [
             (&phi3, "blk.1.attn_qkv.weight", [64, 100], "[64, 128]"),
-            (&phi3, "blk.0.ffn_up.weight", [64, 128], "[64, 256]"),
-            (&glm4, "blk.3.ffn_up.weight", [64, 128], "[64, 256]"),
+            (&phi3, "blk.0.ffn_up.weight", [64, 192], "[64, 256]"),
+            (&glm4, "blk.3.ffn_up.weight", [64, 192], "[64, 256]"),
         ] {
             let wrong = Tensor::f32(name, &dims, &vec![0.0; (dims[0] * dims[1]) as usize]);
             let error = load(&model.clone().tensor(wrong)).err().expect("refused");
