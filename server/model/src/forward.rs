@@ -373,6 +373,8 @@ impl<B: Backend> Transformer<B> {
 /// bucket in f32, the logarithm in f64, rounded to f32 at the end.
 fn query_temperature(pos: u32, floor: f32, scale: f32) -> f32 {
     (((pos as f32 / floor).floor() as f64 + 1.0).ln() * scale as f64 + 1.0) as f32
+}
+
 /// A pass's KV stores, and its layout of the window store if there is one.
 fn stores<'a, B: Backend>(
     paged: &'a mut B::Kv,
