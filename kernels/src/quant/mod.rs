@@ -29,7 +29,7 @@ pub(crate) mod iq2_grids;
 #[cfg(test)]
 mod iq2_tests;
 mod iq3;
-mod iq3_grids;
+pub(crate) mod iq3_grids;
 #[cfg(test)]
 mod iq3_tests;
 mod iq_signs;
@@ -176,8 +176,8 @@ fn scalar_dot(dtype: DType) -> DotFn {
         DType::MXFP4 => lut4::dot_mxfp4,
         DType::Q2_K => low_k::dot_q2_k,
         DType::Q3_K => low_k::dot_q3_k,
-        DType::TQ2_0 => ternary::dot_tq2_0,
-        DType::TQ1_0 => ternary::dot_tq1_0,
+        DType::TQ2_0 => ternary::dot::<blocks::BlockTQ2_0>,
+        DType::TQ1_0 => ternary::dot::<blocks::BlockTQ1_0>,
         DType::IQ3_XXS => iq3::dot_iq3_xxs,
         DType::IQ3_S => iq3::dot_iq3_s,
         DType::IQ2_XXS => grid::dot::<blocks::BlockIQ2XXS>,

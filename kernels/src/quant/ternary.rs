@@ -57,26 +57,38 @@ fn ternary_isum(q: &[u8; QK_K], a: &BlockQ8K) -> i32 {
     idot(q, &a.qs).wrapping_sub(sum_a)
 }
 
-pub(crate) fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
-    each_block(src, dst, |b: &BlockTQ2_0, y: &mut [f32; QK_K]| {
-        dequantize_ternary(&tq2_0_quants(b), half_to_f32(b.d), y)
-    });
+/// A ternary block: its fields in element order and its f16 scale.
+pub(crate) trait Ternary: bytemuck::Pod {
+    fn quants(&self) -> [u8; QK_K];
+    fn d(&self) -> [u8; 2];
 }
 
-pub(crate) fn dot_tq2_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockTQ2_0, a: &BlockQ8K| {
-        steps::finish_scaled(acc, half_to_f32(w.d), f32::from_le_bytes(a.d), ternary_isum(&tq2_0_quants(w), a))
-    })
+impl Ternary for BlockTQ2_0 {
+    fn quants(&self) -> [u8; QK_K] {
+        tq2_0_quants(self)
+    }
+
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
 }
 
-pub(crate) fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
-    each_block(src, dst, |b: &BlockTQ1_0, y: &mut [f32; QK_K]| {
-        dequantize_ternary(&tq1_0_quants(b), half_to_f32(b.d), y)
-    });
+impl Ternary for BlockTQ1_0 {
+    fn quants(&self) -> [u8; QK_K] {
+        tq1_0_quants(self)
+    }
+
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
 }
 
-pub(crate) fn dot_tq1_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_blocks(w, a, |acc, w: &BlockTQ1_0, a: &BlockQ8K| {
-        steps::finish_scaled(acc, half_to_f32(w.d), f32::from_le_bytes(a.d), ternary_isum(&tq1_0_quants(w), a))
+pub(crate) fn dequantize<B: Ternary>(src: &[u8], dst: &mut [f32]) {
+    each_block(src, dst, |b: &B, y: &mut [f32; QK_K]| dequantize_ternary(&b.quants(), half_to_f32(b.d()), y));
+}
+
+pub(crate) fn dot<B: Ternary>(w: &[u8], a: &[u8]) -> f32 {
+    dot_blocks(w, a, |acc, w: &B, a: &BlockQ8K| {
+        steps::finish_scaled(acc, half_to_f32(w.d()), f32::from_le_bytes(a.d), ternary_isum(&w.quants(), a))
     })
 }

@@ -7,6 +7,7 @@
 //! order whatever else shares the batch, so a row's logits depend only on
 //! its own inputs and its sequence's KV cells.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use sluice_kernels::backend::{
@@ -142,12 +143,7 @@ impl<B: Backend> TransformerContext<B> {
 
     /// Prepare the pass's layout on the backend.
     fn prepare(&mut self, batch: &Batch, rows: &[PassRow]) -> Result<(), ForwardError> {
-        let sequences: Vec<PassSequence> = batch
-            .block_tables
-            .iter()
-            .enumerate()
-            .map(|(seq, blocks)| PassSequence { blocks, hidden: batch.hidden.get(seq).map_or(&[], Vec::as_slice) })
-            .collect();
+        let sequences = pass_sequences(&batch.block_tables, &batch.hidden);
         let model = &*self.model;
         let layout = PassLayout { rows, sequences: &sequences };
         model.backend.prepare(&model.rope, &layout, &mut self.pass)?;
@@ -161,12 +157,7 @@ impl<B: Backend> TransformerContext<B> {
         }
         let window_rows = self.window_rows(batch, rows)?;
         if let Some(window) = &mut self.window {
-            let sequences: Vec<PassSequence> = batch
-                .window_tables
-                .iter()
-                .enumerate()
-                .map(|(seq, blocks)| PassSequence { blocks, hidden: batch.hidden.get(seq).map_or(&[], Vec::as_slice) })
-                .collect();
+            let sequences = pass_sequences(&batch.window_tables, &batch.hidden);
             // Its angles are never used: the layers rotate with the pass's.
             let layout = PassLayout { rows: &window_rows, sequences: &sequences };
             model.backend.prepare(&model.rope, &layout, &mut window.pass)?;
@@ -367,6 +358,15 @@ impl<B: Backend> Transformer<B> {
             adapters: &self.adapters,
         }
     }
+}
+
+/// Each sequence's blocks in `tables`, with its hidden cells.
+fn pass_sequences<'a>(tables: &'a [Vec<u32>], hidden: &'a [Vec<Range<usize>>]) -> Vec<PassSequence<'a>> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(seq, blocks)| PassSequence { blocks, hidden: hidden.get(seq).map_or(&[], Vec::as_slice) })
+        .collect()
 }
 
 /// Llama 4's query factor at `pos`, as llama.cpp evaluates it: the

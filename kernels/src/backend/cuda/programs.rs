@@ -7,19 +7,20 @@ use std::fmt::Write;
 
 use crate::quant::iq1_grid::IQ1S_GRID;
 use crate::quant::iq2_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+use crate::quant::iq3_grids::{IQ3S_GRID, IQ3XXS_GRID};
 
 /// Put in front of every program, in this order, then the grid tables
-/// ([`grid_tables`]) and [`GRID_HEADER`], which reads them.
-const HEADERS: [&str; 6] = [
+/// ([`grid_tables`]) and [`GRID_HEADERS`], which read them.
+const HEADERS: [&str; 5] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/quant.cuh"),
     include_str!("../../../cuda/quant_lut4.cuh"),
     include_str!("../../../cuda/quant_low_k.cuh"),
     include_str!("../../../cuda/quant_ternary.cuh"),
-    include_str!("../../../cuda/quant_iq3.cuh"),
 ];
 
-const GRID_HEADER: &str = include_str!("../../../cuda/quant_grid.cuh");
+const GRID_HEADERS: [&str; 2] =
+    [include_str!("../../../cuda/quant_grid.cuh"), include_str!("../../../cuda/quant_iq3.cuh")];
 
 const FILES: [(&str, &str); 10] = [
     ("matvec", include_str!("../../../cuda/matvec.cu")),
@@ -66,21 +67,25 @@ impl Program {
     }
 }
 
-/// The grid i-quants' tables (`quant::iq2_grids`, `quant::iq1_grid`) as CUDA arrays of u32,
-/// entry i as words 2i (its low half) and 2i + 1, so that the device reads
-/// the numbers the CPU reads.
+/// The grid formats' tables (`quant::iq1_grid`, `iq2_grids`, `iq3_grids`)
+/// as CUDA arrays of u32, a 64-bit entry i as words 2i (its low half) and
+/// 2i + 1, so that the device reads the numbers the CPU reads.
 fn grid_tables() -> String {
-    let mut out = String::new();
-    let tables: [(&str, &[u64]); 4] = [
-        ("qx_iq2xxs_grid", &IQ2XXS_GRID),
-        ("qx_iq2xs_grid", &IQ2XS_GRID),
-        ("qx_iq2s_grid", &IQ2S_GRID),
-        ("qx_iq1s_grid", &IQ1S_GRID),
+    let words =
+        |table: &[u64]| -> Vec<u32> { table.iter().flat_map(|&entry| [entry as u32, (entry >> 32) as u32]).collect() };
+    let tables: [(&str, Vec<u32>); 6] = [
+        ("qx_iq2xxs_grid", words(&IQ2XXS_GRID)),
+        ("qx_iq2xs_grid", words(&IQ2XS_GRID)),
+        ("qx_iq2s_grid", words(&IQ2S_GRID)),
+        ("qx_iq1s_grid", words(&IQ1S_GRID)),
+        ("qx_iq3xxs_grid", IQ3XXS_GRID.to_vec()),
+        ("qx_iq3s_grid", IQ3S_GRID.to_vec()),
     ];
+    let mut out = String::new();
     for (name, table) in tables {
-        let _ = write!(out, "__device__ const u32 {name}[{}] = {{", 2 * table.len());
-        for &entry in table {
-            let _ = write!(out, "{:#x}u, {:#x}u, ", entry as u32, entry >> 32);
+        let _ = write!(out, "__device__ const u32 {name}[{}] = {{", table.len());
+        for word in table {
+            let _ = write!(out, "{word:#x}u, ");
         }
         out.push_str("};\n");
     }
@@ -89,7 +94,7 @@ fn grid_tables() -> String {
 
 /// Every kernel program, headers included.
 pub fn programs() -> Vec<Program> {
-    let headers = [HEADERS.join("\n"), grid_tables(), GRID_HEADER.into()].join("\n");
+    let headers = [HEADERS.join("\n"), grid_tables(), GRID_HEADERS.join("\n")].join("\n");
     FILES
         .iter()
         .map(|(name, file)| {

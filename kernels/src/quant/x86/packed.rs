@@ -299,34 +299,6 @@ pub(super) fn call_blocks<'a, T>(
     blocks.take(n)
 }
 
-/// In a group's 16 bytes holding each row's pair of bytes, the byte
-/// indices of the pair's word `j` (0 or 1) for rows 0–3, each twice, as
-/// widened words: row `r`'s lane then holds the word in both halves.
-fn word_picks(j: usize) -> [i32; 4] {
-    std::array::from_fn(|row| {
-        let lo = (4 * row + 2 * j) as u32;
-        (lo | (lo + 1) << 8 | lo << 16 | (lo + 1) << 24) as i32
-    })
-}
-
-/// In a group's 16 bytes holding each row's pair of bytes, the indices
-/// of byte `j` (0 or 1) of rows 0–7, as one 64-bit shuffle pattern.
-fn byte_picks(j: usize) -> i64 {
-    bytemuck::cast::<[i8; 8], i64>(std::array::from_fn(|row| (2 * row + j) as i8))
-}
-
-fn load16(b: &[u8], at: usize) -> &[u8; 16] {
-    b[at..at + 16].try_into().unwrap_or(&[0; 16])
-}
-
-fn load32(b: &[u8], at: usize) -> &[u8; 32] {
-    b[at..at + 32].try_into().unwrap_or(&[0; 32])
-}
-
-fn load64(b: &[u8], at: usize) -> &[u8; 64] {
-    b[at..at + 64].try_into().unwrap_or(&[0; 64])
-}
-
 /// One group per 256-bit vector. Without VNNI the partial sums stay in 16
 /// bits over the steps that cannot overflow them (a Q4_K sub-block's eight
 /// steps reach at most 8 · 2 · 15 · 128 = 30720; two Q6_K steps at most
@@ -335,7 +307,7 @@ fn load64(b: &[u8], at: usize) -> &[u8; 64] {
 pub(super) mod avx2_ops {
     use std::arch::x86_64::*;
 
-    use crate::quant::x86::loads::{load_u8x16, load_u8x32};
+    use crate::quant::x86::loads::{load_u8x16, load_u8x32, load16, load32, word_picks};
 
     pub(crate) type I = __m256i;
     pub(crate) type F = __m256;
@@ -349,7 +321,7 @@ pub(super) mod avx2_ops {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn load(w: &[u8], at: usize) -> I {
-        load_u8x32(super::load32(w, at))
+        load_u8x32(load32(w, at))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -435,7 +407,7 @@ pub(super) mod avx2_ops {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn words(w: &[u8], at: usize, signed: bool) -> I {
-        let bytes = load_u8x16(super::load16(w, at));
+        let bytes = load_u8x16(load16(w, at));
         if signed { _mm256_cvtepi8_epi16(bytes) } else { _mm256_cvtepu8_epi16(bytes) }
     }
 
@@ -450,7 +422,7 @@ pub(super) mod avx2_ops {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn pick_words(words: I, j: usize) -> I {
-        let [a, b, c, d] = super::word_picks(j);
+        let [a, b, c, d] = word_picks(j);
         _mm256_shuffle_epi8(words, _mm256_setr_epi32(a, b, c, d, a, b, c, d))
     }
 
@@ -477,7 +449,7 @@ pub(super) mod avx2_ops {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn halves(w: &[u8], at: usize) -> F {
-        _mm256_cvtph_ps(load_u8x16(super::load16(w, at)))
+        _mm256_cvtph_ps(load_u8x16(load16(w, at)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -543,7 +515,7 @@ pub(super) mod avx2_ops {
 pub(super) mod avx512_ops {
     use std::arch::x86_64::*;
 
-    use crate::quant::x86::loads::load_u8x32;
+    use crate::quant::x86::loads::{byte_picks, load_u8x32, load32, load64, word_picks};
 
     pub(crate) type I = __m512i;
     pub(crate) type F = __m512;
@@ -556,7 +528,7 @@ pub(super) mod avx512_ops {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     pub(crate) fn load(w: &[u8], at: usize) -> I {
-        let both = super::load64(w, 2 * at);
+        let both = load64(w, 2 * at);
         // SAFETY: an unaligned load of the 64 bytes of `both`.
         unsafe { _mm512_loadu_si512(both.as_ptr().cast()) }
     }
@@ -645,7 +617,7 @@ pub(super) mod avx512_ops {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     fn bytes16(w: &[u8], at: usize) -> __m256i {
-        load_u8x32(super::load32(w, 2 * at))
+        load_u8x32(load32(w, 2 * at))
     }
 
     /// Each group's 16 bytes at `at` as words.
@@ -661,7 +633,7 @@ pub(super) mod avx512_ops {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     pub(crate) fn row_words(w: &[u8], at: usize, j: usize) -> I {
-        let [a, b, c, d] = super::word_picks(j);
+        let [a, b, c, d] = word_picks(j);
         _mm512_shuffle_epi8(words(w, at, false), _mm512_broadcast_i32x4(_mm_setr_epi32(a, b, c, d)))
     }
 
@@ -669,7 +641,7 @@ pub(super) mod avx512_ops {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     pub(crate) fn row_scales(w: &[u8], at: usize, j: usize, signed: bool) -> I {
-        let picked = _mm256_shuffle_epi8(bytes16(w, at), _mm256_set1_epi64x(super::byte_picks(j)));
+        let picked = _mm256_shuffle_epi8(bytes16(w, at), _mm256_set1_epi64x(byte_picks(j)));
         // Each group's eight bytes lead its 128-bit half: join them.
         let joined = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(picked));
         if signed { _mm512_cvtepi8_epi32(joined) } else { _mm512_cvtepu8_epi32(joined) }
