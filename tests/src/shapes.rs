@@ -27,10 +27,15 @@ pub struct Shape {
     pub rope_base: f32,
     /// Whether the LM head is the token embedding table (no `output.weight`).
     pub tied: bool,
+    /// Elements per head where they are not `n_embd / n_head` (Gemma 3's
+    /// heads of 256 on a 1152-wide model).
+    pub head_dim: Option<usize>,
+    /// Positions a sliding-window layer sees (Gemma 3's local layers).
+    pub window: Option<u32>,
 }
 
 /// The shapes `write-model --shape` knows, by name.
-pub const NAMED: [(&str, Shape); 4] = [
+pub const NAMED: [(&str, Shape); 6] = [
     (
         "smollm2-135m",
         Shape {
@@ -44,6 +49,8 @@ pub const NAMED: [(&str, Shape); 4] = [
             n_ctx: 8192,
             rope_base: 100000.0,
             tied: true,
+            head_dim: None,
+            window: None,
         },
     ),
     (
@@ -59,6 +66,8 @@ pub const NAMED: [(&str, Shape); 4] = [
             n_ctx: 131072,
             rope_base: 500000.0,
             tied: true,
+            head_dim: None,
+            window: None,
         },
     ),
     (
@@ -74,6 +83,8 @@ pub const NAMED: [(&str, Shape); 4] = [
             n_ctx: 32768,
             rope_base: 1000000.0,
             tied: false,
+            head_dim: None,
+            window: None,
         },
     ),
     (
@@ -89,6 +100,45 @@ pub const NAMED: [(&str, Shape); 4] = [
             n_ctx: 131072,
             rope_base: 500000.0,
             tied: false,
+            head_dim: None,
+            window: None,
+        },
+    ),
+    (
+        // Five local layers (window 512, RoPE base 10⁴) to one global
+        // (10⁶), QK-norm and post-norms: Gemma 3 1B.
+        "gemma-3-1b",
+        Shape {
+            arch: "gemma3",
+            n_vocab: 262144,
+            n_embd: 1152,
+            n_layer: 26,
+            n_head: 4,
+            n_head_kv: 1,
+            n_ff: 6912,
+            n_ctx: 32768,
+            rope_base: 1000000.0,
+            tied: true,
+            head_dim: Some(256),
+            window: Some(512),
+        },
+    ),
+    (
+        // Phi-3-mini (Q/K/V and gate/up fused) cut to 8 of its 32 layers.
+        "phi-3-mini-8l",
+        Shape {
+            arch: "phi3",
+            n_vocab: 32064,
+            n_embd: 3072,
+            n_layer: 8,
+            n_head: 32,
+            n_head_kv: 32,
+            n_ff: 8192,
+            n_ctx: 4096,
+            rope_base: 10000.0,
+            tied: false,
+            head_dim: None,
+            window: None,
         },
     ),
 ];
@@ -144,7 +194,7 @@ impl Shape {
     }
 
     fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
+        self.head_dim.unwrap_or(self.n_embd / self.n_head)
     }
 
     /// Checks what the loaders require: heads that divide the width and
@@ -155,7 +205,7 @@ impl Shape {
         }
         let ok = self.n_head > 0
             && self.n_head_kv > 0
-            && self.n_embd.is_multiple_of(self.n_head)
+            && (self.head_dim.is_some() || self.n_embd.is_multiple_of(self.n_head))
             && self.n_head.is_multiple_of(self.n_head_kv)
             && self.n_layer > 0
             && self.n_ff > 0
@@ -165,7 +215,8 @@ impl Shape {
 
     fn plan(&self, matrices: Matrices) -> Vec<Planned> {
         let (e, v, f) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
-        let kv = (self.head_dim() * self.n_head_kv) as u64;
+        let head_dim = self.head_dim() as u64;
+        let (q, kv) = (head_dim * self.n_head as u64, head_dim * self.n_head_kv as u64);
         let matrix = |name: String, n_in: u64, n_out: u64| Planned {
             name,
             dims: vec![n_in, n_out],
@@ -181,18 +232,32 @@ impl Shape {
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             plan.push(vector(name("attn_norm.weight"), e, Fill::NearOne));
-            plan.push(matrix(name("attn_q.weight"), e, e));
-            plan.push(matrix(name("attn_k.weight"), e, kv));
-            plan.push(matrix(name("attn_v.weight"), e, kv));
+            if self.arch == "phi3" {
+                plan.push(matrix(name("attn_qkv.weight"), e, q + 2 * kv));
+            } else {
+                plan.push(matrix(name("attn_q.weight"), e, q));
+                plan.push(matrix(name("attn_k.weight"), e, kv));
+                plan.push(matrix(name("attn_v.weight"), e, kv));
+            }
             if self.arch == "qwen2" {
-                plan.push(vector(name("attn_q.bias"), e, Fill::Uniform(0.1)));
+                plan.push(vector(name("attn_q.bias"), q, Fill::Uniform(0.1)));
                 plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
                 plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
             }
-            plan.push(matrix(name("attn_output.weight"), e, e));
+            if self.arch == "gemma3" {
+                plan.push(vector(name("attn_q_norm.weight"), head_dim, Fill::NearOne));
+                plan.push(vector(name("attn_k_norm.weight"), head_dim, Fill::NearOne));
+                plan.push(vector(name("post_attention_norm.weight"), e, Fill::NearOne));
+                plan.push(vector(name("post_ffw_norm.weight"), e, Fill::NearOne));
+            }
+            plan.push(matrix(name("attn_output.weight"), q, e));
             plan.push(vector(name("ffn_norm.weight"), e, Fill::NearOne));
-            plan.push(matrix(name("ffn_gate.weight"), e, f));
-            plan.push(matrix(name("ffn_up.weight"), e, f));
+            if self.arch == "phi3" {
+                plan.push(matrix(name("ffn_up.weight"), e, 2 * f));
+            } else {
+                plan.push(matrix(name("ffn_gate.weight"), e, f));
+                plan.push(matrix(name("ffn_up.weight"), e, f));
+            }
             plan.push(matrix(name("ffn_down.weight"), f, e));
         }
         plan
@@ -203,9 +268,11 @@ impl Shape {
         let key = |name: &str| format!("{arch}.{name}");
         let tokens: Vec<String> =
             byte_symbols().into_iter().chain((256..self.n_vocab).map(|id| format!("t{id}"))).collect();
-        vec![
+        let mut metadata = vec![
             ("general.architecture".into(), Value::Str(arch.into())),
-            ("general.name".into(), Value::Str(format!("random-weight {arch} {}x{}", self.n_layer, self.n_embd))),
+            // Not the architecture's name: llama.cpp treats a Phi-3 by its name
+            // and then asks for tokens this vocabulary lacks.
+            ("general.name".into(), Value::Str(format!("random weights, {} layers of {}", self.n_layer, self.n_embd))),
             (key("context_length"), Value::U32(self.n_ctx)),
             (key("embedding_length"), Value::U32(self.n_embd as u32)),
             (key("block_count"), Value::U32(self.n_layer as u32)),
@@ -214,12 +281,18 @@ impl Shape {
             (key("attention.head_count_kv"), Value::U32(self.n_head_kv as u32)),
             (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
             (key("rope.freq_base"), Value::F32(self.rope_base)),
+            (key("attention.key_length"), Value::U32(self.head_dim() as u32)),
+            (key("attention.value_length"), Value::U32(self.head_dim() as u32)),
             ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
             ("tokenizer.ggml.tokens".into(), Value::Strs(tokens)),
             ("tokenizer.ggml.merges".into(), Value::Strs(Vec::new())),
             ("tokenizer.ggml.bos_token_id".into(), Value::U32(0)),
             ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
-        ]
+        ];
+        if let Some(window) = self.window {
+            metadata.push((key("attention.sliding_window"), Value::U32(window)));
+        }
+        metadata
     }
 
     /// Writes the model to `path` with weights drawn from `seed`.
@@ -317,15 +390,25 @@ mod tests {
     fn named_shapes_are_consistent_and_k_quantizable_where_wide_enough() {
         for (name, shape) in &NAMED {
             assert_eq!(shape.check(Matrices::F16), Ok(()), "{name}");
-            // A 576-wide model cannot use K-quants (llama-quantize falls
-            // back too); every other shape can.
-            assert_eq!(shape.check(Matrices::Q4K).is_ok(), *name != "smollm2-135m", "{name}");
+            // A 576- or 1152-wide model cannot use K-quants everywhere
+            // (llama-quantize falls back too); every other shape can.
+            let k_quantizable = !matches!(*name, "smollm2-135m" | "gemma-3-1b");
+            assert_eq!(shape.check(Matrices::Q4K).is_ok(), k_quantizable, "{name}");
             assert_eq!(Shape::named(name).as_ref(), Some(shape));
         }
         // Llama-3.2-1B: 1.24 billion parameters with tied embeddings.
         let shape = Shape::named("llama-3.2-1b").expect("known");
         let params: u64 = shape.plan(Matrices::F16).iter().map(|t| t.dims.iter().product::<u64>()).sum();
         assert_eq!(params / 10_000_000, 123);
+        // Gemma 3 1B: 1.0 billion, 0.30 of it the tied 262144-token table;
+        // Phi-3-mini's 8 layers of 113 million and its two 98-million
+        // tables.
+        let count = |name: &str| -> u64 {
+            let shape = Shape::named(name).expect("known");
+            shape.plan(Matrices::F16).iter().map(|t| t.dims.iter().product::<u64>()).sum()
+        };
+        assert_eq!(count("gemma-3-1b") / 10_000_000, 99);
+        assert_eq!(count("phi-3-mini-8l") / 10_000_000, 110);
         assert!(Shape::named("gpt-5").is_none());
     }
 

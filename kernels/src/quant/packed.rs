@@ -42,8 +42,27 @@
 //!   `qs[4h..4h+4]` (low nibbles: elements 4h+k; high: 16+4h+k).
 //! - Q5_0, 176 bytes: as Q4_0, then each row's four bytes of fifth bits
 //!   rearranged so that bit `i` of byte `k` is element 4i+k's.
+//! - Q2_K, 800 bytes: the eight `d`, the eight `dmin`; the sixteen 4-bit
+//!   scales, then the minima, each as bytes in eight 16-byte groups, row by
+//!   row the pair (2g, 2g+1); then for `c` in 0..16, each row's bytes
+//!   `qs[4c..4c + 4]`, whose 2-bit fields at shift `2j` are elements
+//!   `128(c / 8) + 32j + 4(c % 8) + k`: one load serves four steps.
+//! - Q3_K, 1168 bytes: the eight `d`; the sixteen signed scales as Q6_K's;
+//!   then for `c` in 0..32, each row's four bytes holding its unsigned
+//!   3-bit quants (0..8) of elements `4c + k` in the low nibble and
+//!   `128 + 4c + k` in the high: decoded at packing, a third larger than
+//!   the file's bits (see `x86/packed_low.rs` for why).
+//! - IQ4_XS, 1168 bytes: the eight `d`; the eight signed sub-block scales as
+//!   eight 16-byte groups, row by row scale `j` twice (a pair per 16-value
+//!   half, as Q3_K's pairs of group scales); then for `c` in
+//!   0..32, each row's bytes `qs[4c..4c + 4]` (low nibbles: elements
+//!   `32(c / 4) + 4(c % 4) + k`, high: 16 further), indices into the table.
 
-use super::blocks::{BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks, k_scales};
+use super::blocks::{
+    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks, k_scales,
+};
+use super::low_k::{q3_k_quants, q3_k_scales};
+use super::lut4::iq4_xs_scale;
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
 
@@ -85,6 +104,9 @@ impl PackedRows {
                 |rows, b, out| pack_legacy(rows.map(|row| &blocks::<BlockQ4_0>(row)[b]).map(|x| (x.d, &x.qs[..])), out)
             }
             DType::Q5_0 => |rows, b, out| pack_q5_0(rows.map(|row| &blocks::<BlockQ5_0>(row)[b]), out),
+            DType::Q2_K => |rows, b, out| pack_q2_k(rows.map(|row| &blocks::<BlockQ2K>(row)[b]), out),
+            DType::Q3_K => |rows, b, out| pack_q3_k(rows.map(|row| &blocks::<BlockQ3K>(row)[b]), out),
+            DType::IQ4_XS => |rows, b, out| pack_iq4_xs(rows.map(|row| &blocks::<BlockIQ4XS>(row)[b]), out),
             _ => return None,
         };
         let header = packed_header_bytes(dtype)?;
@@ -164,6 +186,9 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
         DType::Q8_0 => Some(Q8_0_BLOCK),
         DType::Q4_0 => Some(Q4_0_BLOCK),
         DType::Q5_0 => Some(Q5_0_BLOCK),
+        DType::Q2_K => Some(Q2_K_BLOCK),
+        DType::Q3_K => Some(Q3_K_BLOCK),
+        DType::IQ4_XS => Some(IQ4_XS_BLOCK),
         _ => None,
     }
 }
@@ -174,6 +199,9 @@ fn packed_header_bytes(dtype: DType) -> Option<usize> {
         DType::Q4_K => Some(Q4_K_QS),
         DType::Q6_K => Some(Q6_K_QS),
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
+        DType::Q2_K => Some(Q2_K_QS),
+        DType::Q3_K => Some(Q3_K_QS),
+        DType::IQ4_XS => Some(IQ4_XS_QS),
         _ => None,
     }
 }
@@ -233,6 +261,23 @@ pub(crate) const Q4_0_BLOCK: usize = LEGACY_QS + 4 * 32;
 pub(crate) const Q5_0_QH: usize = Q4_0_BLOCK;
 pub(crate) const Q5_0_BLOCK: usize = Q5_0_QH + 32;
 
+pub(crate) const Q2_K_D: usize = 0;
+pub(crate) const Q2_K_DMIN: usize = 16;
+pub(crate) const Q2_K_SCALES: usize = 32;
+pub(crate) const Q2_K_MINS: usize = 160;
+pub(crate) const Q2_K_QS: usize = 288;
+pub(crate) const Q2_K_BLOCK: usize = Q2_K_QS + 16 * 32;
+
+pub(crate) const Q3_K_D: usize = 0;
+pub(crate) const Q3_K_SCALES: usize = 16;
+pub(crate) const Q3_K_QS: usize = 144;
+pub(crate) const Q3_K_BLOCK: usize = Q3_K_QS + 32 * 32;
+
+pub(crate) const IQ4_XS_D: usize = 0;
+pub(crate) const IQ4_XS_SCALES: usize = 16;
+pub(crate) const IQ4_XS_QS: usize = 144;
+pub(crate) const IQ4_XS_BLOCK: usize = IQ4_XS_QS + 32 * 32;
+
 // `place_block` cuts the headers into 16-byte pieces and the quants into
 // 32-byte ones.
 const fn pairs_whole(header: usize, block: usize) -> bool {
@@ -244,6 +289,9 @@ const _: () = assert!(
         && pairs_whole(LEGACY_QS, Q8_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q4_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q5_0_BLOCK)
+        && pairs_whole(Q2_K_QS, Q2_K_BLOCK)
+        && pairs_whole(Q3_K_QS, Q3_K_BLOCK)
+        && pairs_whole(IQ4_XS_QS, IQ4_XS_BLOCK)
 );
 
 const _: () = assert!(
@@ -252,35 +300,37 @@ const _: () = assert!(
         && Q8_0_BLOCK == 8 * size_of::<BlockQ8_0>()
         && Q4_0_BLOCK == 8 * size_of::<BlockQ4_0>()
         && Q5_0_BLOCK == 8 * size_of::<BlockQ5_0>()
+        && Q2_K_BLOCK == 800
+        && Q3_K_BLOCK == 1168
+        && IQ4_XS_BLOCK == 1168
 );
+
+/// Row `r`'s `bytes` into the interleaved field at `base`, `piece` bytes
+/// at a time: piece `k` of the eight rows fills `8 · piece` bytes, row by
+/// row (four bytes for quants, a 32-byte load per step; two for d and for
+/// pairs of scales, 16-byte groups).
+fn interleave(out: &mut [u8], base: usize, r: usize, piece: usize, bytes: &[u8]) {
+    for (k, chunk) in bytes.chunks_exact(piece).enumerate() {
+        let at = base + GROUP_ROWS * piece * k + piece * r;
+        out[at..at + piece].copy_from_slice(chunk);
+    }
+}
 
 fn pack_q4_k(rows: [&BlockQ4K; GROUP_ROWS], out: &mut [u8]) {
     for (r, x) in rows.iter().enumerate() {
-        out[Q4_K_D + 2 * r..Q4_K_D + 2 * r + 2].copy_from_slice(&x.d);
-        out[Q4_K_DMIN + 2 * r..Q4_K_DMIN + 2 * r + 2].copy_from_slice(&x.dmin);
+        interleave(out, Q4_K_D, r, 2, &x.d);
+        interleave(out, Q4_K_DMIN, r, 2, &x.dmin);
         let (sc, m) = k_scales(&x.scales);
-        for p in 0..4 {
-            let at = 16 * p + 2 * r;
-            out[Q4_K_SCALES + at..Q4_K_SCALES + at + 2].copy_from_slice(&sc[2 * p..2 * p + 2]);
-            out[Q4_K_MINS + at..Q4_K_MINS + at + 2].copy_from_slice(&m[2 * p..2 * p + 2]);
-        }
-        for p in 0..4 {
-            for s in 0..8 {
-                let at = Q4_K_QS + 32 * (8 * p + s) + 4 * r;
-                out[at..at + 4].copy_from_slice(&x.qs[32 * p + 4 * s..32 * p + 4 * s + 4]);
-            }
-        }
+        interleave(out, Q4_K_SCALES, r, 2, &sc);
+        interleave(out, Q4_K_MINS, r, 2, &m);
+        interleave(out, Q4_K_QS, r, 4, &x.qs);
     }
 }
 
 fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
     for (r, x) in rows.iter().enumerate() {
-        out[Q6_K_D + 2 * r..Q6_K_D + 2 * r + 2].copy_from_slice(&x.d);
-        for g in 0..8 {
-            let at = Q6_K_SCALES + 16 * g + 2 * r;
-            out[at] = x.scales[2 * g] as u8;
-            out[at + 1] = x.scales[2 * g + 1] as u8;
-        }
+        interleave(out, Q6_K_D, r, 2, &x.d);
+        interleave(out, Q6_K_SCALES, r, 2, &x.scales.map(|s| s as u8));
         let q = scalar::q6_k_quants(x);
         for t in 0..32 {
             for k in 0..4 {
@@ -305,11 +355,8 @@ fn pack_q6_k(rows: [&BlockQ6K; GROUP_ROWS], out: &mut [u8]) {
 /// Q4_0 and Q5_0 rows (`(d, bytes)` per row), four bytes of a row at a time.
 fn pack_legacy(rows: [([u8; 2], &[u8]); GROUP_ROWS], out: &mut [u8]) {
     for (r, (d, bytes)) in rows.iter().enumerate() {
-        out[LEGACY_D + 2 * r..LEGACY_D + 2 * r + 2].copy_from_slice(d);
-        for (s, four) in bytes.chunks_exact(4).enumerate() {
-            let at = LEGACY_QS + 32 * s + 4 * r;
-            out[at..at + 4].copy_from_slice(four);
-        }
+        interleave(out, LEGACY_D, r, 2, d);
+        interleave(out, LEGACY_QS, r, 4, bytes);
     }
 }
 
@@ -320,5 +367,35 @@ fn pack_q5_0(rows: [&BlockQ5_0; GROUP_ROWS], out: &mut [u8]) {
         for k in 0..4 {
             out[Q5_0_QH + 4 * r + k] = (0..8).fold(0u8, |byte, i| byte | (((qh >> (4 * i + k)) & 1) as u8) << i);
         }
+    }
+}
+
+fn pack_q2_k(rows: [&BlockQ2K; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        interleave(out, Q2_K_D, r, 2, &x.d);
+        interleave(out, Q2_K_DMIN, r, 2, &x.dmin);
+        interleave(out, Q2_K_SCALES, r, 2, &x.scales.map(|s| s & 0xF));
+        interleave(out, Q2_K_MINS, r, 2, &x.scales.map(|s| s >> 4));
+        interleave(out, Q2_K_QS, r, 4, &x.qs);
+    }
+}
+
+fn pack_q3_k(rows: [&BlockQ3K; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        interleave(out, Q3_K_D, r, 2, &x.d);
+        interleave(out, Q3_K_SCALES, r, 2, &q3_k_scales(&x.scales).map(|s| s as u8));
+        let q = q3_k_quants(x);
+        let nibbles: [u8; 128] = std::array::from_fn(|e| q[e] | q[128 + e] << 4);
+        interleave(out, Q3_K_QS, r, 4, &nibbles);
+    }
+}
+
+fn pack_iq4_xs(rows: [&BlockIQ4XS; GROUP_ROWS], out: &mut [u8]) {
+    for (r, x) in rows.iter().enumerate() {
+        interleave(out, IQ4_XS_D, r, 2, &x.d);
+        // Each scale is 6 bits minus 32: it fits a signed byte.
+        let scales: [u8; 16] = std::array::from_fn(|k| iq4_xs_scale(x, k / 2) as i8 as u8);
+        interleave(out, IQ4_XS_SCALES, r, 2, &scales);
+        interleave(out, IQ4_XS_QS, r, 4, &x.qs);
     }
 }

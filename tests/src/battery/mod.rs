@@ -304,6 +304,17 @@ impl Answer {
     }
 }
 
+/// A caller's own named requests (`(what, path, body, expect)`), held to
+/// the battery's rules like the built-in ones: what a model family, a
+/// cache or a backend brings that the general categories do not reach.
+pub fn requests(target: &Target<'_>, report: &mut Report, category: &str, cases: Vec<(String, &str, Value, Expect)>) {
+    let client = target.client();
+    for (what, path, body, expect) in cases {
+        send(report, category, &format!("{path} {what}"), client.post(target.server.url(path)).json(&body), &expect);
+    }
+    still_serving(target, report, category);
+}
+
 /// Send one request and hold its answer to the rules.
 fn send(report: &mut Report, category: &str, what: &str, request: RequestBuilder, expect: &Expect) {
     check(report, category, what, &Answer::read(request), expect);

@@ -22,6 +22,7 @@ mod kquant_low;
 mod loads;
 mod lut4;
 mod packed;
+mod packed_low;
 mod ternary;
 
 pub(super) use activations::quantize;
@@ -621,13 +622,13 @@ macro_rules! dot_kernels {
                 };
                 // One and four weight rows against one activation row;
                 // more activation rows repeat the four-row kernel.
-                let row_major = |one, four| Dot {
+                let row_major = |one, four, packed| Dot {
                     one,
                     four: Some(four),
                     four_by_two: None,
                     four_by_four: None,
                     four_by_eight: None,
-                    packed: None,
+                    packed,
                 };
                 // Every row on its own (the grid i-quants: their grid
                 // lookups, not the activation loads, bound the speed).
@@ -667,11 +668,15 @@ macro_rules! dot_kernels {
                     DType::Q6_K => {
                         kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(packed!(packed_q6_k)))
                     }
-                    DType::IQ4_NL => row_major(one_iq4_nl, four_iq4_nl),
-                    DType::IQ4_XS => row_major(one_iq4_xs, four_iq4_xs),
-                    DType::MXFP4 => row_major(one_mxfp4, four_mxfp4),
-                    DType::Q2_K => kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, None),
-                    DType::Q3_K => kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, None),
+                    DType::IQ4_NL => row_major(one_iq4_nl, four_iq4_nl, None),
+                    DType::IQ4_XS => row_major(one_iq4_xs, four_iq4_xs, Some(packed!(packed_iq4_xs))),
+                    DType::MXFP4 => row_major(one_mxfp4, four_mxfp4, None),
+                    DType::Q2_K => {
+                        kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, Some(packed!(packed_q2_k)))
+                    }
+                    DType::Q3_K => {
+                        kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, Some(packed!(packed_q3_k)))
+                    }
                     DType::TQ2_0 => kquant!(one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0, None),
                     DType::TQ1_0 => kquant!(one_tq1_0, four_tq1_0, two_pairs_tq1_0, four_by_eight_tq1_0, None),
                     DType::IQ3_XXS => {
@@ -738,6 +743,7 @@ macro_rules! dot_kernels {
             iq3::iq3_kernels!($features);
             grid::grid_kernels!($features);
             packed::packed_kernels!($features, $ops);
+            packed_low::packed_low_kernels!($features);
         }
     };
 }

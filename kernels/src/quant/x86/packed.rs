@@ -42,6 +42,23 @@ macro_rules! packed_kernels {
             pk::splat_i32(bytemuck::cast::<[u8; 4], i32>(a.bsums.as_chunks::<4>().0[k]))
         }
 
+        /// Σ_g v_g · (Σa)_g over the sixteen 16-element groups of each
+        /// activation block, `v` the eight 16-byte groups of pairs at `at`
+        /// (Q6_K's and Q3_K's scales, signed, for their offsets; Q2_K's
+        /// minima), a pair of groups per word dot.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn group_sums<const A: usize>(w: &[u8], a: [&BlockQ8K; A], at: usize, signed: bool) -> [pk::I; A] {
+            let mut sums = [pk::zero(); A];
+            for pair in 0..8 {
+                let v = pk::words(w, at + 16 * pair, signed);
+                for i in 0..A {
+                    sums[i] = pk::madd(sums[i], v, bsums_pair(a[i], pair));
+                }
+            }
+            sums
+        }
+
         /// Sub-block `2p + HALF` of a packed Q4_K block (`HALF` picks the
         /// nibble) against the activation blocks `a`: its scaled sums into
         /// `isum`, its minima's sums into `imin`. A separate function so
@@ -259,14 +276,8 @@ macro_rules! packed_kernels {
                 q6_k_quarter::<A, 2>(w, a, &mut isum);
                 q6_k_quarter::<A, 3>(w, a, &mut isum);
                 // The quants carry an offset of 32: Σ_g sc_g · (Σa)_g, times
-                // 32, comes off the sum, pairs of groups per word dot.
-                let mut offset = [pk::zero(); A];
-                for pair in 0..8 {
-                    let sc = pk::words(w, layout::Q6_K_SCALES + 16 * pair, true);
-                    for i in 0..A {
-                        offset[i] = pk::madd(offset[i], sc, bsums_pair(a[i], pair));
-                    }
-                }
+                // 32, comes off the sum.
+                let offset = group_sums(w, a, layout::Q6_K_SCALES, true);
                 let d = pk::halves(w, layout::Q6_K_D);
                 for i in 0..A {
                     let isum = pk::sub(isum[i], pk::shl32::<5>(offset[i]));
@@ -307,7 +318,7 @@ pub(super) fn call_blocks<'a, T>(
 pub(super) mod avx2_ops {
     use std::arch::x86_64::*;
 
-    use crate::quant::x86::loads::{load_u8x16, load_u8x32, load16, load32, word_picks};
+    use crate::quant::x86::loads::{byte_picks, load_i8x16, load_u8x16, load_u8x32, load16, load32, word_picks};
 
     pub(crate) type I = __m256i;
     pub(crate) type F = __m256;
@@ -439,6 +450,51 @@ pub(super) mod avx2_ops {
         madd(acc, part, scales)
     }
 
+    /// Scale `j` of each row's pair at `at` for [`scaled_add_narrow`]:
+    /// [`row_scales`], the partial sums being 16-bit here.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn row_scales_narrow(w: &[u8], at: usize, j: usize, signed: bool) -> I {
+        row_scales(w, at, j, signed)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn scaled_add_narrow(acc: I, part: I, scales: I) -> I {
+        scaled_add(acc, part, scales)
+    }
+
+    /// Signed scale `j` of each row's pair at `at`, as a 32-bit lane, for
+    /// [`scaled_add_wide`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn row_scales_wide(w: &[u8], at: usize, j: usize) -> I {
+        let picked = _mm_shuffle_epi8(load_u8x16(load16(w, at)), _mm_set1_epi64x(byte_picks(j)));
+        _mm256_cvtepi8_epi32(picked)
+    }
+
+    /// `acc` plus 32-bit partial sums (those of [`signed_dot`]) times
+    /// their scales.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn scaled_add_wide(acc: I, part: I, scales: I) -> I {
+        _mm256_add_epi32(acc, _mm256_mullo_epi32(part, scales))
+    }
+
+    /// A 16-entry byte table in each 128-bit lane, for [`lookup`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn table16(values: &[i8; 16]) -> I {
+        _mm256_broadcastsi128_si256(load_i8x16(values))
+    }
+
+    /// The table's entries at the indices (0..16) in each byte.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn lookup(table: I, indices: I) -> I {
+        _mm256_shuffle_epi8(table, indices)
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn madd(acc: I, a: I, b: I) -> I {
@@ -515,7 +571,7 @@ pub(super) mod avx2_ops {
 pub(super) mod avx512_ops {
     use std::arch::x86_64::*;
 
-    use crate::quant::x86::loads::{byte_picks, load_u8x32, load32, load64, word_picks};
+    use crate::quant::x86::loads::{byte_picks, load_i8x16, load_u8x32, load32, load64, word_picks};
 
     pub(crate) type I = __m512i;
     pub(crate) type F = __m512;
@@ -651,6 +707,53 @@ pub(super) mod avx512_ops {
     #[inline]
     pub(crate) fn scaled_add(acc: I, part: I, scales: I) -> I {
         _mm512_add_epi32(acc, _mm512_mullo_epi32(part, scales))
+    }
+
+    /// Scale `j` of each row's pair at `at` as a word in the low half of
+    /// its lane and zero above, for [`scaled_add_narrow`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn row_scales_narrow(w: &[u8], at: usize, j: usize, signed: bool) -> I {
+        _mm512_and_si512(row_scales(w, at, j, signed), _mm512_set1_epi32(0xFFFF))
+    }
+
+    /// `acc` plus partial sums within ±2¹⁵ times their scales (from
+    /// [`row_scales_narrow`]) in one word dot: a lane's low word is the
+    /// sum, its high word the sum's sign, which meets the scale's zero.
+    /// One instruction where [`scaled_add`] takes a two-µop 32-bit multiply
+    /// and an add: a Q3_K prompt spends most of its time in these loops.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn scaled_add_narrow(acc: I, part: I, scales: I) -> I {
+        _mm512_dpwssd_epi32(acc, part, scales)
+    }
+
+    /// Signed scale `j` of each row's pair at `at`: [`row_scales`] (the
+    /// partial sums are 32-bit here whichever dot made them).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn row_scales_wide(w: &[u8], at: usize, j: usize) -> I {
+        row_scales(w, at, j, true)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn scaled_add_wide(acc: I, part: I, scales: I) -> I {
+        scaled_add(acc, part, scales)
+    }
+
+    /// A 16-entry byte table in each 128-bit lane, for [`lookup`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn table16(values: &[i8; 16]) -> I {
+        _mm512_broadcast_i32x4(load_i8x16(values))
+    }
+
+    /// The table's entries at the indices (0..16) in each byte.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn lookup(table: I, indices: I) -> I {
+        _mm512_shuffle_epi8(table, indices)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -1,0 +1,194 @@
+//! Kernels over packed groups of the 2- and 3-bit K-quants and of IQ4_XS
+//! (their layouts: `crate::quant::packed`), written once for both x86
+//! levels: [`packed_low_kernels!`] is expanded inside each level's module
+//! after `packed_kernels!`, whose width operations (`pk`), `block_step` and
+//! `group_sums` it uses.
+//!
+//! Q2_K and Q3_K keep four 2-bit fields in a byte: one load of a quant
+//! chunk serves the four steps that shift it by 0, 2, 4 and 6 bits, each a
+//! byte dot against the activation's four matching bytes, as the other
+//! packed K-quants do. IQ4_XS's nibbles become table values with one byte
+//! shuffle and meet the activations in the signed dot Q8_0 uses. The
+//! integer sums are exact and each block takes the reference's float step,
+//! so every output keeps the bits of the row-by-row kernels.
+
+macro_rules! packed_low_kernels {
+    ($features:literal) => {
+        /// The 2-bit fields at shift `2S` of a quant chunk.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn two_bit_fields<const S: usize>(v: pk::I) -> pk::I {
+            let shifted = match S {
+                0 => v,
+                1 => pk::shr16::<2>(v),
+                2 => pk::shr16::<4>(v),
+                _ => pk::shr16::<6>(v),
+            };
+            pk::and_bytes(shifted, 3)
+        }
+
+        /// Groups `8H + 2S` and `8H + 2S + 1` (elements `128H + 32S ..
+        /// 128H + 32S + 32`) of a packed Q2_K block against the activation
+        /// blocks `a`: each group's sum times its scale into `isum`. A
+        /// separate function so that the shift is a constant.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn q2_k_groups<const A: usize, const H: usize, const S: usize>(
+            w: &[u8],
+            a: [&BlockQ8K; A],
+            isum: &mut [pk::I; A],
+        ) {
+            use layout::{Q2_K_QS, Q2_K_SCALES};
+            for half in 0..2 {
+                let mut part = [pk::zero(); A];
+                for t in 4 * half..4 * half + 4 {
+                    let q = two_bit_fields::<S>(pk::load(w, Q2_K_QS + 32 * (8 * H + t)));
+                    for i in 0..A {
+                        part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 32 * H + 8 * S + t));
+                    }
+                }
+                // A group's sum is within 16 · 3 · 127 in magnitude.
+                let sc = pk::row_scales_narrow(w, Q2_K_SCALES + 16 * (4 * H + S), half, false);
+                for i in 0..A {
+                    isum[i] = pk::scaled_add_narrow(isum[i], part[i], sc);
+                }
+            }
+        }
+
+        /// Groups `g` (`HALF` 0: the low nibbles) or `8 + g` (`HALF` 1) of
+        /// a packed Q3_K block against the activation blocks `a`, times
+        /// their scales, into `isum`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn q3_k_group<const A: usize, const HALF: usize>(w: &[u8], a: [&BlockQ8K; A], g: usize, isum: &mut [pk::I; A]) {
+            use layout::{Q3_K_QS, Q3_K_SCALES};
+            let mut part = [pk::zero(); A];
+            for s in 0..4 {
+                let v = pk::load(w, Q3_K_QS + 32 * (4 * g + s));
+                let q = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
+                for i in 0..A {
+                    part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 32 * HALF + 4 * g + s));
+                }
+            }
+            // A group's sum is within 16 · 7 · 127 in magnitude.
+            let sc = pk::row_scales_narrow(w, Q3_K_SCALES + 16 * (4 * HALF + g / 2), g % 2, true);
+            for i in 0..A {
+                isum[i] = pk::scaled_add_narrow(isum[i], part[i], sc);
+            }
+        }
+
+        /// The packed Q2_K groups in `groups`, as `packed_q4_k` takes them:
+        /// Q4_K's float step with the minima's sums.
+        #[target_feature(enable = $features)]
+        fn packed_q2_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            use layout::{Q2_K_BLOCK, Q2_K_D, Q2_K_DMIN, Q2_K_MINS};
+            let acts = acts.map(blocks::<BlockQ8K>);
+            let mut acc = [pk::zero_f(); A];
+            for (b, w) in packed::call_blocks(groups, Q2_K_BLOCK, pk::GROUPS, &acts).enumerate() {
+                let a = acts.map(|row| &row[b]);
+                let mut isum = [pk::zero(); A];
+                q2_k_groups::<A, 0, 0>(w, a, &mut isum);
+                q2_k_groups::<A, 0, 1>(w, a, &mut isum);
+                q2_k_groups::<A, 0, 2>(w, a, &mut isum);
+                q2_k_groups::<A, 0, 3>(w, a, &mut isum);
+                q2_k_groups::<A, 1, 0>(w, a, &mut isum);
+                q2_k_groups::<A, 1, 1>(w, a, &mut isum);
+                q2_k_groups::<A, 1, 2>(w, a, &mut isum);
+                q2_k_groups::<A, 1, 3>(w, a, &mut isum);
+                let imin = group_sums(w, a, Q2_K_MINS, false);
+                let (d, dmin) = (pk::halves(w, Q2_K_D), pk::halves(w, Q2_K_DMIN));
+                for i in 0..A {
+                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], Some((dmin, imin[i])));
+                }
+            }
+            acc.map(|v| pk::lanes(v))
+        }
+
+        /// The packed Q3_K groups in `groups`: the quants unsigned (0..8),
+        /// the offset of 4 taken off through the activation sums, then
+        /// Q6_K's float step.
+        #[target_feature(enable = $features)]
+        fn packed_q3_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            use layout::{Q3_K_BLOCK, Q3_K_D, Q3_K_SCALES};
+            let acts = acts.map(blocks::<BlockQ8K>);
+            let mut acc = [pk::zero_f(); A];
+            for (b, w) in packed::call_blocks(groups, Q3_K_BLOCK, pk::GROUPS, &acts).enumerate() {
+                let a = acts.map(|row| &row[b]);
+                let mut isum = [pk::zero(); A];
+                for g in 0..8 {
+                    q3_k_group::<A, 0>(w, a, g, &mut isum);
+                }
+                for g in 0..8 {
+                    q3_k_group::<A, 1>(w, a, g, &mut isum);
+                }
+                let offset = group_sums(w, a, Q3_K_SCALES, true);
+                let d = pk::halves(w, Q3_K_D);
+                for i in 0..A {
+                    let isum = pk::sub(isum[i], pk::shl32::<2>(offset[i]));
+                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum, None);
+                }
+            }
+            acc.map(|v| pk::lanes(v))
+        }
+
+        /// Sub-block `j` (elements `32j .. 32j + 32`) of a packed IQ4_XS
+        /// block against the activation blocks `a`, times its scale, into
+        /// `isum`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn iq4_xs_sub_block<const A: usize>(
+            w: &[u8],
+            a: [&BlockQ8K; A],
+            table: pk::I,
+            j: usize,
+            isum: &mut [pk::I; A],
+        ) {
+            let mut part = [pk::zero(); A];
+            for s in 0..4 {
+                let v = pk::load(w, layout::IQ4_XS_QS + 32 * (4 * j + s));
+                let low = pk::lookup(table, pk::and_bytes(v, 0xF));
+                let high = pk::lookup(table, pk::and_bytes(pk::shr16::<4>(v), 0xF));
+                for i in 0..A {
+                    part[i] = pk::signed_dot(part[i], low, pk::splat4(&a[i].qs, 8 * j + s));
+                    part[i] = pk::signed_dot(part[i], high, pk::splat4(&a[i].qs, 8 * j + 4 + s));
+                }
+            }
+            let sc = pk::row_scales_wide(w, layout::IQ4_XS_SCALES + 16 * j, 0);
+            for i in 0..A {
+                isum[i] = pk::scaled_add_wide(isum[i], part[i], sc);
+            }
+        }
+
+        /// The packed IQ4_XS groups in `groups`: Q6_K's float step.
+        #[target_feature(enable = $features)]
+        fn packed_iq4_xs<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            let acts = acts.map(blocks::<BlockQ8K>);
+            let mut acc = [pk::zero_f(); A];
+            let table = pk::table16(&crate::quant::lut4::IQ4_VALUES);
+            for (b, w) in packed::call_blocks(groups, layout::IQ4_XS_BLOCK, pk::GROUPS, &acts).enumerate() {
+                let a = acts.map(|row| &row[b]);
+                let mut isum = [pk::zero(); A];
+                for j in 0..8 {
+                    iq4_xs_sub_block(w, a, table, j, &mut isum);
+                }
+                // The signed dot's bias times each sub-block's activation
+                // sum, times its scale, comes off: one word dot per pair of
+                // 16-value groups (each scale is stored twice for this).
+                const { assert!(pk::SIGNED_BIAS == 0 || pk::SIGNED_BIAS == 1 << 7) };
+                if pk::SIGNED_BIAS != 0 {
+                    let excess = group_sums(w, a, layout::IQ4_XS_SCALES, true);
+                    for i in 0..A {
+                        isum[i] = pk::sub(isum[i], pk::shl32::<7>(excess[i]));
+                    }
+                }
+                let d = pk::halves(w, layout::IQ4_XS_D);
+                for i in 0..A {
+                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], None);
+                }
+            }
+            acc.map(|v| pk::lanes(v))
+        }
+    };
+}
+
+pub(super) use packed_low_kernels;
