@@ -127,6 +127,34 @@ fn model_info_names_the_family_layer_kinds_weight_types_and_shards() {
 }
 
 #[test]
+fn model_info_into_a_reader_that_stops_early_ends_without_a_panic() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let scratch = Scratch::new("info-pipe");
+    let path = scratch.0.join("tiny.gguf");
+    // 200 layers: a tensor table longer than a pipe holds (64 KiB), so
+    // that writing it meets the closed pipe.
+    std::fs::write(&path, TinyModel { n_layer: 200, ..TinyModel::llama(4) }.build().build()).expect("written");
+    let mut child = Command::new(sluice_binary())
+        .args(["model", "info"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice runs");
+    // One line read, then the pipe closed, as `| head -1` does.
+    let mut first = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+    stdout.read_line(&mut first).expect("a first line");
+    drop(stdout);
+    let output = child.wait_with_output().expect("sluice ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(first.contains("GGUF v3"), "{first}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
 fn model_info_on_a_refused_file_says_which_architecture_or_weight_type() {
     let scratch = Scratch::new("info-refused");
     let mamba = scratch.write("mamba.gguf", &model().meta("general.architecture", Meta::Str("mamba".into())));

@@ -3,9 +3,11 @@
 //! then the metadata and the tensor table.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use sluice::startup::load_model;
 use sluice_kernels::backend::Device;
 use sluice_model::gguf::{GgufFile, MetaArray, MetaValue};
@@ -16,33 +18,34 @@ use sluice_model::inspect::{self, Summary};
 /// memory, and the time to read it).
 pub fn model_info(path: &Path, load: bool) -> anyhow::Result<()> {
     let file = GgufFile::open(path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
-    println!(
+    let mut out = String::new();
+    writeln!(
+        out,
         "{}: GGUF v{}, {} metadata entries, {} tensors",
         path.display(),
         file.version,
         file.metadata().len(),
         file.tensors().len()
-    );
-    print_shards(&file);
+    )?;
+    write_shards(&mut out, &file)?;
     let summary = inspect::summarize(&file);
     match &summary {
-        Ok(summary) => print_summary(summary),
-        Err(error) => println!("family: refused: {error}"),
+        Ok(summary) => write_summary(&mut out, summary)?,
+        Err(error) => writeln!(out, "family: refused: {error}")?,
     }
-    println!("weight types: {}", weight_types(&file));
-    println!();
+    writeln!(out, "weight types: {}\n", weight_types(&file))?;
     for (key, value) in file.metadata() {
-        println!("{key} = {}", describe(value));
+        writeln!(out, "{key} = {}", describe(value))?;
     }
-    println!();
-    println!("{:<40} {:>6} {:>24} {:>12}", "tensor", "type", "shape", "bytes");
+    writeln!(out, "\n{:<40} {:>6} {:>24} {:>12}", "tensor", "type", "shape", "bytes")?;
     let mut total = 0usize;
     for tensor in file.tensors() {
         let shape = tensor.dims.iter().map(u64::to_string).collect::<Vec<_>>().join(" × ");
-        println!("{:<40} {:>6} {:>24} {:>12}", tensor.name, tensor.dtype.name(), shape, tensor.len);
+        writeln!(out, "{:<40} {:>6} {:>24} {:>12}", tensor.name, tensor.dtype.name(), shape, tensor.len)?;
         total += tensor.len;
     }
-    println!("{:<40} {:>6} {:>24} {:>12}", "total", "", "", total);
+    writeln!(out, "{:<40} {:>6} {:>24} {:>12}", "total", "", "", total)?;
+    emit(&out)?;
     if let Err(error) = summary {
         bail!("{}: sluice does not run this file: {error}", path.display());
     }
@@ -50,30 +53,40 @@ pub fn model_info(path: &Path, load: bool) -> anyhow::Result<()> {
         drop(file);
         load_model(path, Device::Cpu, 0, &[])
             .map_err(|error| anyhow::anyhow!("sluice does not run this file: {error}"))?;
-        println!();
-        println!("load: every tensor loaded on the CPU");
+        emit("\nload: every tensor loaded on the CPU\n")?;
     }
     Ok(())
 }
 
-fn print_shards(file: &GgufFile) {
-    if file.split().is_empty() {
-        return;
-    }
-    println!("split into {} shards:", file.split().len());
-    for (index, path) in file.split().iter().enumerate() {
-        let tensors = file.tensors().iter().filter(|tensor| tensor.shard == index);
-        let (count, bytes) = tensors.fold((0, 0), |(count, bytes), tensor| (count + 1, bytes + tensor.len));
-        println!("  {}: {count} tensors, {bytes} bytes", path.display());
+/// `text` on standard output. A reader that has gone (`| head`) is not an
+/// error: what it wanted it has read.
+fn emit(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written.context("writing to standard output"),
     }
 }
 
-fn print_summary(summary: &Summary) {
-    println!("family: {}", summary.family);
-    println!("layers: {}", summary.n_layer);
-    for (kind, indices) in &summary.layers {
-        println!("  {}: {kind}", inspect::ranges(indices));
+fn write_shards(out: &mut String, file: &GgufFile) -> std::fmt::Result {
+    if file.split().is_empty() {
+        return Ok(());
     }
+    writeln!(out, "split into {} shards:", file.split().len())?;
+    for (index, path) in file.split().iter().enumerate() {
+        let tensors = file.tensors().iter().filter(|tensor| tensor.shard == index);
+        let (count, bytes) = tensors.fold((0, 0), |(count, bytes), tensor| (count + 1, bytes + tensor.len));
+        writeln!(out, "  {}: {count} tensors, {bytes} bytes", path.display())?;
+    }
+    Ok(())
+}
+
+fn write_summary(out: &mut String, summary: &Summary) -> std::fmt::Result {
+    writeln!(out, "family: {}", summary.family)?;
+    writeln!(out, "layers: {}", summary.n_layer)?;
+    for (kind, indices) in &summary.layers {
+        writeln!(out, "  {}: {kind}", inspect::ranges(indices))?;
+    }
+    Ok(())
 }
 
 /// `Q4_K × 120, F32 × 61`: most used first.
