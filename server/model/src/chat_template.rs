@@ -11,8 +11,12 @@
 //! - the `raise_exception` and `strftime_now` globals;
 //! - `{% generation %}` blocks (transformers' assistant-mask extension),
 //!   rendered as plain content;
-//! - `bos_token` and `eos_token` in the context.
+//! - `bos_token` and `eos_token` in the context;
+//! - as llama-server, a template that leaves a system message out of its
+//!   output (GLM-4-0414's skips them) gets the system text folded into the
+//!   next message instead.
 
+use std::borrow::Cow;
 use std::io;
 use std::sync::LazyLock;
 
@@ -57,6 +61,9 @@ pub struct ChatTemplate {
     /// templates such as Gemma's begin with `{{ bos_token }}`.
     strip_bos: bool,
     strip_eos: bool,
+    /// Whether the template renders a system message's text (see
+    /// [`fold_system`]).
+    system_role: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -91,14 +98,36 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, without_generation_tags(source))
             .map_err(|error| TemplateError::Syntax(describe(&error)))?;
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             env,
             source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             strip_bos: false,
             strip_eos: false,
-        })
+            system_role: true,
+        };
+        template.system_role = template.renders_system_text();
+        Ok(template)
+    }
+
+    /// Whether a system message's text reaches the output, probed as
+    /// llama.cpp probes it: a system message then a user message. A
+    /// template that refuses the probe keeps its system messages (llama.cpp
+    /// too leaves the capability on when the probe raises). llama.cpp
+    /// checks whether the template reads the text; this checks whether it
+    /// writes it, which is the same for every template that does not read
+    /// a system message only to drop it.
+    fn renders_system_text(&self) -> bool {
+        const PROBE: &str = "System message text for the probe";
+        let messages = [
+            serde_json::json!({ "role": "system", "content": PROBE }),
+            serde_json::json!({ "role": "user", "content": "User message" }),
+        ];
+        match self.render_messages(&messages, false, &Map::new()) {
+            Ok(text) => text.contains(PROBE),
+            Err(_) => true,
+        }
     }
 
     /// The template `override_source` names, else the model's own; BOS and
@@ -141,6 +170,16 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &Map<String, Value>,
     ) -> Result<String, TemplateError> {
+        let messages = if self.system_role { Cow::Borrowed(messages) } else { fold_system(messages) };
+        self.render_messages(&messages, add_generation_prompt, extra)
+    }
+
+    fn render_messages(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        extra: &Map<String, Value>,
+    ) -> Result<String, TemplateError> {
         let now = chrono::Local::now();
         let mut context = Map::new();
         context.insert("date_string".into(), Value::String(now.format("%d %b %Y").to_string()));
@@ -170,6 +209,25 @@ impl ChatTemplate {
         }
         Ok(rendered)
     }
+}
+
+/// `messages` for a template without a system role, as llama-server
+/// gives them: a leading system message's text joined by a newline before
+/// the next message's, or dropped when nothing follows. Contents that are
+/// not plain text (parts) are left for the template.
+fn fold_system(messages: &[Value]) -> Cow<'_, [Value]> {
+    let Some((first, rest)) = messages.split_first() else { return Cow::Borrowed(messages) };
+    if first["role"] != "system" {
+        return Cow::Borrowed(messages);
+    }
+    let mut rest = rest.to_vec();
+    if let Some(next) = rest.first_mut() {
+        let (Some(system), Some(content)) = (first["content"].as_str(), next["content"].as_str()) else {
+            return Cow::Borrowed(messages);
+        };
+        next["content"] = Value::String(format!("{system}\n{content}"));
+    }
+    Cow::Owned(rest)
 }
 
 /// An error with the template line it points at.
@@ -371,6 +429,33 @@ impl serde_json::ser::Formatter for PyFormatter<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_template_that_drops_system_messages_gets_them_folded_into_the_next() {
+        // GLM-4-0414's way: system messages are skipped by the loop.
+        let skipping = "{% for m in messages if m.role != 'system' %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+        let system = json!({ "role": "system", "content": "Be brief." });
+        let user = json!({ "role": "user", "content": "Hi" });
+        let assistant = json!({ "role": "assistant", "content": "Hello" });
+        assert_eq!(
+            render(skipping, json!([system, user, assistant])).expect("renders"),
+            "<|user|>Be brief.\nHi<|assistant|>Hello"
+        );
+        // A system message alone is dropped; one not in the lead is left.
+        assert_eq!(render(skipping, json!([system])).expect("renders"), "");
+        assert_eq!(render(skipping, json!([user, system])).expect("renders"), "<|user|>Hi");
+        // Content parts are not text to join: left for the template.
+        let parts = json!({ "role": "user", "content": [{ "type": "text", "text": "Hi" }] });
+        let rendered = render(skipping, json!([system, parts])).expect("renders");
+        assert!(!rendered.contains("Be brief."), "{rendered}");
+        // A template that writes system messages, or raises on them, is
+        // given them as they are.
+        let writing = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+        assert_eq!(render(writing, json!([system, user])).expect("renders"), "<|system|>Be brief.<|user|>Hi");
+        let raising = "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}\
+                       {% for m in messages %}{{ m.content }}{% endfor %}";
+        assert!(matches!(render(raising, json!([system, user])), Err(TemplateError::Raised(_))));
+    }
 
     fn render(source: &str, messages: Value) -> Result<String, TemplateError> {
         let messages = messages.as_array().cloned().unwrap_or_default();
