@@ -82,7 +82,10 @@ fn a_later_shard_or_a_missing_one_stops_the_start_naming_the_file() {
     std::fs::remove_file(&shards[2]).expect("remove a shard");
     let (code, stderr) = refused_start(&shards[0]);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("{}: shard 3 of 3 of", shards[2].display())), "{stderr}");
+    assert!(stderr.contains(&format!("{}: shard 3 of 3 is missing", shards[2].display())), "{stderr}");
+    // The first shard's path once in the error, not again inside it.
+    let error = stderr.lines().find(|line| line.contains("cannot load the model")).expect("the error line");
+    assert_eq!(error.matches(&*shards[0].display().to_string()).count(), 1, "{error}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 

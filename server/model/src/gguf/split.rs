@@ -111,7 +111,8 @@ pub(super) fn join(
         let shard_path = path.with_file_name(format!("{prefix}{}", shard.suffix()));
         let label = format!("shard {} of {}", u32::from(no) + 1, place.count);
         if !shard_path.is_file() {
-            return Err(split_error(&shard_path, format!("{label} of {} is missing", path.display())));
+            // The error names the missing file, and whoever loads names the first.
+            return Err(split_error(&shard_path, format!("{label} is missing")));
         }
         let in_shard = |error| GgufError::Shard { path: shard_path.clone(), source: Box::new(error) };
         let file = open(&shard_path).map_err(in_shard)?;
