@@ -52,6 +52,9 @@
 //!   3-bit quants (0..8) of elements `4c + k` in the low nibble and
 //!   `128 + 4c + k` in the high: decoded at packing, a third larger than
 //!   the file's bits (see `x86/packed_low.rs` for why).
+//! - Q5_K, 1440 bytes: Q4_K's block, then for `s` in 0..8 each row's bytes
+//!   `qh[4s..4s + 4]`, whose bit `j` is the fifth bit of sub-block `j`'s
+//!   elements `4s + k`, the ones Q4_K's step `s` of that sub-block reads.
 //! - IQ4_XS, 1168 bytes: the eight `d`; the eight signed sub-block scales as
 //!   eight 16-byte groups, row by row scale `j` twice (a pair per 16-value
 //!   half, as Q3_K's pairs of group scales); then for `c` in
@@ -59,7 +62,7 @@
 //!   `32(c / 4) + 4(c % 4) + k`, high: 16 further), indices into the table.
 
 use super::blocks::{
-    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks, k_scales,
+    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockQ8_0, blocks, k_scales,
 };
 use super::low_k::{q3_k_quants, q3_k_scales};
 use super::lut4::iq4_xs_scale;
@@ -104,6 +107,7 @@ impl PackedRows {
                 |rows, b, out| pack_legacy(rows.map(|row| &blocks::<BlockQ4_0>(row)[b]).map(|x| (x.d, &x.qs[..])), out)
             }
             DType::Q5_0 => |rows, b, out| pack_q5_0(rows.map(|row| &blocks::<BlockQ5_0>(row)[b]), out),
+            DType::Q5_K => |rows, b, out| pack_q5_k(rows.map(|row| &blocks::<BlockQ5K>(row)[b]), out),
             DType::Q2_K => |rows, b, out| pack_q2_k(rows.map(|row| &blocks::<BlockQ2K>(row)[b]), out),
             DType::Q3_K => |rows, b, out| pack_q3_k(rows.map(|row| &blocks::<BlockQ3K>(row)[b]), out),
             DType::IQ4_XS => |rows, b, out| pack_iq4_xs(rows.map(|row| &blocks::<BlockIQ4XS>(row)[b]), out),
@@ -186,6 +190,7 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
         DType::Q8_0 => Some(Q8_0_BLOCK),
         DType::Q4_0 => Some(Q4_0_BLOCK),
         DType::Q5_0 => Some(Q5_0_BLOCK),
+        DType::Q5_K => Some(Q5_K_BLOCK),
         DType::Q2_K => Some(Q2_K_BLOCK),
         DType::Q3_K => Some(Q3_K_BLOCK),
         DType::IQ4_XS => Some(IQ4_XS_BLOCK),
@@ -196,7 +201,7 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
 /// Bytes before a packed block's quants: its scales, as 16-byte fields.
 fn packed_header_bytes(dtype: DType) -> Option<usize> {
     match dtype {
-        DType::Q4_K => Some(Q4_K_QS),
+        DType::Q4_K | DType::Q5_K => Some(Q4_K_QS),
         DType::Q6_K => Some(Q6_K_QS),
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
         DType::Q2_K => Some(Q2_K_QS),
@@ -229,6 +234,10 @@ pub(crate) const Q4_K_SCALES: usize = 32;
 pub(crate) const Q4_K_MINS: usize = 96;
 pub(crate) const Q4_K_QS: usize = 160;
 pub(crate) const Q4_K_BLOCK: usize = Q4_K_QS + 8 * 128;
+
+/// Q5_K's block is Q4_K's with the fifth bits after it.
+pub(crate) const Q5_K_QH: usize = Q4_K_BLOCK;
+pub(crate) const Q5_K_BLOCK: usize = Q5_K_QH + 8 * 32;
 
 pub(crate) const Q6_K_D: usize = 0;
 pub(crate) const Q6_K_SCALES: usize = 16;
@@ -289,6 +298,7 @@ const _: () = assert!(
         && pairs_whole(LEGACY_QS, Q8_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q4_0_BLOCK)
         && pairs_whole(LEGACY_QS, Q5_0_BLOCK)
+        && pairs_whole(Q4_K_QS, Q5_K_BLOCK)
         && pairs_whole(Q2_K_QS, Q2_K_BLOCK)
         && pairs_whole(Q3_K_QS, Q3_K_BLOCK)
         && pairs_whole(IQ4_XS_QS, IQ4_XS_BLOCK)
@@ -300,6 +310,7 @@ const _: () = assert!(
         && Q8_0_BLOCK == 8 * size_of::<BlockQ8_0>()
         && Q4_0_BLOCK == 8 * size_of::<BlockQ4_0>()
         && Q5_0_BLOCK == 8 * size_of::<BlockQ5_0>()
+        && Q5_K_BLOCK == 1440
         && Q2_K_BLOCK == 800
         && Q3_K_BLOCK == 1168
         && IQ4_XS_BLOCK == 1168
@@ -324,6 +335,14 @@ fn pack_q4_k(rows: [&BlockQ4K; GROUP_ROWS], out: &mut [u8]) {
         interleave(out, Q4_K_SCALES, r, 2, &sc);
         interleave(out, Q4_K_MINS, r, 2, &m);
         interleave(out, Q4_K_QS, r, 4, &x.qs);
+    }
+}
+
+fn pack_q5_k(rows: [&BlockQ5K; GROUP_ROWS], out: &mut [u8]) {
+    let q4_k = rows.map(|x| BlockQ4K { d: x.d, dmin: x.dmin, scales: x.scales, qs: x.qs });
+    pack_q4_k(std::array::from_fn(|r| &q4_k[r]), out);
+    for (r, x) in rows.iter().enumerate() {
+        interleave(out, Q5_K_QH, r, 4, &x.qh);
     }
 }
 

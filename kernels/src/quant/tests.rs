@@ -605,9 +605,17 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
     let pool = crate::pool::ThreadPool::new(3);
     for level in simd_levels() {
         let kernels = Kernels::new(level).expect("level is supported");
-        for dtype in
-            [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q2_K, DType::Q3_K, DType::IQ4_XS]
-        {
+        for dtype in [
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q5_0,
+            DType::Q5_K,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::IQ4_XS,
+        ] {
             let dot = kernels.dot(dtype);
             assert!(dot.packs(), "{level:?} {dtype}");
             // Adversarial rows (extreme quants and scales) and random ones,

@@ -663,7 +663,7 @@ macro_rules! dot_kernels {
                         kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k, Some(packed!(packed_q4_k)))
                     }
                     DType::Q5_K => {
-                        kquant!(one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k, None)
+                        kquant!(one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k, Some(packed!(packed_q5_k)))
                     }
                     DType::Q6_K => {
                         kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(packed!(packed_q6_k)))

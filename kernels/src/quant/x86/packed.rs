@@ -323,6 +323,7 @@ pub(super) mod avx2_ops {
     pub(crate) type I = __m256i;
     pub(crate) type F = __m256;
     pub(crate) const Q6_K_STEPS: usize = 2;
+    pub(crate) const Q5_K_STEPS: usize = 4;
     pub(crate) const GROUPS: usize = 1;
     /// Whether a call takes eight activation rows: their 24 sums would
     /// spill from AVX2's 16 registers (four rows per call measured 20 %
@@ -576,6 +577,7 @@ pub(super) mod avx512_ops {
     pub(crate) type I = __m512i;
     pub(crate) type F = __m512;
     pub(crate) const Q6_K_STEPS: usize = 4;
+    pub(crate) const Q5_K_STEPS: usize = 8;
     pub(crate) const GROUPS: usize = 2;
     /// Eight activation rows' sums fit AVX-512's 32 registers (four per
     /// call made a Q6_K prompt 10 % slower).

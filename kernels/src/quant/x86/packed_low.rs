@@ -1,5 +1,5 @@
-//! Kernels over packed groups of the 2- and 3-bit K-quants and of IQ4_XS
-//! (their layouts: `crate::quant::packed`), written once for both x86
+//! Kernels over packed groups of Q2_K, Q3_K, Q5_K and IQ4_XS (their
+//! layouts: `crate::quant::packed`), written once for both x86
 //! levels: [`packed_low_kernels!`] is expanded inside each level's module
 //! after `packed_kernels!`, whose width operations (`pk`), `block_step` and
 //! `group_sums` it uses.
@@ -7,7 +7,8 @@
 //! Q2_K and Q3_K keep four 2-bit fields in a byte: one load of a quant
 //! chunk serves the four steps that shift it by 0, 2, 4 and 6 bits, each a
 //! byte dot against the activation's four matching bytes, as the other
-//! packed K-quants do. IQ4_XS's nibbles become table values with one byte
+//! packed K-quants do. Q5_K is Q4_K with each step's fifth bits from a
+//! chunk of `qh` bytes, one shift and mask per step. IQ4_XS's nibbles become table values with one byte
 //! shuffle and meet the activations in the signed dot Q8_0 uses. The
 //! integer sums are exact and each block takes the reference's float step,
 //! so every output keeps the bits of the row-by-row kernels.
@@ -126,6 +127,86 @@ macro_rules! packed_low_kernels {
                 for i in 0..A {
                     let isum = pk::sub(isum[i], pk::shl32::<2>(offset[i]));
                     acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum, None);
+                }
+            }
+            acc.map(|v| pk::lanes(v))
+        }
+
+        /// Bit `2P + HALF` of each byte of a Q5_K `qh` chunk, as bit 4. A
+        /// 16-bit shift carries bits across the bytes of a word; they land
+        /// in bits 0–3 of the upper byte (left shifts by at most 4) or 5–7
+        /// of the lower (right shifts by at most 3), which the mask drops.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn q5_k_fifth_bits<const P: usize, const HALF: usize>(v: pk::I) -> pk::I {
+            let moved = match 2 * P + HALF {
+                0 => pk::shl16::<4>(v),
+                1 => pk::shl16::<3>(v),
+                2 => pk::shl16::<2>(v),
+                3 => pk::shl16::<1>(v),
+                4 => v,
+                5 => pk::shr16::<1>(v),
+                6 => pk::shr16::<2>(v),
+                _ => pk::shr16::<3>(v),
+            };
+            pk::and_bytes(moved, 0x10)
+        }
+
+        /// Sub-block `2P + HALF` of a packed Q5_K block against the
+        /// activation blocks `a`: its scaled sums into `isum`, its minima's
+        /// into `imin`, as Q4_K's, the steps in runs that keep AVX2's
+        /// 16-bit sums from overflowing (4 · 2 · 31 · 128 < 2¹⁵).
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn q5_k_sub_block<const A: usize, const P: usize, const HALF: usize>(
+            w: &[u8],
+            a: [&BlockQ8K; A],
+            isum: &mut [pk::I; A],
+            imin: &mut [pk::I; A],
+        ) {
+            use layout::{Q4_K_MINS, Q4_K_QS, Q4_K_SCALES, Q5_K_QH};
+            const STEPS: usize = pk::Q5_K_STEPS;
+            let j = 2 * P + HALF;
+            let sc = pk::row_scales(w, Q4_K_SCALES + 16 * P, HALF, false);
+            for run in 0..8 / STEPS {
+                let mut part = [pk::zero(); A];
+                for s in STEPS * run..STEPS * run + STEPS {
+                    let v = pk::load(w, Q4_K_QS + 32 * (8 * P + s));
+                    let low = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
+                    let q = pk::or(low, q5_k_fifth_bits::<P, HALF>(pk::load(w, Q5_K_QH + 32 * s)));
+                    for i in 0..A {
+                        part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 8 * j + s));
+                    }
+                }
+                for i in 0..A {
+                    isum[i] = pk::scaled_add(isum[i], part[i], sc);
+                }
+            }
+            let m = pk::row_words(w, Q4_K_MINS + 16 * P, HALF);
+            for i in 0..A {
+                imin[i] = pk::madd(imin[i], m, bsums_pair(a[i], j));
+            }
+        }
+
+        /// The packed Q5_K groups in `groups`: Q4_K's float step.
+        #[target_feature(enable = $features)]
+        fn packed_q5_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            let acts = acts.map(blocks::<BlockQ8K>);
+            let mut acc = [pk::zero_f(); A];
+            for (b, w) in packed::call_blocks(groups, layout::Q5_K_BLOCK, pk::GROUPS, &acts).enumerate() {
+                let a = acts.map(|row| &row[b]);
+                let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
+                q5_k_sub_block::<A, 0, 0>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 0, 1>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 1, 0>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 1, 1>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 2, 0>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 2, 1>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 3, 0>(w, a, &mut isum, &mut imin);
+                q5_k_sub_block::<A, 3, 1>(w, a, &mut isum, &mut imin);
+                let (d, dmin) = (pk::halves(w, layout::Q4_K_D), pk::halves(w, layout::Q4_K_DMIN));
+                for i in 0..A {
+                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], Some((dmin, imin[i])));
                 }
             }
             acc.map(|v| pk::lanes(v))
