@@ -24,6 +24,11 @@ const UNIT_ROWS: usize = 2 * GROUP_ROWS;
 /// packed kernel's.
 const PACKED_ACT_ROWS: usize = 8;
 
+/// Activation rows from which packed calls are widened before the passes
+/// (`crate::quant::packed`, "Wide blocks"): a widening costs about a
+/// third of one pass of eight rows.
+const WIDE_ACT_ROWS: usize = 32;
+
 /// A row-major `n_out × n_in` weight matrix in one dtype, borrowed from its
 /// file, and the packed copy of its rows where the kernels have one
 /// ([`QuantMatrix::pack`]).
@@ -286,21 +291,33 @@ impl Job<'_> {
     /// order, so the hardware prefetcher follows one stream: asking for
     /// the next call's bytes ahead of it, as the file's layout needs,
     /// slowed a 1B-shaped model's decoding by a fifth on a 2-core Zen 4.
+    /// From [`WIDE_ACT_ROWS`] activation rows on, where the level widens
+    /// the format, each call of a tile is widened once and every pass
+    /// reads the wide copy: the same bits.
     fn packed_rows(&self, packed: &PackedRows, m: usize, groups: std::ops::Range<usize>) {
         let group_bytes = packed.group_bytes();
         let per_call = self.dot.packed_groups();
         let tile = (TILE_BYTES / group_bytes.max(1)).max(1).next_multiple_of(per_call);
         let acts: Vec<&[u8]> = (0..m).map(|i| self.act(i)).collect();
+        let wide_call = (m >= WIDE_ACT_ROWS && self.dot.widens()).then(|| per_call * packed.wide_group_bytes());
+        let mut wide = vec![0u8; wide_call.map_or(0, |bytes| bytes * (tile / per_call))];
         for tile_start in groups.clone().step_by(tile) {
             let tile_end = (tile_start + tile).min(groups.end);
+            // The whole call's bytes: a lone last group is stored as one.
+            let call = |g: usize| &packed.bytes()[g * group_bytes..(g + per_call) * group_bytes];
+            if let Some(bytes) = wide_call {
+                for (g, wide) in (tile_start..tile_end).step_by(per_call).zip(wide.chunks_exact_mut(bytes)) {
+                    self.dot.widen(call(g), wide);
+                }
+            }
             for (chunk, acts) in acts.chunks(PACKED_ACT_ROWS).enumerate() {
-                for g in (tile_start..tile_end).step_by(per_call) {
+                for (k, g) in (tile_start..tile_end).step_by(per_call).enumerate() {
                     let n = per_call.min(tile_end - g);
-                    // The whole call's bytes: a lone last group is stored as one.
-                    let bytes = g * group_bytes..(g + per_call) * group_bytes;
-                    self.dot.call_packed(&packed.bytes()[bytes], n, acts, |i, values| {
-                        self.store(PACKED_ACT_ROWS * chunk + i, GROUP_ROWS * g, values)
-                    });
+                    let store = |i, values: &[f32]| self.store(PACKED_ACT_ROWS * chunk + i, GROUP_ROWS * g, values);
+                    match wide_call {
+                        Some(bytes) => self.dot.call_wide(&wide[k * bytes..(k + 1) * bytes], n, acts, store),
+                        None => self.dot.call_packed(call(g), n, acts, store),
+                    }
                 }
             }
         }
@@ -522,9 +539,10 @@ mod tests {
     fn packed_matrices_give_the_bits_of_the_file_layout() {
         let mut rng = Rng::new(16);
         let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
-        for dtype in [DType::Q4_K, DType::Q6_K] {
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
             // Rows past the last whole group, groups in several tiles, and
-            // a matrix too small to pack.
+            // a matrix too small to pack; past `WIDE_ACT_ROWS` the
+            // calls are widened where the level widens the format.
             for (n_out, n_in) in [(45, 512), (8, 256), (7, 256), (130, 1024)] {
                 let data: Vec<u8> = (0..n_out).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect();
                 let w = QuantMatrix::new(dtype, &data, n_out, n_in).expect("consistent shapes");
@@ -533,7 +551,7 @@ mod tests {
                     continue;
                 };
                 let packed_w = w.with_packed(&packed).expect("packed from these bytes");
-                for m in [1, 3, 4, 9, 17] {
+                for m in [1, 3, 4, 9, 17, WIDE_ACT_ROWS + 8] {
                     let x = random_acts(&mut rng, m * n_in);
                     let want = per_element(&w, &x, m);
                     for pool in &pools {

@@ -38,6 +38,22 @@ pub(crate) struct PackedDot {
     /// Only where the registers hold eight rows' sums (AVX-512's 32);
     /// AVX2's 16 spill them.
     pub(crate) eight: Option<PackedFn<8>>,
+    /// Where a call's blocks can be widened to a byte per quant for
+    /// long prompts (see `super::packed`, "Wide blocks").
+    pub(crate) wide: Option<WideDot>,
+}
+
+/// Widens a call's packed blocks (the first argument) into wide ones.
+pub(super) type WidenFn = unsafe fn(&[u8], &mut [u8]);
+
+/// A format's widening and the kernels over wide call blocks, which give
+/// the packed kernels' bits.
+#[derive(Clone, Copy)]
+pub(crate) struct WideDot {
+    pub(crate) widen: WidenFn,
+    pub(crate) one: PackedFn<1>,
+    pub(crate) four: PackedFn<4>,
+    pub(crate) eight: PackedFn<8>,
 }
 
 impl Dot {
@@ -66,38 +82,33 @@ impl Dot {
     /// nothing at a level without packed kernels (the caller packs only
     /// where [`Dot::packs`]).
     #[inline]
-    pub(crate) fn call_packed(
-        self,
-        groups: &[u8],
-        n_groups: usize,
-        acts: &[&[u8]],
-        mut store: impl FnMut(usize, &[f32]),
-    ) {
+    pub(crate) fn call_packed(self, groups: &[u8], n_groups: usize, acts: &[&[u8]], store: impl FnMut(usize, &[f32])) {
         let Some(packed) = self.packed else { return };
-        let width = 8 * n_groups.min(packed.groups);
-        let mut start = 0;
-        while let Some(rest) = acts.get(start..).filter(|rest| !rest.is_empty()) {
-            let mut emit = |values: &[[f32; 16]]| {
-                for (k, v) in values.iter().enumerate() {
-                    store(start + k, &v[..width]);
-                }
-                values.len()
-            };
-            start += match (rest.len(), packed.eight) {
-                (8.., Some(eight)) => {
-                    // SAFETY: as in `call`.
-                    emit(&unsafe { eight(groups, std::array::from_fn(|k| rest[k])) })
-                }
-                (4.., _) => {
-                    // SAFETY: as in `call`.
-                    emit(&unsafe { (packed.four)(groups, std::array::from_fn(|k| rest[k])) })
-                }
-                _ => {
-                    // SAFETY: as in `call`.
-                    emit(&unsafe { (packed.one)(groups, [rest[0]]) })
-                }
-            };
-        }
+        call_groups(packed.groups, (packed.one, packed.four, packed.eight), groups, n_groups, acts, store);
+    }
+
+    /// Whether this level widens the dtype's packed blocks for long
+    /// prompts ([`Dot::widen`]).
+    pub(crate) fn widens(self) -> bool {
+        self.packed.is_some_and(|packed| packed.wide.is_some())
+    }
+
+    /// The packed call blocks in `call` (one call's groups, all their
+    /// blocks) widened into `wide`, `super::packed::WIDE_BLOCK` bytes per
+    /// group and block. Does nothing where the level does not widen.
+    pub(crate) fn widen(self, call: &[u8], wide: &mut [u8]) {
+        let Some(w) = self.packed.and_then(|packed| packed.wide) else { return };
+        // SAFETY: as in `call`; the widening checks the lengths.
+        unsafe { (w.widen)(call, wide) }
+    }
+
+    /// [`Dot::call_packed`] on one call widened by [`Dot::widen`]: the
+    /// same bits.
+    #[inline]
+    pub(crate) fn call_wide(self, wide: &[u8], n_groups: usize, acts: &[&[u8]], store: impl FnMut(usize, &[f32])) {
+        let Some(packed) = self.packed else { return };
+        let Some(w) = packed.wide else { return };
+        call_groups(packed.groups, (w.one, w.four, Some(w.eight)), wide, n_groups, acts, store);
     }
 
     /// Four weight rows against one activation row: side by side,
@@ -152,5 +163,44 @@ impl Dot {
                 [v0, v1, v2, v3, v4, v5, v6, v7]
             }
         }
+    }
+}
+
+/// One call's groups in `groups` against each of `acts`, eight activation
+/// rows per kernel call where the level has that kernel, then fours, then
+/// ones; `store(i, values)` takes row `i`'s outputs, eight per group.
+#[inline]
+fn call_groups(
+    per_call: usize,
+    (one, four, eight): (PackedFn<1>, PackedFn<4>, Option<PackedFn<8>>),
+    groups: &[u8],
+    n_groups: usize,
+    acts: &[&[u8]],
+    mut store: impl FnMut(usize, &[f32]),
+) {
+    let width = 8 * n_groups.min(per_call);
+    let mut start = 0;
+    while let Some(rest) = acts.get(start..).filter(|rest| !rest.is_empty()) {
+        let mut emit = |values: &[[f32; 16]]| {
+            for (k, v) in values.iter().enumerate() {
+                store(start + k, &v[..width]);
+            }
+            values.len()
+        };
+        start += match (rest.len(), eight) {
+            (8.., Some(eight)) => {
+                // SAFETY: the kernels are only in a `Dot` built by
+                // `Kernels::dot`, for a supported level.
+                emit(&unsafe { eight(groups, std::array::from_fn(|k| rest[k])) })
+            }
+            (4.., _) => {
+                // SAFETY: as above.
+                emit(&unsafe { four(groups, std::array::from_fn(|k| rest[k])) })
+            }
+            _ => {
+                // SAFETY: as above.
+                emit(&unsafe { one(groups, [rest[0]]) })
+            }
+        };
     }
 }

@@ -60,6 +60,28 @@
 //!   half, as Q3_K's pairs of group scales); then for `c` in
 //!   0..32, each row's bytes `qs[4c..4c + 4]` (low nibbles: elements
 //!   `32(c / 4) + 4(c % 4) + k`, high: 16 further), indices into the table.
+//!
+//! ## Wide blocks
+//!
+//! A long prompt passes every call of groups once per eight activation
+//! rows, and the formats whose quants take several instructions to unpack
+//! (IQ4_XS's table, Q5_K's and Q6_K's high bits) pay for that unpacking on
+//! every pass. For those, the level may first widen a call's blocks to
+//! one unsigned byte per quant (`x86/packed_wide.rs`), so that each pass
+//! is one load per step. A wide block, 2848 bytes per group:
+//!
+//! - for step `t` in 0..64, each row's quants `4t..4t + 4`, with whatever
+//!   offset makes them unsigned (IQ4_XS's table values plus 128);
+//! - sixteen 32-byte fields of scales, one 32-bit scale per row: the scale
+//!   of each run of 16 or 32 elements (the format's sub-block);
+//! - eight 32-byte fields of corrections, row by row two 16-bit words for
+//!   the 16-element groups `2p` and `2p + 1`, to be multiplied with the
+//!   activation's sums of those groups: the minima, or the quants' offset
+//!   times their scale (which comes off the sum);
+//! - the eight `d`, then the eight `dmin` (f16), as in the packed blocks.
+//!
+//! The integer sums come out the same and the float step is the packed
+//! kernels', so the bits are theirs.
 
 use super::blocks::{
     BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockQ8_0, blocks, k_scales,
@@ -167,6 +189,11 @@ impl PackedRows {
 
     pub(crate) fn group_bytes(&self) -> usize {
         self.group_bytes
+    }
+
+    /// Bytes of one group widened (see "Wide blocks"): the same blocks.
+    pub(crate) fn wide_group_bytes(&self) -> usize {
+        packed_block_bytes(self.dtype).map_or(0, |block| self.group_bytes / block * WIDE_BLOCK)
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -287,6 +314,13 @@ pub(crate) const IQ4_XS_SCALES: usize = 16;
 pub(crate) const IQ4_XS_QS: usize = 144;
 pub(crate) const IQ4_XS_BLOCK: usize = IQ4_XS_QS + 32 * 32;
 
+pub(crate) const WIDE_QS: usize = 0;
+pub(crate) const WIDE_SCALES: usize = WIDE_QS + 64 * 32;
+pub(crate) const WIDE_CORRECTIONS: usize = WIDE_SCALES + 16 * 32;
+pub(crate) const WIDE_D: usize = WIDE_CORRECTIONS + 8 * 32;
+pub(crate) const WIDE_DMIN: usize = WIDE_D + 16;
+pub(crate) const WIDE_BLOCK: usize = WIDE_DMIN + 16;
+
 // `place_block` cuts the headers into 16-byte pieces and the quants into
 // 32-byte ones.
 const fn pairs_whole(header: usize, block: usize) -> bool {
@@ -314,6 +348,8 @@ const _: () = assert!(
         && Q2_K_BLOCK == 800
         && Q3_K_BLOCK == 1168
         && IQ4_XS_BLOCK == 1168
+        && WIDE_BLOCK == 2848
+        && WIDE_D.is_multiple_of(16)
 );
 
 /// Row `r`'s `bytes` into the interleaved field at `base`, `piece` bytes

@@ -642,15 +642,29 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
                         let n = per_call.min(3 - g);
                         let mut seen = 0;
                         let bytes = &packed.bytes()[g * group_bytes..(g + per_call) * group_bytes];
-                        dot.call_packed(bytes, n, &acts, |i, values| {
-                            seen += 1;
+                        let check = |kind: &str, i: usize, values: &[f32]| {
                             assert_eq!(values.len(), 8 * n);
                             for (r, got) in values.iter().enumerate() {
                                 let want = dot.call(&rows[8 * g + r], acts[i]);
-                                assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} row {r} act {i}");
+                                assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} {kind} row {r} act {i}");
                             }
+                        };
+                        dot.call_packed(bytes, n, &acts, |i, values| {
+                            seen += 1;
+                            check("packed", i, values);
                         });
                         assert_eq!(seen, count);
+                        // The wide copy of the same call, where the level widens.
+                        if dot.widens() {
+                            let mut wide = vec![0u8; per_call * packed.wide_group_bytes()];
+                            dot.widen(bytes, &mut wide);
+                            let mut seen = 0;
+                            dot.call_wide(&wide, n, &acts, |i, values| {
+                                seen += 1;
+                                check("wide", i, values);
+                            });
+                            assert_eq!(seen, count);
+                        }
                     }
                 }
             }

@@ -23,6 +23,8 @@ mod loads;
 mod lut4;
 mod packed;
 mod packed_low;
+mod packed_ops;
+mod packed_wide;
 mod ternary;
 
 pub(super) use activations::quantize;
@@ -35,7 +37,7 @@ use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0S, BlockQ8_1,
     BlockQ8K, QK, QK_K, blocks, blocks_mut, k_scales,
 };
-use super::entries::{Dot, PackedDot, QuantizeFn};
+use super::entries::{Dot, PackedDot, QuantizeFn, WideDot};
 use super::scalar::{self, LANES};
 use super::{ActFormat, DType};
 use crate::quant::packed as layout;
@@ -642,12 +644,28 @@ macro_rules! dot_kernels {
                 };
                 macro_rules! packed {
                     ($kernel:ident) => {
+                        packed!($kernel, None)
+                    };
+                    ($kernel:ident, $wide:expr) => {
                         PackedDot {
                             groups: pk::GROUPS,
                             one: $kernel::<1>,
                             four: $kernel::<4>,
                             eight: pk::EIGHT_ACTS.then_some($kernel::<8>),
+                            wide: $wide,
                         }
+                    };
+                }
+                // A widening and the wide kernel for runs of `$sub` elements
+                // (with minima or not), where the level runs them.
+                macro_rules! wide {
+                    ($widen:ident, $sub:literal, $minima:literal) => {
+                        pk::WIDENS.then_some(WideDot {
+                            widen: $widen,
+                            one: wide_kernel::<1, $sub, $minima>,
+                            four: wide_kernel::<4, $sub, $minima>,
+                            eight: wide_kernel::<8, $sub, $minima>,
+                        })
                     };
                 }
                 match dtype {
@@ -663,13 +681,29 @@ macro_rules! dot_kernels {
                         kquant!(one_q4_k, four_q4_k, two_pairs_q4_k, four_by_eight_q4_k, Some(packed!(packed_q4_k)))
                     }
                     DType::Q5_K => {
-                        kquant!(one_q5_k, four_q5_k, two_pairs_q5_k, four_by_eight_q5_k, Some(packed!(packed_q5_k)))
+                        let wide = wide!(widen_q5_k, 32, true);
+                        kquant!(
+                            one_q5_k,
+                            four_q5_k,
+                            two_pairs_q5_k,
+                            four_by_eight_q5_k,
+                            Some(packed!(packed_q5_k, wide))
+                        )
                     }
                     DType::Q6_K => {
-                        kquant!(one_q6_k, four_q6_k, two_pairs_q6_k, four_by_eight_q6_k, Some(packed!(packed_q6_k)))
+                        let wide = wide!(widen_q6_k, 16, false);
+                        kquant!(
+                            one_q6_k,
+                            four_q6_k,
+                            two_pairs_q6_k,
+                            four_by_eight_q6_k,
+                            Some(packed!(packed_q6_k, wide))
+                        )
                     }
                     DType::IQ4_NL => row_major(one_iq4_nl, four_iq4_nl, None),
-                    DType::IQ4_XS => row_major(one_iq4_xs, four_iq4_xs, Some(packed!(packed_iq4_xs))),
+                    DType::IQ4_XS => {
+                        row_major(one_iq4_xs, four_iq4_xs, Some(packed!(packed_iq4_xs, wide!(widen_iq4_xs, 32, false))))
+                    }
                     DType::MXFP4 => row_major(one_mxfp4, four_mxfp4, None),
                     DType::Q2_K => {
                         kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, Some(packed!(packed_q2_k)))
@@ -744,6 +778,7 @@ macro_rules! dot_kernels {
             grid::grid_kernels!($features);
             packed::packed_kernels!($features, $ops);
             packed_low::packed_low_kernels!($features);
+            packed_wide::packed_wide_kernels!($features);
         }
     };
 }

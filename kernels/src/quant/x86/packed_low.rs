@@ -83,26 +83,26 @@ macro_rules! packed_low_kernels {
         #[target_feature(enable = $features)]
         fn packed_q2_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             use layout::{Q2_K_BLOCK, Q2_K_D, Q2_K_DMIN, Q2_K_MINS};
-            let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [pk::zero_f(); A];
-            for (b, w) in packed::call_blocks(groups, Q2_K_BLOCK, pk::GROUPS, &acts).enumerate() {
-                let a = acts.map(|row| &row[b]);
-                let mut isum = [pk::zero(); A];
-                q2_k_groups::<A, 0, 0>(w, a, &mut isum);
-                q2_k_groups::<A, 0, 1>(w, a, &mut isum);
-                q2_k_groups::<A, 0, 2>(w, a, &mut isum);
-                q2_k_groups::<A, 0, 3>(w, a, &mut isum);
-                q2_k_groups::<A, 1, 0>(w, a, &mut isum);
-                q2_k_groups::<A, 1, 1>(w, a, &mut isum);
-                q2_k_groups::<A, 1, 2>(w, a, &mut isum);
-                q2_k_groups::<A, 1, 3>(w, a, &mut isum);
-                let imin = group_sums(w, a, Q2_K_MINS, false);
-                let (d, dmin) = (pk::halves(w, Q2_K_D), pk::halves(w, Q2_K_DMIN));
-                for i in 0..A {
-                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], Some((dmin, imin[i])));
-                }
-            }
-            acc.map(|v| pk::lanes(v))
+            packed_k(
+                groups,
+                acts,
+                Q2_K_BLOCK,
+                Q2_K_D,
+                Some(Q2_K_DMIN),
+                #[inline(always)]
+                |w, a| {
+                    let mut isum = [pk::zero(); A];
+                    q2_k_groups::<A, 0, 0>(w, a, &mut isum);
+                    q2_k_groups::<A, 0, 1>(w, a, &mut isum);
+                    q2_k_groups::<A, 0, 2>(w, a, &mut isum);
+                    q2_k_groups::<A, 0, 3>(w, a, &mut isum);
+                    q2_k_groups::<A, 1, 0>(w, a, &mut isum);
+                    q2_k_groups::<A, 1, 1>(w, a, &mut isum);
+                    q2_k_groups::<A, 1, 2>(w, a, &mut isum);
+                    q2_k_groups::<A, 1, 3>(w, a, &mut isum);
+                    (isum, group_sums(w, a, Q2_K_MINS, false))
+                },
+            )
         }
 
         /// The packed Q3_K groups in `groups`: the quants unsigned (0..8),
@@ -111,25 +111,25 @@ macro_rules! packed_low_kernels {
         #[target_feature(enable = $features)]
         fn packed_q3_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             use layout::{Q3_K_BLOCK, Q3_K_D, Q3_K_SCALES};
-            let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [pk::zero_f(); A];
-            for (b, w) in packed::call_blocks(groups, Q3_K_BLOCK, pk::GROUPS, &acts).enumerate() {
-                let a = acts.map(|row| &row[b]);
-                let mut isum = [pk::zero(); A];
-                for g in 0..8 {
-                    q3_k_group::<A, 0>(w, a, g, &mut isum);
-                }
-                for g in 0..8 {
-                    q3_k_group::<A, 1>(w, a, g, &mut isum);
-                }
-                let offset = group_sums(w, a, Q3_K_SCALES, true);
-                let d = pk::halves(w, Q3_K_D);
-                for i in 0..A {
-                    let isum = pk::sub(isum[i], pk::shl32::<2>(offset[i]));
-                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum, None);
-                }
-            }
-            acc.map(|v| pk::lanes(v))
+            packed_k(
+                groups,
+                acts,
+                Q3_K_BLOCK,
+                Q3_K_D,
+                None,
+                #[inline(always)]
+                |w, a| {
+                    let mut isum = [pk::zero(); A];
+                    for g in 0..8 {
+                        q3_k_group::<A, 0>(w, a, g, &mut isum);
+                    }
+                    for g in 0..8 {
+                        q3_k_group::<A, 1>(w, a, g, &mut isum);
+                    }
+                    let offset = group_sums(w, a, Q3_K_SCALES, true);
+                    (std::array::from_fn(|i| pk::sub(isum[i], pk::shl32::<2>(offset[i]))), [pk::zero(); A])
+                },
+            )
         }
 
         /// Bit `2P + HALF` of each byte of a Q5_K `qh` chunk, as bit 4. A
@@ -152,6 +152,18 @@ macro_rules! packed_low_kernels {
             pk::and_bytes(moved, 0x10)
         }
 
+        /// Step `s` (0..8) of sub-block `2P + HALF` of a packed Q5_K
+        /// block: each row's quants `4s .. 4s + 4` of the sub-block, nibble
+        /// and fifth bit.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn q5_k_quants<const P: usize, const HALF: usize>(w: &[u8], s: usize) -> pk::I {
+            use layout::{Q4_K_QS, Q5_K_QH};
+            let v = pk::load(w, Q4_K_QS + 32 * (8 * P + s));
+            let low = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
+            pk::or(low, q5_k_fifth_bits::<P, HALF>(pk::load(w, Q5_K_QH + 32 * s)))
+        }
+
         /// Sub-block `2P + HALF` of a packed Q5_K block against the
         /// activation blocks `a`: its scaled sums into `isum`, its minima's
         /// into `imin`, as Q4_K's, the steps in runs that keep AVX2's
@@ -164,16 +176,14 @@ macro_rules! packed_low_kernels {
             isum: &mut [pk::I; A],
             imin: &mut [pk::I; A],
         ) {
-            use layout::{Q4_K_MINS, Q4_K_QS, Q4_K_SCALES, Q5_K_QH};
+            use layout::{Q4_K_MINS, Q4_K_SCALES};
             const STEPS: usize = pk::Q5_K_STEPS;
             let j = 2 * P + HALF;
             let sc = pk::row_scales(w, Q4_K_SCALES + 16 * P, HALF, false);
             for run in 0..8 / STEPS {
                 let mut part = [pk::zero(); A];
                 for s in STEPS * run..STEPS * run + STEPS {
-                    let v = pk::load(w, Q4_K_QS + 32 * (8 * P + s));
-                    let low = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
-                    let q = pk::or(low, q5_k_fifth_bits::<P, HALF>(pk::load(w, Q5_K_QH + 32 * s)));
+                    let q = q5_k_quants::<P, HALF>(w, s);
                     for i in 0..A {
                         part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 8 * j + s));
                     }
@@ -191,25 +201,27 @@ macro_rules! packed_low_kernels {
         /// The packed Q5_K groups in `groups`: Q4_K's float step.
         #[target_feature(enable = $features)]
         fn packed_q5_k<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
-            let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [pk::zero_f(); A];
-            for (b, w) in packed::call_blocks(groups, layout::Q5_K_BLOCK, pk::GROUPS, &acts).enumerate() {
-                let a = acts.map(|row| &row[b]);
-                let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
-                q5_k_sub_block::<A, 0, 0>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 0, 1>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 1, 0>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 1, 1>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 2, 0>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 2, 1>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 3, 0>(w, a, &mut isum, &mut imin);
-                q5_k_sub_block::<A, 3, 1>(w, a, &mut isum, &mut imin);
-                let (d, dmin) = (pk::halves(w, layout::Q4_K_D), pk::halves(w, layout::Q4_K_DMIN));
-                for i in 0..A {
-                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], Some((dmin, imin[i])));
-                }
-            }
-            acc.map(|v| pk::lanes(v))
+            use layout::{Q4_K_D, Q4_K_DMIN, Q5_K_BLOCK};
+            packed_k(
+                groups,
+                acts,
+                Q5_K_BLOCK,
+                Q4_K_D,
+                Some(Q4_K_DMIN),
+                #[inline(always)]
+                |w, a| {
+                    let (mut isum, mut imin) = ([pk::zero(); A], [pk::zero(); A]);
+                    q5_k_sub_block::<A, 0, 0>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 0, 1>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 1, 0>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 1, 1>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 2, 0>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 2, 1>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 3, 0>(w, a, &mut isum, &mut imin);
+                    q5_k_sub_block::<A, 3, 1>(w, a, &mut isum, &mut imin);
+                    (isum, imin)
+                },
+            )
         }
 
         /// Sub-block `j` (elements `32j .. 32j + 32`) of a packed IQ4_XS
@@ -243,31 +255,34 @@ macro_rules! packed_low_kernels {
         /// The packed IQ4_XS groups in `groups`: Q6_K's float step.
         #[target_feature(enable = $features)]
         fn packed_iq4_xs<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
-            let acts = acts.map(blocks::<BlockQ8K>);
-            let mut acc = [pk::zero_f(); A];
+            use layout::{IQ4_XS_BLOCK, IQ4_XS_D, IQ4_XS_SCALES};
             let table = pk::table16(&crate::quant::lut4::IQ4_VALUES);
-            for (b, w) in packed::call_blocks(groups, layout::IQ4_XS_BLOCK, pk::GROUPS, &acts).enumerate() {
-                let a = acts.map(|row| &row[b]);
-                let mut isum = [pk::zero(); A];
-                for j in 0..8 {
-                    iq4_xs_sub_block(w, a, table, j, &mut isum);
-                }
-                // The signed dot's bias times each sub-block's activation
-                // sum, times its scale, comes off: one word dot per pair of
-                // 16-value groups (each scale is stored twice for this).
-                const { assert!(pk::SIGNED_BIAS == 0 || pk::SIGNED_BIAS == 1 << 7) };
-                if pk::SIGNED_BIAS != 0 {
-                    let excess = group_sums(w, a, layout::IQ4_XS_SCALES, true);
-                    for i in 0..A {
-                        isum[i] = pk::sub(isum[i], pk::shl32::<7>(excess[i]));
+            packed_k(
+                groups,
+                acts,
+                IQ4_XS_BLOCK,
+                IQ4_XS_D,
+                None,
+                #[inline(always)]
+                |w, a| {
+                    let mut isum = [pk::zero(); A];
+                    for j in 0..8 {
+                        iq4_xs_sub_block(w, a, table, j, &mut isum);
                     }
-                }
-                let d = pk::halves(w, layout::IQ4_XS_D);
-                for i in 0..A {
-                    acc[i] = block_step(acc[i], d, f32::from_le_bytes(a[i].d), isum[i], None);
-                }
-            }
-            acc.map(|v| pk::lanes(v))
+                    // The signed dot's bias times each sub-block's
+                    // activation sum, times its scale, comes off: one word
+                    // dot per pair of 16-value groups (each scale is stored
+                    // twice for this).
+                    const { assert!(pk::SIGNED_BIAS == 0 || pk::SIGNED_BIAS == 1 << 7) };
+                    if pk::SIGNED_BIAS != 0 {
+                        let excess = group_sums(w, a, IQ4_XS_SCALES, true);
+                        for i in 0..A {
+                            isum[i] = pk::sub(isum[i], pk::shl32::<7>(excess[i]));
+                        }
+                    }
+                    (isum, [pk::zero(); A])
+                },
+            )
         }
     };
 }
