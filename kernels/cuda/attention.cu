@@ -2,8 +2,12 @@
 // visibility the CPU backend gives (kernels/src/ops/attention.rs): row r
 // of the pass sees cells 0..visible[r] of its sequence except the
 // sequence's hidden ranges, and query head h reads KV head
-// h / (n_head / n_kv_head). Scores are (q · k) × scale, softmax over the
-// visible cells, and the output is the probability-weighted sum of v.
+// h / (n_head / n_kv_head). Scores are (q · k) × scale, soft-capped when
+// `softcap` > 0 (cap × tanh(score / cap), Gemma 2), softmax over the
+// visible cells, and the output is the probability-weighted sum of v. With
+// a sliding window (`window` > 0) a row sees only the last `window` of its
+// cells 0..visible[r]; the cells before them are never read (their blocks
+// may have gone back to the pool).
 //
 // The CPU matches llama.cpp's roundings step by step (an f16 running sum
 // of v, among others); here the math is f32 throughout, with two of the
@@ -301,15 +305,38 @@ __device__ __forceinline__ void attn_lds(const float* at, float* v) {
     }
 }
 
+// How a query scores the cells it sees: q is multiplied by `q_factor` as
+// it is loaded; without soft-capping (cap = 0) that is scale × log2(e), so
+// that scores come out in base 2 and the softmax takes exp2; with it, q
+// takes scale / softcap and a score is cap × tanh(q · k) for cap =
+// softcap × log2(e), the CPU's cap × tanh(dot × (scale / cap)) in base 2.
+struct attn_scores {
+    float q_factor;
+    float cap;
+    u32 window;
+};
+
+__device__ __forceinline__ attn_scores attn_make_scores(float scale, float softcap, u32 window) {
+    attn_scores s;
+    s.q_factor = softcap > 0.0f ? scale / softcap : scale * ATTN_LOG2E;
+    s.cap = softcap > 0.0f ? softcap * ATTN_LOG2E : 0.0f;
+    s.window = window;
+    return s;
+}
+
+// The first cell a row seeing cells 0..visible attends to.
+__device__ __forceinline__ u32 attn_first_seen(u32 visible, u32 window) {
+    return window > 0 && visible > window ? visible - window : 0;
+}
+
 // This lane's share of a query head, rounded to f16 as the CPU rounds q,
-// and times scale × log2(e), so that scores come out in base 2 and the
-// softmax takes exp2.
+// and times `factor` (attn_scores::q_factor).
 template <int D, int L>
 __device__ __forceinline__ void attn_load_q(
     const float* __restrict__ q_head,
     bool active,
     int head_dim,
-    float scale_log2,
+    float factor,
     float* q) {
     typedef attn_lanes<D, L> lanes;
     const int part = threadIdx.x % L;
@@ -318,7 +345,7 @@ __device__ __forceinline__ void attn_load_q(
 #pragma unroll
         for (int e = 0; e < lanes::VW; e++) {
             const int d = j * lanes::VW * L + part * lanes::VW + e;
-            q[j * lanes::VW + e] = active && d < head_dim ? f16_to_f32(f32_to_f16(q_head[d])) * scale_log2 : 0.0f;
+            q[j * lanes::VW + e] = active && d < head_dim ? f16_to_f32(f32_to_f16(q_head[d])) * factor : 0.0f;
         }
     }
 }
@@ -327,13 +354,16 @@ __device__ __forceinline__ void attn_load_q(
 // `ks`, the online-softmax step of the running max `m` (base 2), sum `l`
 // and accumulator `o`, weighted by the V rows in `vs`. Cell c of the tile
 // counts for this lane's item when bit c of `mask` is set and
-// c < seen. Every lane must call it (the score sums are shuffles).
+// skip <= c < seen; `cap` soft-caps the scores (0: none). Every lane must
+// call it (the score sums are shuffles).
 template <int D, int L, int N>
 __device__ __forceinline__ void attn_tile(
     const float* ks,
     const float* vs,
     u32 mask,
+    int skip,
     int seen,
+    float cap,
     const float* q,
     float& m,
     float& l,
@@ -359,7 +389,10 @@ __device__ __forceinline__ void attn_tile(
         for (int offset = L / 2; offset > 0; offset /= 2) {
             dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         }
-        s[c] = (mask >> c & 1u) && c < seen ? dot : attn_neg_inf();
+        if (cap > 0.0f) {
+            dot = cap * tanhf(dot);
+        }
+        s[c] = (mask >> c & 1u) && c >= skip && c < seen ? dot : attn_neg_inf();
     }
     float top = m;
 #pragma unroll
@@ -435,7 +468,9 @@ __device__ __forceinline__ void attn_decode(
     u32 n_cells,
     int n_splits,
     u32 split_cells,
-    float scale) {
+    float scale,
+    float softcap,
+    u32 window) {
     typedef attn_lanes<D, L> lanes;
     // Tile rows per warp: 8 KiB of K and V per warp whatever D.
     constexpr int N = 1024 / D;
@@ -447,7 +482,9 @@ __device__ __forceinline__ void attn_decode(
     const u32 row = blockIdx.x;
     const int split = blockIdx.z;
     const u32 visible = row_visible[row];
-    const u32 lo = split * split_cells;
+    const attn_scores scores = attn_make_scores(scale, softcap, window);
+    // The splits divide the cells the row sees: its window's.
+    const u32 lo = attn_first_seen(visible, window) + split * split_cells;
     const u32 hi = attn_min(visible, lo + split_cells);
     // The merge reads only the splits that hold cells; split 0 always runs,
     // so that a single split writes `out` even for a row that sees nothing.
@@ -469,7 +506,7 @@ __device__ __forceinline__ void attn_decode(
 
     float qr[lanes::PER];
     float o[lanes::PER];
-    attn_load_q<D, L>(q + (unsigned long long)row * q_dim + head * head_dim, active, head_dim, scale * ATTN_LOG2E, qr);
+    attn_load_q<D, L>(q + (unsigned long long)row * q_dim + head * head_dim, active, head_dim, scores.q_factor, qr);
 #pragma unroll
     for (int i = 0; i < lanes::PER; i++) {
         o[i] = 0.0f;
@@ -491,7 +528,7 @@ __device__ __forceinline__ void attn_decode(
         __syncwarp();
         attn_stage<D, N, WARP>(ks, vs, slots[warp], arenas, head_dim, lane);
         __syncwarp();
-        attn_tile<D, L, N>(ks, vs, mask, N, qr, m, l, o);
+        attn_tile<D, L, N>(ks, vs, mask, 0, N, scores.cap, qr, m, l, o);
         // The next tile's staging overwrites what this one read.
         __syncwarp();
     }
@@ -580,6 +617,10 @@ __device__ __forceinline__ void attn_decode(
 //              splits fill the GPU (any split_cells ≥ 1 is correct; a
 //              multiple of 4 × 1024 / D keeps the warps even)
 //   scale      the softmax scale
+//   softcap    the soft-cap of the scores, 0 for none
+//   window     the sliding window in cells, 0 for none; split s covers the
+//              row's cells first + s × split_cells.. for first its
+//              window's first cell
 #define ATTN_DECODE(D, L)                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) sl_attend_decode_d##D##_l##L(                        \
         const float* __restrict__ q, float* __restrict__ out, float* __restrict__ part_o,                              \
@@ -588,10 +629,10 @@ __device__ __forceinline__ void attn_decode(
         const u32* __restrict__ block_start, const u32* __restrict__ block_count, const u32* __restrict__ blocks,      \
         const u32* __restrict__ hidden_start, const u32* __restrict__ hidden_count, const u32* __restrict__ hidden,    \
         int n_head, int n_kv_head, int head_dim, u32 block_tokens, u32 n_cells, int n_splits, u32 split_cells,         \
-        float scale) {                                                                                                 \
+        float scale, float softcap, u32 window) {                                                                      \
         attn_decode<D, L>(q, out, part_o, part_ml, k_arena, v_arena, k_type, v_type, row_seq, row_visible,             \
                           block_start, block_count, blocks, hidden_start, hidden_count, hidden, n_head, n_kv_head,     \
-                          head_dim, block_tokens, n_cells, n_splits, split_cells, scale);                              \
+                          head_dim, block_tokens, n_cells, n_splits, split_cells, scale, softcap, window);             \
     }
 
 #define ATTN_DECODE_ALL_L(D) ATTN_DECODE(D, 4) ATTN_DECODE(D, 8) ATTN_DECODE(D, 16) ATTN_DECODE(D, 32)
@@ -618,7 +659,7 @@ ATTN_DECODE_ALL_L(256)
 //   part_o, part_ml  what sl_attend_decode wrote
 //   row_visible      the pass layout's, to know which splits hold cells
 //   out              n_rows × n_head × head_dim floats
-//   n_head, head_dim, n_splits, split_cells
+//   n_head, head_dim, n_splits, split_cells, window
 //                    as given to sl_attend_decode
 extern "C" __global__ void sl_attend_merge(
     const float* __restrict__ part_o,
@@ -628,11 +669,12 @@ extern "C" __global__ void sl_attend_merge(
     int n_head,
     int head_dim,
     int n_splits,
-    u32 split_cells) {
+    u32 split_cells,
+    u32 window) {
     const u32 row = blockIdx.x;
     const int head = blockIdx.y;
-    const u32 visible = row_visible[row];
-    const int used = (int)attn_min((u32)n_splits, visible / split_cells + (visible % split_cells != 0));
+    const u32 seen = row_visible[row] - attn_first_seen(row_visible[row], window);
+    const int used = (int)attn_min((u32)n_splits, seen / split_cells + (seen % split_cells != 0));
     const unsigned long long first = ((unsigned long long)row * n_head + head) * n_splits;
     const float* ml = part_ml + 2 * first;
     float top = attn_neg_inf();
@@ -684,7 +726,9 @@ __device__ __forceinline__ void attn_prefill(
     int head_dim,
     u32 block_tokens,
     u32 n_cells,
-    float scale) {
+    float scale,
+    float softcap,
+    u32 window) {
     constexpr int L = 4;
     typedef attn_lanes<D, L> lanes;
     constexpr int N = D <= 128 ? 32 : 4096 / D;
@@ -694,6 +738,7 @@ __device__ __forceinline__ void attn_prefill(
     __shared__ u32 slots[N];
     __shared__ u32 mask_shared;
     __shared__ u32 end_shared;
+    __shared__ u32 begin_shared;
 
     const u32 first_row = tiles[2 * blockIdx.x];
     const u32 n_rows = tiles[2 * blockIdx.x + 1];
@@ -712,10 +757,12 @@ __device__ __forceinline__ void attn_prefill(
     const int head = kv_head * group + in_group;
     const int q_dim = n_head * head_dim;
     const u32 visible = active ? row_visible[row] : 0;
+    const attn_scores scores = attn_make_scores(scale, softcap, window);
+    const u32 first_seen = attn_first_seen(visible, window);
 
     float qr[lanes::PER];
     float o[lanes::PER];
-    attn_load_q<D, L>(q + (unsigned long long)row * q_dim + head * head_dim, active, head_dim, scale * ATTN_LOG2E, qr);
+    attn_load_q<D, L>(q + (unsigned long long)row * q_dim + head * head_dim, active, head_dim, scores.q_factor, qr);
 #pragma unroll
     for (int i = 0; i < lanes::PER; i++) {
         o[i] = 0.0f;
@@ -723,16 +770,22 @@ __device__ __forceinline__ void attn_prefill(
     float m = attn_neg_inf();
     float l = 0.0f;
 
-    // The tile streams up to the most any of its rows sees.
+    // The tile streams from the first cell any of its rows sees to the
+    // last.
     if (warp == 0) {
-        u32 most = lane < (int)n_rows ? row_visible[first_row + lane] : 0;
+        const u32 seen = lane < (int)n_rows ? row_visible[first_row + lane] : 0;
+        u32 most = seen;
+        u32 begin = lane < (int)n_rows ? attn_first_seen(seen, window) : 0xffffffffu;
 #pragma unroll
         for (int offset = WARP / 2; offset > 0; offset /= 2) {
             const u32 other = __shfl_xor_sync(0xffffffffu, most, offset);
             most = other > most ? other : most;
+            const u32 other_begin = __shfl_xor_sync(0xffffffffu, begin, offset);
+            begin = other_begin < begin ? other_begin : begin;
         }
         if (lane == 0) {
             end_shared = most;
+            begin_shared = begin;
         }
     }
     __syncthreads();
@@ -741,7 +794,7 @@ __device__ __forceinline__ void attn_prefill(
     const attn_seq seq =
         attn_load_seq(row_seq[first_row], block_start, block_count, blocks, hidden_start, hidden_count, hidden);
     const attn_arenas arenas = attn_make_arenas(k_arena, v_arena, k_type, v_type, n_kv_head, kv_head, head_dim);
-    for (u32 c0 = 0; c0 < end; c0 += N) {
+    for (u32 c0 = begin_shared; c0 < end; c0 += N) {
         // Warp 0 whole, for the ballot.
         if (warp == 0) {
             const u32 slot = lane < N ? attn_slot(seq, c0 + lane, end, block_tokens, n_cells) : ATTN_NO_SLOT;
@@ -757,7 +810,8 @@ __device__ __forceinline__ void attn_prefill(
         attn_stage<D, N, ATTN_THREADS>(ks, vs, slots, arenas, head_dim, threadIdx.x);
         __syncthreads();
         const int seen = visible > c0 ? (int)attn_min(visible - c0, N) : 0;
-        attn_tile<D, L, N>(ks, vs, mask_shared, seen, qr, m, l, o);
+        const int skip = first_seen > c0 ? (int)attn_min(first_seen - c0, N) : 0;
+        attn_tile<D, L, N>(ks, vs, mask_shared, skip, seen, scores.cap, qr, m, l, o);
         // The next tile's staging overwrites what this one read.
         __syncthreads();
     }
@@ -796,8 +850,8 @@ __device__ __forceinline__ void attn_prefill(
 //   row_seq, row_visible, block_start, block_count, blocks, hidden_start,
 //   hidden_count, hidden
 //              the pass layout (see the top of the file)
-//   n_head, n_kv_head, head_dim, block_tokens, n_cells, scale
-//              as for sl_attend_decode
+//   n_head, n_kv_head, head_dim, block_tokens, n_cells, scale, softcap,
+//   window     as for sl_attend_decode
 #define ATTN_PREFILL(D)                                                                                                \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) sl_attend_prefill_d##D(                              \
         const float* __restrict__ q, float* __restrict__ out, const u8* __restrict__ k_arena,                          \
@@ -805,10 +859,10 @@ __device__ __forceinline__ void attn_prefill(
         const u32* __restrict__ row_seq, const u32* __restrict__ row_visible, const u32* __restrict__ block_start,     \
         const u32* __restrict__ block_count, const u32* __restrict__ blocks, const u32* __restrict__ hidden_start,     \
         const u32* __restrict__ hidden_count, const u32* __restrict__ hidden, int n_head, int n_kv_head,               \
-        int head_dim, u32 block_tokens, u32 n_cells, float scale) {                                                    \
+        int head_dim, u32 block_tokens, u32 n_cells, float scale, float softcap, u32 window) {                         \
         attn_prefill<D>(q, out, k_arena, v_arena, k_type, v_type, tiles, row_seq, row_visible, block_start,            \
                         block_count, blocks, hidden_start, hidden_count, hidden, n_head, n_kv_head, head_dim,          \
-                        block_tokens, n_cells, scale);                                                                 \
+                        block_tokens, n_cells, scale, softcap, window);                                                \
     }
 
 #if !defined(SL_ATTN_D) || SL_ATTN_D == 64

@@ -12,3 +12,4 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub mod stream;

@@ -29,6 +29,11 @@ const PACKED_ACT_ROWS: usize = 8;
 /// third of one pass of eight rows.
 const WIDE_ACT_ROWS: usize = 32;
 
+thread_local! {
+    /// Each thread's wide copy of the calls of its current tile.
+    static WIDE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A row-major `n_out × n_in` weight matrix in one dtype, borrowed from its
 /// file, and the packed copy of its rows where the kernels have one
 /// ([`QuantMatrix::pack`]).
@@ -300,13 +305,36 @@ impl Job<'_> {
         let tile = (TILE_BYTES / group_bytes.max(1)).max(1).next_multiple_of(per_call);
         let acts: Vec<&[u8]> = (0..m).map(|i| self.act(i)).collect();
         let wide_call = (m >= WIDE_ACT_ROWS && self.dot.widens()).then(|| per_call * packed.wide_group_bytes());
-        let mut wide = vec![0u8; wide_call.map_or(0, |bytes| bytes * (tile / per_call))];
+        let Some(bytes) = wide_call else {
+            return self.packed_tiles(packed, &acts, groups, tile, None);
+        };
+        // Kept per thread: a fresh buffer per call was zeroed and, past the
+        // allocator's mmap threshold, faulted in page by page (3 % of a
+        // 512-token prompt). Widening writes every byte the passes read.
+        WIDE.with_borrow_mut(|wide| {
+            wide.resize(wide.len().max(bytes * (tile / per_call)), 0);
+            self.packed_tiles(packed, &acts, groups, tile, Some((bytes, wide)));
+        });
+    }
+
+    /// [`Job::packed_rows`] in tiles of `tile` groups, widening each call
+    /// into `wide` first when it is given with the bytes of a wide call.
+    fn packed_tiles(
+        &self,
+        packed: &PackedRows,
+        acts: &[&[u8]],
+        groups: std::ops::Range<usize>,
+        tile: usize,
+        mut wide: Option<(usize, &mut Vec<u8>)>,
+    ) {
+        let group_bytes = packed.group_bytes();
+        let per_call = self.dot.packed_groups();
         for tile_start in groups.clone().step_by(tile) {
             let tile_end = (tile_start + tile).min(groups.end);
             // The whole call's bytes: a lone last group is stored as one.
             let call = |g: usize| &packed.bytes()[g * group_bytes..(g + per_call) * group_bytes];
-            if let Some(bytes) = wide_call {
-                for (g, wide) in (tile_start..tile_end).step_by(per_call).zip(wide.chunks_exact_mut(bytes)) {
+            if let Some((bytes, wide)) = &mut wide {
+                for (g, wide) in (tile_start..tile_end).step_by(per_call).zip(wide.chunks_exact_mut(*bytes)) {
                     self.dot.widen(call(g), wide);
                 }
             }
@@ -314,8 +342,8 @@ impl Job<'_> {
                 for (k, g) in (tile_start..tile_end).step_by(per_call).enumerate() {
                     let n = per_call.min(tile_end - g);
                     let store = |i, values: &[f32]| self.store(PACKED_ACT_ROWS * chunk + i, GROUP_ROWS * g, values);
-                    match wide_call {
-                        Some(bytes) => self.dot.call_wide(&wide[k * bytes..(k + 1) * bytes], n, acts, store),
+                    match &wide {
+                        Some((bytes, wide)) => self.dot.call_wide(&wide[k * bytes..(k + 1) * bytes], n, acts, store),
                         None => self.dot.call_packed(call(g), n, acts, store),
                     }
                 }

@@ -39,6 +39,10 @@ fn written_shapes_of_both_architectures_run_at_depth() {
         assert_eq!(json["depth"], 40);
         assert!(json["prefill_tps"].as_f64().is_some_and(|tps| tps > 0.0), "{json}");
         assert!(json["decode_tps"].as_f64().is_some_and(|tps| tps > 0.0), "{json}");
+        // The weights a decoding step reads, beside the memory stream.
+        assert!(json["stream_gb_s"].as_f64().is_some_and(|rate| rate > 0.0), "{json}");
+        assert!(text.contains("memory stream (read-only, 2 threads):"), "{text}");
+        assert!(json["weight_bytes"].as_u64().is_some_and(|bytes| bytes > 0), "{json}");
     }
 }
 

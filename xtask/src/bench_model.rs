@@ -3,7 +3,10 @@
 //! `--compare-llama BIN` the same measurements from llama.cpp's
 //! `llama-bench`, run alternately (one repetition of each per round, so
 //! that drifting machine load hits both alike) with the ratios printed as a
-//! Markdown table.
+//! Markdown table. Its last columns put both programs' decoding in bytes of
+//! weights read per second beside a read-only stream of the same threads
+//! (measured by `sluice bench model` each round): where both are near the
+//! stream, decoding is bound by memory, not by either program.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -100,28 +103,44 @@ pub fn bench_model(args: &[String]) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    println!("| model | threads | depth | sluice pp | llama.cpp pp | ratio | sluice tg | llama.cpp tg | ratio |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| model | threads | depth | sluice pp | llama.cpp pp | ratio | sluice tg | llama.cpp tg | ratio | \
+         stream GB/s | sluice tg GB/s | llama.cpp tg GB/s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for model in &plan.models {
         for &threads in &plan.threads {
             for &depth in &plan.depths {
-                let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+                let (mut ours, mut theirs, mut streams) = (Vec::new(), Vec::new(), Vec::new());
+                let mut weight_bytes = 0.0;
                 for round in 0..plan.rounds {
                     eprintln!("xtask: {} t{threads} d{depth}: round {}/{}", name(model), round + 1, plan.rounds);
-                    ours.push(sluice_once(&sluice, model, threads, depth, &plan.rest)?);
+                    let mut command = sluice_command(&sluice, model, threads, depth, &plan.rest);
+                    let field = json_line(command.args(["--reps", "1"]), "sluice bench model")?;
+                    ours.push((field("prefill_tps")?, field("decode_tps")?));
+                    streams.push((field("stream_gb_s")?, 0.0));
+                    weight_bytes = field("weight_bytes")?;
                     theirs.push(llama_once(llama_bench, model, threads, depth, &plan.kv_types)?);
                 }
-                let (ours, theirs) = (medians(&mut ours), medians(&mut theirs));
+                let (ours, theirs, stream) = (medians(&mut ours), medians(&mut theirs), medians(&mut streams).0);
                 let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "–".into() };
+                // Bytes a step reads per second, as a share of the stream.
+                let rate = |tps: f64| {
+                    let gb_s = tps * weight_bytes / 1e9;
+                    if stream > 0.0 { format!("{gb_s:.1} ({:.2})", gb_s / stream) } else { format!("{gb_s:.1}") }
+                };
                 println!(
-                    "| {} | {threads} | {depth} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} |",
+                    "| {} | {threads} | {depth} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
                     name(model),
                     ours.0,
                     theirs.0,
                     ratio(ours.0, theirs.0),
                     ours.1,
                     theirs.1,
-                    ratio(ours.1, theirs.1)
+                    ratio(ours.1, theirs.1),
+                    if stream > 0.0 { format!("{stream:.1}") } else { "–".into() },
+                    rate(ours.1),
+                    rate(theirs.1),
                 );
             }
         }
@@ -141,17 +160,6 @@ fn sluice_command(sluice: &Path, model: &Path, threads: usize, depth: usize, res
         .args(["--threads", &threads.to_string(), "--depth", &depth.to_string()])
         .args(rest);
     command
-}
-
-/// (prefill, decode) tokens/s of one sluice repetition.
-fn sluice_once(
-    sluice: &Path,
-    model: &Path,
-    threads: usize,
-    depth: usize,
-    rest: &[String],
-) -> anyhow::Result<(f64, f64)> {
-    measure(sluice_command(sluice, model, threads, depth, rest).args(["--reps", "1"]))
 }
 
 /// (prefill, decode) tokens/s from a `sluice bench model` command (`--json`

@@ -47,11 +47,13 @@
 //!   row the pair (2g, 2g+1); then for `c` in 0..16, each row's bytes
 //!   `qs[4c..4c + 4]`, whose 2-bit fields at shift `2j` are elements
 //!   `128(c / 8) + 32j + 4(c % 8) + k`: one load serves four steps.
-//! - Q3_K, 1168 bytes: the eight `d`; the sixteen signed scales as Q6_K's;
-//!   then for `c` in 0..32, each row's four bytes holding its unsigned
-//!   3-bit quants (0..8) of elements `4c + k` in the low nibble and
-//!   `128 + 4c + k` in the high: decoded at packing, a third larger than
-//!   the file's bits (see `x86/packed_low.rs` for why).
+//! - Q3_K, 912 bytes: the eight `d`; the sixteen signed scales as Q6_K's;
+//!   then for `t` in 0..8, each row's bytes `hmask[4t..4t + 4]`, whose bit
+//!   `j` is the third bit of element `32j + 4t + k`; then the 2-bit fields
+//!   as Q2_K's. A quant is `low + 4 · third` (0..8), the file's value
+//!   plus 4. (Decoded to nibbles, as the first packed kernel took them,
+//!   the block was 1168 bytes, and a Q3_K_M file decoded about a tenth
+//!   slower at AVX-512 and a third slower at AVX2 on a 2-core Zen 4.)
 //! - Q5_K, 1440 bytes: Q4_K's block, then for `s` in 0..8 each row's bytes
 //!   `qh[4s..4s + 4]`, whose bit `j` is the fifth bit of sub-block `j`'s
 //!   elements `4s + k`, the ones Q4_K's step `s` of that sub-block reads.
@@ -86,7 +88,7 @@
 use super::blocks::{
     BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockQ8_0, blocks, k_scales,
 };
-use super::low_k::{q3_k_quants, q3_k_scales};
+use super::low_k::q3_k_scales;
 use super::lut4::iq4_xs_scale;
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
@@ -232,7 +234,7 @@ fn packed_header_bytes(dtype: DType) -> Option<usize> {
         DType::Q6_K => Some(Q6_K_QS),
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
         DType::Q2_K => Some(Q2_K_QS),
-        DType::Q3_K => Some(Q3_K_QS),
+        DType::Q3_K => Some(Q3_K_HMASK),
         DType::IQ4_XS => Some(IQ4_XS_QS),
         _ => None,
     }
@@ -306,8 +308,9 @@ pub(crate) const Q2_K_BLOCK: usize = Q2_K_QS + 16 * 32;
 
 pub(crate) const Q3_K_D: usize = 0;
 pub(crate) const Q3_K_SCALES: usize = 16;
-pub(crate) const Q3_K_QS: usize = 144;
-pub(crate) const Q3_K_BLOCK: usize = Q3_K_QS + 32 * 32;
+pub(crate) const Q3_K_HMASK: usize = 144;
+pub(crate) const Q3_K_QS: usize = Q3_K_HMASK + 8 * 32;
+pub(crate) const Q3_K_BLOCK: usize = Q3_K_QS + 16 * 32;
 
 pub(crate) const IQ4_XS_D: usize = 0;
 pub(crate) const IQ4_XS_SCALES: usize = 16;
@@ -334,7 +337,7 @@ const _: () = assert!(
         && pairs_whole(LEGACY_QS, Q5_0_BLOCK)
         && pairs_whole(Q4_K_QS, Q5_K_BLOCK)
         && pairs_whole(Q2_K_QS, Q2_K_BLOCK)
-        && pairs_whole(Q3_K_QS, Q3_K_BLOCK)
+        && pairs_whole(Q3_K_HMASK, Q3_K_BLOCK)
         && pairs_whole(IQ4_XS_QS, IQ4_XS_BLOCK)
 );
 
@@ -346,7 +349,7 @@ const _: () = assert!(
         && Q5_0_BLOCK == 8 * size_of::<BlockQ5_0>()
         && Q5_K_BLOCK == 1440
         && Q2_K_BLOCK == 800
-        && Q3_K_BLOCK == 1168
+        && Q3_K_BLOCK == 912
         && IQ4_XS_BLOCK == 1168
         && WIDE_BLOCK == 2848
         && WIDE_D.is_multiple_of(16)
@@ -439,9 +442,8 @@ fn pack_q3_k(rows: [&BlockQ3K; GROUP_ROWS], out: &mut [u8]) {
     for (r, x) in rows.iter().enumerate() {
         interleave(out, Q3_K_D, r, 2, &x.d);
         interleave(out, Q3_K_SCALES, r, 2, &q3_k_scales(&x.scales).map(|s| s as u8));
-        let q = q3_k_quants(x);
-        let nibbles: [u8; 128] = std::array::from_fn(|e| q[e] | q[128 + e] << 4);
-        interleave(out, Q3_K_QS, r, 4, &nibbles);
+        interleave(out, Q3_K_HMASK, r, 4, &x.hmask);
+        interleave(out, Q3_K_QS, r, 4, &x.qs);
     }
 }
 

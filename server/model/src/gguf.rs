@@ -241,6 +241,9 @@ pub struct GgufFile {
     index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// Which tensors [`GgufFile::tensor`] found, by index: a loader's
+    /// record of what it read (see [`GgufFile::unread_tensors`]).
+    looked_up: std::sync::Mutex<Vec<bool>>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -349,7 +352,8 @@ impl GgufFile {
         }
 
         let storage = vec![Arc::new(storage)];
-        Ok(GgufFile { storage, split: Vec::new(), version, metadata, index, tensors, tensor_index })
+        let looked_up = std::sync::Mutex::new(Vec::new());
+        Ok(GgufFile { storage, split: Vec::new(), version, metadata, index, tensors, tensor_index, looked_up })
     }
 
     /// The shards' paths in order when the model is split (empty for a
@@ -491,7 +495,23 @@ impl GgufFile {
 
     /// A tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).map(|&at| &self.tensors[at])
+        let at = *self.tensor_index.get(name)?;
+        let mut looked_up = self.looked_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        looked_up.resize(self.tensors.len(), false);
+        looked_up[at] = true;
+        Some(&self.tensors[at])
+    }
+
+    /// The tensors no [`GgufFile::tensor`] call has asked for: after a
+    /// model's load, those it does not use.
+    pub fn unread_tensors(&self) -> Vec<&TensorInfo> {
+        let looked_up = self.looked_up.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| !looked_up.get(*at).copied().unwrap_or(false))
+            .map(|(_, t)| t)
+            .collect()
     }
 
     /// The bytes of a tensor (validated at parse time).

@@ -97,6 +97,7 @@ impl<B: Backend> Transformer<B> {
         };
         // Until told the served context, the model serves its trained one.
         let rope = model_rope(&file, hp, hp.n_ctx_train)?;
+        refuse_unread(&file, hp, family.name())?;
         let heads = HeadShape::new(hp.n_head, hp.n_head_kv, hp.head_dim)
             .map_err(|error| tensor_problem("attention", &error.to_string()))?;
         let adapters = Vec::new();
@@ -164,6 +165,27 @@ impl<B: Backend> Targets<B> for Transformer<B> {
 
     fn own_head(&self) -> Option<&Weight<B>> {
         self.output.as_deref().filter(|_| self.file.tensor("output.weight").is_some())
+    }
+}
+
+/// Refuses a file holding a tensor the load did not read, as llama.cpp
+/// refuses one holding tensors its architecture does not load: computing
+/// without it (a bias, a norm) would give wrong outputs without a word.
+/// Allowed unread: the blocks past the layers run (multi-token prediction,
+/// which no family runs) and a vision tower's tensors (`v.…`, `mm.…`),
+/// which a projector file serves.
+fn refuse_unread(file: &GgufFile, hp: &HParams, family: &str) -> Result<(), LoadError> {
+    let past_the_layers = |name: &str| {
+        let block = name.strip_prefix("blk.").and_then(|rest| rest.split('.').next());
+        block.and_then(|block| block.parse::<usize>().ok()).is_some_and(|block| block >= hp.n_layer)
+    };
+    let vision = |name: &str| name.starts_with("v.") || name.starts_with("mm.");
+    match file.unread_tensors().into_iter().find(|tensor| !past_the_layers(&tensor.name) && !vision(&tensor.name)) {
+        Some(tensor) => Err(tensor_problem(
+            &tensor.name,
+            &format!("sluice's `{family}` models have no such tensor; refusing the file rather than ignoring it"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -266,6 +288,20 @@ mod tests {
                 "LoRA adapter F: tensor blk.2.ffn_up.weight.lora_a: blk.2.ffn_up.weight is a fused tensor: adapters of fused tensors are not supported",
             ]
         );
+    }
+
+    /// A tensor the load does not read (here a bias llama.cpp would add) is
+    /// refused by name; a vision tower's are left for a projector file.
+    #[test]
+    fn a_tensor_the_model_does_not_read_is_refused_naming_it() {
+        let bias = Tensor::f32("blk.1.attn_output.bias", &[8], &[0.5; 8]);
+        assert_eq!(
+            load(&tiny("llama").tensor(bias)).err().expect("refused"),
+            "tensor \"blk.1.attn_output.bias\": sluice's `llama` models have no such tensor; refusing the file \
+             rather than ignoring it"
+        );
+        let tower = Tensor::f32("v.blk.0.attn_q.weight", &[8], &[0.5; 8]);
+        assert!(load(&tiny("gemma3").tensor(tower)).is_ok());
     }
 
     #[test]

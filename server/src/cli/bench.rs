@@ -1,13 +1,19 @@
 //! `sluice bench model`: decode and prefill speed on one model, as
 //! llama-bench measures them (pp512 and tg128, optionally after `--depth`
-//! cached positions, like its `-d`).
+//! cached positions, like its `-d`); on the CPU, also the bytes of weights
+//! decoding reads per second beside what a read-only stream of the same
+//! threads reads, which bounds it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
 use sluice::startup::load_model;
 use sluice_kernels::backend::{Device, KvType, KvTypes};
+use sluice_kernels::pool::ThreadPool;
+use sluice_kernels::stream::read_bandwidth;
+use sluice_model::gguf::GgufFile;
 use sluice_model::session::Session;
 
 #[derive(clap::Args)]
@@ -102,10 +108,47 @@ pub fn bench_model(args: BenchModelArgs) -> anyhow::Result<()> {
     println!("pp{}{at}: {prefill:.1} tokens/s", args.prefill);
     let batched = if batch > 1 { format!(" × {batch} sequences") } else { String::new() };
     println!("tg{}{at}{batched}: {decode:.1} tokens/s", args.decode);
+    let mut stream_gb_s = 0.0_f64;
+    let weight_bytes = decoded_weight_bytes(&args.model)?;
+    if args.device == Device::Cpu && args.decode > 0 {
+        drop(model);
+        let pool = ThreadPool::new(args.threads.max(1));
+        stream_gb_s = read_bandwidth(&pool, STREAM_BYTES, 5).bytes_per_s / 1e9;
+        let decode_gb_s = decode / batch as f64 * weight_bytes as f64 / 1e9;
+        println!("memory stream (read-only, {} threads): {stream_gb_s:.1} GB/s", pool.n_threads());
+        println!(
+            "decode reads {:.0} MB of weights a step: {decode_gb_s:.1} GB/s, {:.2}× the stream",
+            weight_bytes as f64 / 1e6,
+            decode_gb_s / stream_gb_s.max(f64::MIN_POSITIVE)
+        );
+    }
     if args.json {
-        println!("{{\"decode_tps\": {decode:.2}, \"prefill_tps\": {prefill:.2}, \"depth\": {}}}", args.depth);
+        println!(
+            "{{\"decode_tps\": {decode:.2}, \"prefill_tps\": {prefill:.2}, \"depth\": {}, \"weight_bytes\": {weight_bytes}, \
+             \"stream_gb_s\": {stream_gb_s:.2}}}",
+            args.depth
+        );
     }
     Ok(())
+}
+
+/// The stream's buffer: far past any last-level cache a machine running
+/// this has, so that it measures memory.
+const STREAM_BYTES: usize = 1 << 29;
+
+/// Bytes of weights one decoding step reads: every tensor once, except the
+/// token embeddings, of which it reads one row, unless the output matrix is
+/// the embeddings themselves (no `output.weight`).
+fn decoded_weight_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
+    let file =
+        GgufFile::open(path).map_err(|error| anyhow::anyhow!("{error}")).with_context(|| path.display().to_string())?;
+    let tied = file.tensor("output.weight").is_none();
+    Ok(file
+        .tensors()
+        .iter()
+        .filter(|tensor| tied || tensor.name != "token_embd.weight")
+        .map(|tensor| tensor.len as u64)
+        .sum())
 }
 
 /// Chunk size for filling the context before a measurement: llama-bench's

@@ -567,14 +567,7 @@ impl Backend for CudaBackend {
         scores: Scores,
         out: &mut CudaRows,
     ) -> Result<(), BackendError> {
-        // The kernels have no window or soft-cap yet; refusing beats
-        // attending to positions the model must not see.
-        if scores.window.is_some() || scores.softcap.is_some() {
-            return Err(BackendError::Unsupported(
-                "sliding-window and soft-capped attention (Gemma) run on the CPU backend only, for now".into(),
-            ));
-        }
-        super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scores.scale, out)
+        super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scores, out)
     }
 }
 

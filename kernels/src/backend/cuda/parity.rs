@@ -166,8 +166,10 @@ fn embeddings_argmax_and_top_k_match_the_cpu_and_a_sort() {
 }
 
 /// Rows of one sequence written to the KV store and attended, on both
-/// backends, for each type pair: a prompt of `n` rows, then one decoding
-/// row at `n` that sees everything.
+/// backends, for each type pair and way of scoring (plain; Gemma's sliding
+/// windows, one narrower than a prompt tile and one the decode kernel
+/// splits, and soft-capping): a prompt of `n` rows, then one decoding row
+/// at `n` that sees everything (its window of it).
 #[test]
 fn kv_writes_rope_and_attention_match_the_cpu() {
     let Some(gpu) = gpu("kv_writes_rope_and_attention…") else { return };
@@ -175,7 +177,15 @@ fn kv_writes_rope_and_attention_match_the_cpu() {
     let (n_head, n_kv_head, head_dim) = (8, 2, 64);
     let heads = HeadShape::new(n_head, n_kv_head, head_dim).expect("heads");
     let rope = Rope::new(head_dim, head_dim, 10000.0, 1.0, RopeKind::Neox).expect("rope");
-    for types in [KvType::F16, KvType::Q8_0].map(|k| KvTypes { k, v: KvType::F16 }) {
+    let scorings = [
+        Scores::scaled(0.125),
+        Scores { scale: 0.125, softcap: Some(2.0), window: Some(24) },
+        Scores { scale: 0.125, softcap: None, window: Some(700) },
+    ];
+    for (types, scores) in [KvType::F16, KvType::Q8_0]
+        .into_iter()
+        .flat_map(|k| scorings.map(|scores| (KvTypes { k, v: KvType::F16 }, scores)))
+    {
         for n in [40, 1300] {
             let shape =
                 KvShape { n_layer: 1, kv_dim: n_kv_head * head_dim, head_dim, n_blocks: 100, block_tokens: 16, types };
@@ -188,6 +198,7 @@ fn kv_writes_rope_and_attention_match_the_cpu() {
                 heads: HeadShape,
                 blocks: &[u32],
                 shape: KvShape,
+                scores: Scores,
                 first: usize,
                 n: usize,
             ) -> Vec<f32> {
@@ -210,21 +221,21 @@ fn kv_writes_rope_and_attention_match_the_cpu() {
                 b.rope(rope, &prepared, &mut k);
                 b.store_kv(kv, 0, &k, &v, &prepared);
                 let mut out = B::Rows::default();
-                b.attend(kv, 0, &q, &prepared, heads, Scores::scaled(0.125), &mut out).expect("attend");
+                b.attend(kv, 0, &q, &prepared, heads, scores, &mut out).expect("attend");
                 b.download(&out).expect("download")
             }
             let mut kv_gpu = gpu.kv(shape).expect("kv");
             let mut kv_cpu = cpu.kv(shape).expect("kv");
             let prompt = [
-                pass(&gpu, &mut kv_gpu, &rope, heads, &blocks, shape, 0, n),
-                pass(&cpu, &mut kv_cpu, &rope, heads, &blocks, shape, 0, n),
+                pass(&gpu, &mut kv_gpu, &rope, heads, &blocks, shape, scores, 0, n),
+                pass(&cpu, &mut kv_cpu, &rope, heads, &blocks, shape, scores, 0, n),
             ];
-            assert_close(&format!("{types:?} prompt of {n}"), &prompt[0], &prompt[1], 1e-2);
+            assert_close(&format!("{types:?} {scores:?}, prompt of {n}"), &prompt[0], &prompt[1], 1e-2);
             let decode = [
-                pass(&gpu, &mut kv_gpu, &rope, heads, &blocks, shape, n, 1),
-                pass(&cpu, &mut kv_cpu, &rope, heads, &blocks, shape, n, 1),
+                pass(&gpu, &mut kv_gpu, &rope, heads, &blocks, shape, scores, n, 1),
+                pass(&cpu, &mut kv_cpu, &rope, heads, &blocks, shape, scores, n, 1),
             ];
-            assert_close(&format!("{types:?} decode after {n}"), &decode[0], &decode[1], 1e-2);
+            assert_close(&format!("{types:?} {scores:?}, decode after {n}"), &decode[0], &decode[1], 1e-2);
             // The store holds what the CPU's holds, bit for bit (f16
             // rounding and Q8_0 quantization are exact on both).
             for block in [blocks[0], blocks[1]] {

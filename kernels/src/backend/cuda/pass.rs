@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use super::super::{BackendError, Embed, KvShape, LowRankTerm, PassLayout};
 use super::functions::{decode_heads_per_block, grid, head_variant};
 use super::gpu::{CudaKv, CudaLowRank, CudaMatrix, CudaRows, Gpu, int};
-use crate::ops::{HeadShape, KvType, Rope, RopeAngles};
+use crate::ops::{HeadShape, KvType, Rope, RopeAngles, Scores};
 
 /// A pass's layout on the device (the arrays attention.cu describes).
 #[derive(Default)]
@@ -280,7 +280,7 @@ pub(super) fn attend(
     q: &CudaRows,
     pass: &CudaPass,
     heads: HeadShape,
-    scale: f32,
+    scores: Scores,
     out: &mut CudaRows,
 ) -> Result<(), BackendError> {
     let shape = kv.shape();
@@ -292,6 +292,13 @@ pub(super) fn attend(
         return Err(BackendError::Input(format!(
             "attention of {n_kv_head} KV heads of {head_dim} over a store of {} in layer {layer} of {}",
             shape.kv_dim, shape.n_layer
+        )));
+    }
+    // What the CPU backend refuses (ops::attention::check).
+    if scores.window == Some(0) || !scores.softcap.is_none_or(|cap| cap > 0.0 && cap.is_finite()) {
+        return Err(BackendError::Input(format!(
+            "attention: window {:?} and soft-cap {:?} must be positive",
+            scores.window, scores.softcap
         )));
     }
     let q_dim = heads.q_len();
@@ -324,6 +331,12 @@ pub(super) fn attend(
     let k_arena = keys.slice(layer * arena_bytes.0..(layer + 1) * arena_bytes.0);
     let v_arena = values.slice(layer * arena_bytes.1..(layer + 1) * arena_bytes.1);
     let group = n_head / n_kv_head;
+    // 0 for none in the kernels' arguments; a window past what a u32 counts
+    // hides nothing a store can hold.
+    let (scale, softcap) = (scores.scale, scores.softcap.unwrap_or(0.0));
+    let window = scores.window.map_or(0, |window| u32::try_from(window).unwrap_or(0));
+    // The most cells a row attends to, which the decode kernel splits.
+    let most_seen = scores.window.map_or(tables.max_visible, |window| window.min(tables.max_visible));
     let Some(output) = out.buffer_mut() else { return gpu.check() };
     // Few rows per sequence (decoding, drafts): a block per row, the cells
     // split across blocks; long runs (prompts): tiles of rows share each
@@ -335,13 +348,9 @@ pub(super) fn attend(
         // enough rows × heads to fill it already, fewer (down to one).
         let blocks_per_split = pass.rows * n_kv_head * group.div_ceil(per_block);
         let wanted = (2 * gpu.multiprocessors()).div_ceil(blocks_per_split.max(1));
-        let splits = tables.max_visible.div_ceil(SPLIT_CELLS).min(wanted).max(1);
+        let splits = most_seen.div_ceil(SPLIT_CELLS).min(wanted).max(1);
         // A multiple of 64 cells keeps the kernel's four warps even.
-        let split_cells = if splits == 1 {
-            tables.max_visible.max(1)
-        } else {
-            tables.max_visible.div_ceil(splits).next_multiple_of(64)
-        };
+        let split_cells = if splits == 1 { most_seen.max(1) } else { most_seen.div_ceil(splits).next_multiple_of(64) };
         let parts = if splits == 1 { 1 } else { pass.rows * n_head * splits };
         let mut scratch = gpu.scratch([parts * head_dim.max(1), parts * 2])?;
         let [Some(part_o), Some(part_ml)] = &mut *scratch else { return gpu.check() };
@@ -355,7 +364,7 @@ pub(super) fn attend(
         args.arg(&tables.block_start).arg(&tables.block_count).arg(&tables.blocks);
         args.arg(&tables.hidden_start).arg(&tables.hidden_count).arg(&tables.hidden);
         args.arg(&n_head_int).arg(&n_kv_head_int).arg(&head_dim_int).arg(&block_tokens).arg(&n_cells);
-        args.arg(&splits_int).arg(&split_cells_u32).arg(&scale);
+        args.arg(&splits_int).arg(&split_cells_u32).arg(&scale).arg(&softcap).arg(&window);
         let config = grid((pass.rows, n_kv_head * group.div_ceil(per_block), splits), 128);
         // SAFETY: the argument list of sl_attend_decode_d<D>_l<L> in
         // attention.cu, in order; q and out hold rows × n_head × head_dim
@@ -367,11 +376,11 @@ pub(super) fn attend(
             let Some(merge) = gpu.function("sl_attend_merge") else { return gpu.check() };
             let mut args = gpu.stream().launch_builder(&merge);
             args.arg(&*part_o).arg(&*part_ml).arg(&tables.row_visible).arg(output);
-            args.arg(&n_head_int).arg(&head_dim_int).arg(&splits_int).arg(&split_cells_u32);
+            args.arg(&n_head_int).arg(&head_dim_int).arg(&splits_int).arg(&split_cells_u32).arg(&window);
             // SAFETY: sl_attend_merge(const float* part_o, const float*
             // part_ml, const u32* row_visible, float* out, int n_head, int
-            // head_dim, int n_splits, u32 split_cells), with what the decode
-            // kernel above was given.
+            // head_dim, int n_splits, u32 split_cells, u32 window), with
+            // what the decode kernel above was given.
             gpu.record("attention merge", unsafe { args.launch(grid((pass.rows, n_head, 1), 128)) });
         }
     } else {
@@ -391,7 +400,8 @@ pub(super) fn attend(
         args.arg(q_buffer).arg(output).arg(&k_arena).arg(&v_arena).arg(&k_type).arg(&v_type).arg(&tile_list);
         args.arg(&tables.row_seq).arg(&tables.row_visible).arg(&tables.block_start).arg(&tables.block_count);
         args.arg(&tables.blocks).arg(&tables.hidden_start).arg(&tables.hidden_count).arg(&tables.hidden);
-        args.arg(&n_head_int).arg(&n_kv_head_int).arg(&head_dim_int).arg(&block_tokens).arg(&n_cells).arg(&scale);
+        args.arg(&n_head_int).arg(&n_kv_head_int).arg(&head_dim_int).arg(&block_tokens).arg(&n_cells);
+        args.arg(&scale).arg(&softcap).arg(&window);
         let config = grid((tiles.len() / 2, n_kv_head * group.div_ceil(per_chunk), 1), 128);
         // SAFETY: the argument list of sl_attend_prefill_d<D> in
         // attention.cu, in order; every row in exactly one tile of at most

@@ -562,8 +562,10 @@ macro_rules! symmetric_dot {
     };
 }
 
+/// `$width`: `wide` where the level runs the wide kernels
+/// (`packed_wide.rs`), `narrow` where it does not (and never compiles them).
 macro_rules! dot_kernels {
-    ($level:ident, $ops:ident, $features:literal) => {
+    ($level:ident, $ops:ident, $features:literal, $width:ident) => {
         pub(super) mod $level {
             use super::$ops as ops;
             // From the crate, not `super::*`: `cargo xtask module-cycles`
@@ -660,12 +662,12 @@ macro_rules! dot_kernels {
                 // (with minima or not), where the level runs them.
                 macro_rules! wide {
                     ($widen:ident, $sub:literal, $minima:literal) => {
-                        pk::WIDENS.then_some(WideDot {
+                        with_width!($width, Some(WideDot {
                             widen: $widen,
                             one: wide_kernel::<1, $sub, $minima>,
                             four: wide_kernel::<4, $sub, $minima>,
                             eight: wide_kernel::<8, $sub, $minima>,
-                        })
+                        }), None)
                     };
                 }
                 match dtype {
@@ -709,7 +711,8 @@ macro_rules! dot_kernels {
                         kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, Some(packed!(packed_q2_k)))
                     }
                     DType::Q3_K => {
-                        kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, Some(packed!(packed_q3_k)))
+                        let wide = wide!(widen_q3_k, 16, false);
+                        kquant!(one_q3_k, four_q3_k, two_pairs_q3_k, four_by_eight_q3_k, Some(packed!(packed_q3_k, wide)))
                     }
                     DType::TQ2_0 => kquant!(one_tq2_0, four_tq2_0, two_pairs_tq2_0, four_by_eight_tq2_0, None),
                     DType::TQ1_0 => kquant!(one_tq1_0, four_tq1_0, two_pairs_tq1_0, four_by_eight_tq1_0, None),
@@ -778,10 +781,27 @@ macro_rules! dot_kernels {
             grid::grid_kernels!($features);
             packed::packed_kernels!($features, $ops);
             packed_low::packed_low_kernels!($features);
-            packed_wide::packed_wide_kernels!($features);
+            with_width!($width, items { packed_wide::packed_wide_kernels!($features); });
         }
     };
 }
 
-dot_kernels!(avx2, avx2_ops, "avx2,fma,f16c");
-dot_kernels!(avx512, avx512_ops, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+/// `$wide` at a `wide` level, `$narrow` at a `narrow` one; `items { … }`
+/// only at a `wide` level.
+macro_rules! with_width {
+    (wide, items { $($items:tt)* }) => {
+        $($items)*
+    };
+    (narrow, items { $($items:tt)* }) => {};
+    (wide, $wide:expr, $narrow:expr) => {
+        $wide
+    };
+    (narrow, $wide:expr, $narrow:expr) => {
+        $narrow
+    };
+}
+
+// Without VNNI a byte dot's pair sums are 16-bit, which the wide kernels'
+// unsigned quants (up to 255) can overflow.
+dot_kernels!(avx2, avx2_ops, "avx2,fma,f16c", narrow);
+dot_kernels!(avx512, avx512_ops, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", wide);

@@ -7,7 +7,8 @@
 //! Q2_K and Q3_K keep four 2-bit fields in a byte: one load of a quant
 //! chunk serves the four steps that shift it by 0, 2, 4 and 6 bits, each a
 //! byte dot against the activation's four matching bytes, as the other
-//! packed K-quants do. Q5_K is Q4_K with each step's fifth bits from a
+//! packed K-quants do; Q3_K's third bits come from a chunk of `hmask`
+//! bytes, one shift, mask and or per step. Q5_K is Q4_K with each step's fifth bits from a
 //! chunk of `qh` bytes, one shift and mask per step. IQ4_XS's nibbles become table values with one byte
 //! shuffle and meet the activations in the signed dot Q8_0 uses. The
 //! integer sums are exact and each block takes the reference's float step,
@@ -28,54 +29,91 @@ macro_rules! packed_low_kernels {
             pk::and_bytes(shifted, 3)
         }
 
-        /// Groups `8H + 2S` and `8H + 2S + 1` (elements `128H + 32S ..
-        /// 128H + 32S + 32`) of a packed Q2_K block against the activation
-        /// blocks `a`: each group's sum times its scale into `isum`. A
-        /// separate function so that the shift is a constant.
+        /// Bit `4H + S` of each byte of an `hmask` chunk, as bit 2: the
+        /// third bits of elements `128H + 32S ..`.
         #[target_feature(enable = $features)]
         #[inline]
-        fn q2_k_groups<const A: usize, const H: usize, const S: usize>(
+        fn third_bits<const H: usize, const S: usize>(v: pk::I) -> pk::I {
+            let shifted = match 4 * H + S {
+                0 => pk::shl16::<2>(v),
+                1 => pk::shl16::<1>(v),
+                2 => v,
+                3 => pk::shr16::<1>(v),
+                4 => pk::shr16::<2>(v),
+                5 => pk::shr16::<3>(v),
+                6 => pk::shr16::<4>(v),
+                _ => pk::shr16::<5>(v),
+            };
+            pk::and_bytes(shifted, 4)
+        }
+
+        /// Where a packed Q2_K block's (`Q3` false) or Q3_K block's 2-bit
+        /// fields, scales and third bits start, and whether its scales are
+        /// signed: constants in each function taking `Q3` as a parameter.
+        #[inline(always)]
+        fn two_bit_layout<const Q3: bool>() -> (usize, usize, bool, Option<usize>) {
+            use layout::{Q2_K_QS, Q2_K_SCALES, Q3_K_HMASK, Q3_K_QS, Q3_K_SCALES};
+            if Q3 { (Q3_K_QS, Q3_K_SCALES, true, Some(Q3_K_HMASK)) } else { (Q2_K_QS, Q2_K_SCALES, false, None) }
+        }
+
+        /// Each row's quants `128H + 32S + 4t ..` (four) of a packed Q2_K
+        /// or Q3_K block, unsigned.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn two_bit_quants<const H: usize, const S: usize, const Q3: bool>(w: &[u8], t: usize) -> pk::I {
+            let (qs, _, _, hmask) = two_bit_layout::<Q3>();
+            let q = two_bit_fields::<S>(pk::load(w, qs + 32 * (8 * H + t)));
+            match hmask {
+                // Element 128H + 32S + 4t + k's third bit is bit 4H + S of
+                // hmask[4t + k].
+                Some(hmask) => pk::or(q, third_bits::<H, S>(pk::load(w, hmask + 32 * t))),
+                None => q,
+            }
+        }
+
+        /// Groups `8H + 2S` and `8H + 2S + 1` (elements `128H + 32S ..
+        /// 128H + 32S + 32`) of a packed Q2_K or Q3_K block against the
+        /// activation blocks `a`: each group's sum times its scale into
+        /// `isum`. A separate function so that the shifts are constants.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn two_bit_groups<const A: usize, const H: usize, const S: usize, const Q3: bool>(
             w: &[u8],
             a: [&BlockQ8K; A],
             isum: &mut [pk::I; A],
         ) {
-            use layout::{Q2_K_QS, Q2_K_SCALES};
+            let (_, scales, signed, _) = two_bit_layout::<Q3>();
             for half in 0..2 {
                 let mut part = [pk::zero(); A];
                 for t in 4 * half..4 * half + 4 {
-                    let q = two_bit_fields::<S>(pk::load(w, Q2_K_QS + 32 * (8 * H + t)));
+                    let q = two_bit_quants::<H, S, Q3>(w, t);
                     for i in 0..A {
                         part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 32 * H + 8 * S + t));
                     }
                 }
-                // A group's sum is within 16 · 3 · 127 in magnitude.
-                let sc = pk::row_scales_narrow(w, Q2_K_SCALES + 16 * (4 * H + S), half, false);
+                // A group's sum is within 16 · 7 · 127 in magnitude (Q3_K;
+                // Q2_K's quants are below 4).
+                let sc = pk::row_scales_narrow(w, scales + 16 * (4 * H + S), half, signed);
                 for i in 0..A {
                     isum[i] = pk::scaled_add_narrow(isum[i], part[i], sc);
                 }
             }
         }
 
-        /// Groups `g` (`HALF` 0: the low nibbles) or `8 + g` (`HALF` 1) of
-        /// a packed Q3_K block against the activation blocks `a`, times
-        /// their scales, into `isum`.
+        /// All sixteen groups of a packed Q2_K or Q3_K block, in order.
         #[target_feature(enable = $features)]
         #[inline]
-        fn q3_k_group<const A: usize, const HALF: usize>(w: &[u8], a: [&BlockQ8K; A], g: usize, isum: &mut [pk::I; A]) {
-            use layout::{Q3_K_QS, Q3_K_SCALES};
-            let mut part = [pk::zero(); A];
-            for s in 0..4 {
-                let v = pk::load(w, Q3_K_QS + 32 * (4 * g + s));
-                let q = pk::and_bytes(if HALF == 0 { v } else { pk::shr16::<4>(v) }, 0xF);
-                for i in 0..A {
-                    part[i] = pk::byte_dot(part[i], q, pk::splat4(&a[i].qs, 32 * HALF + 4 * g + s));
-                }
-            }
-            // A group's sum is within 16 · 7 · 127 in magnitude.
-            let sc = pk::row_scales_narrow(w, Q3_K_SCALES + 16 * (4 * HALF + g / 2), g % 2, true);
-            for i in 0..A {
-                isum[i] = pk::scaled_add_narrow(isum[i], part[i], sc);
-            }
+        fn two_bit_block<const A: usize, const Q3: bool>(w: &[u8], a: [&BlockQ8K; A]) -> [pk::I; A] {
+            let mut isum = [pk::zero(); A];
+            two_bit_groups::<A, 0, 0, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 0, 1, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 0, 2, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 0, 3, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 1, 0, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 1, 1, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 1, 2, Q3>(w, a, &mut isum);
+            two_bit_groups::<A, 1, 3, Q3>(w, a, &mut isum);
+            isum
         }
 
         /// The packed Q2_K groups in `groups`, as `packed_q4_k` takes them:
@@ -95,16 +133,7 @@ macro_rules! packed_low_kernels {
                     // quants: read after, they broke the stream, and decoding
                     // a Q2_K file ran 0.7× as fast on a 2-core Zen 4.
                     let imin = group_sums(w, a, Q2_K_MINS, false);
-                    let mut isum = [pk::zero(); A];
-                    q2_k_groups::<A, 0, 0>(w, a, &mut isum);
-                    q2_k_groups::<A, 0, 1>(w, a, &mut isum);
-                    q2_k_groups::<A, 0, 2>(w, a, &mut isum);
-                    q2_k_groups::<A, 0, 3>(w, a, &mut isum);
-                    q2_k_groups::<A, 1, 0>(w, a, &mut isum);
-                    q2_k_groups::<A, 1, 1>(w, a, &mut isum);
-                    q2_k_groups::<A, 1, 2>(w, a, &mut isum);
-                    q2_k_groups::<A, 1, 3>(w, a, &mut isum);
-                    (isum, imin)
+                    (two_bit_block::<A, false>(w, a), imin)
                 },
             )
         }
@@ -125,13 +154,7 @@ macro_rules! packed_low_kernels {
                 |w, a| {
                     // The scales' sums first, in the block's order (see Q2_K).
                     let offset = group_sums(w, a, Q3_K_SCALES, true);
-                    let mut isum = [pk::zero(); A];
-                    for g in 0..8 {
-                        q3_k_group::<A, 0>(w, a, g, &mut isum);
-                    }
-                    for g in 0..8 {
-                        q3_k_group::<A, 1>(w, a, g, &mut isum);
-                    }
+                    let isum = two_bit_block::<A, true>(w, a);
                     (std::array::from_fn(|i| pk::sub(isum[i], pk::shl32::<2>(offset[i]))), [pk::zero(); A])
                 },
             )

@@ -21,24 +21,11 @@ pub(super) mod avx2_ops {
     /// spill from AVX2's 16 registers (four rows per call measured 20 %
     /// faster than eight on a Q4_K prompt).
     pub(crate) const EIGHT_ACTS: bool = false;
-    /// Whether the wide kernels (`packed_wide.rs`) run: without VNNI a
-    /// byte dot's pair sums are 16-bit, which unsigned quants up to 255
-    /// can overflow.
-    pub(crate) const WIDENS: bool = false;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn load(w: &[u8], at: usize) -> I {
         load_u8x32(load32(w, at))
-    }
-
-    /// `v` into the 32 bytes at `at` of `out` (panics past its end).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    pub(crate) fn store(out: &mut [u8], at: usize, v: I) {
-        let dst = &mut out[at..at + 32];
-        // SAFETY: an unaligned store of 32 bytes into the 32 of `dst`.
-        unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -287,7 +274,6 @@ pub(super) mod avx512_ops {
     /// Eight activation rows' sums fit AVX-512's 32 registers (four per
     /// call made a Q6_K prompt 10 % slower).
     pub(crate) const EIGHT_ACTS: bool = true;
-    pub(crate) const WIDENS: bool = true;
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]

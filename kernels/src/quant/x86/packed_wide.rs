@@ -1,8 +1,8 @@
 //! Kernels over wide blocks (`crate::quant::packed`, "Wide blocks") and
-//! the widenings that make them from packed call blocks, written once for
-//! both x86 levels as `packed_low.rs` is, after `packed_kernels!`, whose
-//! `packed_k` they use. Only levels whose byte dots sum into 32 bits
-//! dispatch them (`pk::WIDENS`).
+//! the widenings that make them from packed call blocks, expanded after
+//! `packed_kernels!` and `packed_low_kernels!`, whose `packed_k` and
+//! unpackings they use, at the levels whose byte dots sum into 32 bits
+//! only (`dot_kernels!`'s `wide`).
 //!
 //! A widening runs the packed kernel's own unpacking once per call and
 //! stores what it would have multiplied: a long prompt's passes then cost
@@ -167,6 +167,42 @@ macro_rules! packed_wide_kernels {
                 for pair in 0..8 {
                     let scales = pk::words(w, Q6_K_SCALES + 16 * pair, true);
                     pk::store(out, WIDE_CORRECTIONS + 32 * pair, pk::shl16::<5>(scales));
+                }
+            }
+        }
+
+        /// Steps `32H + 8S ..` (eight) of a packed Q3_K block widened.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn widen_q3_k_steps<const H: usize, const S: usize>(w: &[u8], out: &mut [u8]) {
+            for t in 0..8 {
+                pk::store(out, layout::WIDE_QS + 32 * (32 * H + 8 * S + t), two_bit_quants::<H, S, true>(w, t));
+            }
+        }
+
+        /// Packed Q3_K call blocks widened: the quants unsigned (0..8), the
+        /// scales of the sixteen groups, and the offset, 4, times each
+        /// group's scale as its correction (Q6_K's steps with a smaller
+        /// offset).
+        #[target_feature(enable = $features)]
+        fn widen_q3_k(call: &[u8], wide: &mut [u8]) {
+            use layout::{Q3_K_BLOCK, Q3_K_D, Q3_K_SCALES, WIDE_CORRECTIONS, WIDE_SCALES};
+            for (w, out) in wide_blocks(call, Q3_K_BLOCK, wide, Q3_K_D, None) {
+                widen_q3_k_steps::<0, 0>(w, out);
+                widen_q3_k_steps::<0, 1>(w, out);
+                widen_q3_k_steps::<0, 2>(w, out);
+                widen_q3_k_steps::<0, 3>(w, out);
+                widen_q3_k_steps::<1, 0>(w, out);
+                widen_q3_k_steps::<1, 1>(w, out);
+                widen_q3_k_steps::<1, 2>(w, out);
+                widen_q3_k_steps::<1, 3>(w, out);
+                for group in 0..16 {
+                    let scales = pk::row_scales(w, Q3_K_SCALES + 16 * (group / 2), group % 2, true);
+                    pk::store(out, WIDE_SCALES + 32 * group, scales);
+                }
+                for pair in 0..8 {
+                    let scales = pk::words(w, Q3_K_SCALES + 16 * pair, true);
+                    pk::store(out, WIDE_CORRECTIONS + 32 * pair, pk::shl16::<2>(scales));
                 }
             }
         }
