@@ -6,6 +6,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sluice_tests::gguf_writer::Value as Meta;
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
@@ -135,6 +136,9 @@ fn a_window_model_shifts_and_computes_every_prompt_whole() {
     let again = complete(&server, &body);
     assert_eq!(ids(&again["tokens"]), generated);
     assert_eq!(again["timings"]["cache_n"], 0, "{again}");
+    // Idle, the window store has every block back.
+    assert_eq!(server.metric("sluice_kv_window_blocks_used"), 0.0);
+    assert!(server.metric("sluice_kv_window_blocks_free") > 0.0);
     let (status, answer) = server.post("/slots/0?action=save", &json!({ "filename": "slot.bin" }));
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
     assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("--swa-full")), "{answer}");
@@ -144,6 +148,34 @@ fn a_window_model_shifts_and_computes_every_prompt_whole() {
     assert_eq!(ids(&complete(&full, &body)["tokens"]), generated);
     let again = complete(&full, &body);
     assert_eq!(ids(&again["tokens"]), generated);
+    assert_eq!(full.metric("sluice_kv_window_blocks_free"), 0.0, "no window store");
     assert_eq!(again["timings"]["cache_n"].as_u64(), Some(prompt.len() as u64 - 1), "{again}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A model whose every layer attends through a window (the tiny Gemma 3
+/// with a pattern period of 0): no paged layer at all. It serves long
+/// generations with its old cells freed, as it does with every cell kept.
+#[test]
+fn an_all_window_model_answers_as_with_every_cell_kept() {
+    let dir = std::env::temp_dir().join(format!("sluice-all-window-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let model = dir.join("gemma3-local.gguf");
+    let local = tiny_family("gemma3").expect("a tiny Gemma 3");
+    let local = local.meta("gemma3.attention.sliding_window_pattern", Meta::U32(0));
+    std::fs::write(&model, local.build()).expect("written");
+    let ctx = CTX.to_string();
+    let args = ["-c", &ctx, "-np", "1", "-b", "32", "-ub", "32"];
+    let body = json!({
+        "prompt": (0..20).map(|i| 134 + (i * 5) % 16).collect::<Vec<u64>>(), "n_predict": 40,
+        "ignore_eos": true, "temperature": 0, "return_tokens": true,
+    });
+    let server = Server::start_model(&model, &args, &[]);
+    assert!(server.log().contains("KV: 7 window layers"), "{}", server.log());
+    let windowed = ids(&complete(&server, &body)["tokens"]);
+    assert_eq!(windowed.len(), 40);
+    assert_eq!(server.metric("sluice_kv_window_blocks_used"), 0.0);
+    let full = Server::start_model(&model, &[&args[..], &["--swa-full"]].concat(), &[]);
+    assert_eq!(ids(&complete(&full, &body)["tokens"]), windowed);
     let _ = std::fs::remove_dir_all(&dir);
 }

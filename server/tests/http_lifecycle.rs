@@ -102,6 +102,8 @@ fn metrics_move_as_llama_server_s_do() {
         ("sluice_policy_faults_total", "counter"),
         ("sluice_kv_blocks_used", "gauge"),
         ("sluice_kv_blocks_free", "gauge"),
+        ("sluice_kv_window_blocks_used", "gauge"),
+        ("sluice_kv_window_blocks_free", "gauge"),
         ("sluice_prefix_cache_hit_tokens_total", "counter"),
         ("sluice_step_tokens_total", "counter"),
     ] {

@@ -686,6 +686,10 @@ impl Engine {
         Metrics::set(&metrics.kv_blocks_used, stats.used as u64);
         Metrics::set(&metrics.kv_blocks_cached, stats.cached as u64);
         Metrics::set(&metrics.kv_blocks_free, stats.free as u64);
+        let window_used = self.blocks.window_used().unwrap_or(0);
+        Metrics::set(&metrics.kv_window_blocks_used, window_used as u64);
+        let window_free = self.blocks.window_blocks().unwrap_or(0) - window_used;
+        Metrics::set(&metrics.kv_window_blocks_free, window_free as u64);
         Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
         let infos = self
             .slots

@@ -185,6 +185,12 @@ impl BlockManager {
         self.window.as_ref().map(WindowPool::used)
     }
 
+    /// Window blocks in all, if the window layers have a store of their
+    /// own.
+    pub fn window_blocks(&self) -> Option<usize> {
+        self.window.as_ref().map(WindowPool::n_blocks)
+    }
+
     pub fn block_tokens(&self) -> usize {
         self.block_tokens
     }
@@ -681,6 +687,7 @@ mod tests {
         assert_eq!(manager.stats(), BlockStats { used: 8, cached: 0, free: 8 }, "paged layers keep every cell");
         manager.release(seq.blocks);
         assert_eq!(manager.window_used(), Some(0));
+        assert_eq!(manager.window_blocks(), Some(per_sequence));
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 16 }, "nothing offered to the cache");
         assert_eq!(manager.admit(0, &written, true).expect("room").cached_tokens, 0);
     }

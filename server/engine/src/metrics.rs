@@ -27,6 +27,9 @@ pub struct Metrics {
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_cached: AtomicU64,
     pub kv_blocks_free: AtomicU64,
+    /// The sliding-window layers' own store (0 and 0 without one).
+    pub kv_window_blocks_used: AtomicU64,
+    pub kv_window_blocks_free: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub policy_fallbacks_total: AtomicU64,
     /// Steps the trace writer was too far behind to take.

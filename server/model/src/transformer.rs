@@ -171,13 +171,14 @@ impl<B: Backend> Targets<B> for Transformer<B> {
 /// Refuses a file holding a tensor the load did not read, as llama.cpp
 /// refuses one holding tensors its architecture does not load: computing
 /// without it (a bias, a norm) would give wrong outputs without a word.
-/// Allowed unread: the blocks past the layers run (multi-token prediction,
-/// which no family runs) and a vision tower's tensors (`v.…`, `mm.…`),
-/// which a projector file serves.
+/// Allowed unread: the blocks past the layers run and within
+/// `block_count` (multi-token prediction, which no family runs) and a
+/// vision tower's tensors (`v.…`, `mm.…`), which a projector file serves.
 fn refuse_unread(file: &GgufFile, hp: &HParams, family: &str) -> Result<(), LoadError> {
+    let blocks = file.opt_u32(&hp.arch.key("block_count")).ok().flatten().map_or(hp.n_layer, |n| n as usize);
     let past_the_layers = |name: &str| {
         let block = name.strip_prefix("blk.").and_then(|rest| rest.split('.').next());
-        block.and_then(|block| block.parse::<usize>().ok()).is_some_and(|block| block >= hp.n_layer)
+        block.and_then(|block| block.parse::<usize>().ok()).is_some_and(|block| (hp.n_layer..blocks).contains(&block))
     };
     let vision = |name: &str| name.starts_with("v.") || name.starts_with("mm.");
     match file.unread_tensors().into_iter().find(|tensor| !past_the_layers(&tensor.name) && !vision(&tensor.name)) {
@@ -302,6 +303,13 @@ mod tests {
         );
         let tower = Tensor::f32("v.blk.0.attn_q.weight", &[8], &[0.5; 8]);
         assert!(load(&tiny("gemma3").tensor(tower)).is_ok());
+        // A block past `block_count` is not a multi-token-prediction one.
+        let extra = Tensor::f32("blk.3.attn_norm.weight", &[8], &[0.5; 8]);
+        assert_eq!(
+            load(&tiny("llama").tensor(extra)).err().expect("refused"),
+            "tensor \"blk.3.attn_norm.weight\": sluice's `llama` models have no such tensor; refusing the file \
+             rather than ignoring it"
+        );
     }
 
     #[test]

@@ -433,19 +433,24 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
             ("{kind=\"decode\"}".into(), get(&metrics.step_decode_tokens_total)),
         ],
     );
-    out.one(
-        "sluice_kv_blocks_used",
-        "gauge",
-        "KV-cache blocks held by running requests.",
-        get(&metrics.kv_blocks_used),
-    );
-    out.one(
-        "sluice_kv_blocks_cached",
-        "gauge",
-        "KV-cache blocks held only by the prefix cache.",
-        get(&metrics.kv_blocks_cached),
-    );
-    out.one("sluice_kv_blocks_free", "gauge", "Free KV-cache blocks.", get(&metrics.kv_blocks_free));
+    let window = "the sliding-window layers' own KV store";
+    for (name, help, gauge) in [
+        ("sluice_kv_blocks_used", "KV-cache blocks held by running requests.".into(), &metrics.kv_blocks_used),
+        ("sluice_kv_blocks_cached", "KV-cache blocks held only by the prefix cache.".into(), &metrics.kv_blocks_cached),
+        ("sluice_kv_blocks_free", "Free KV-cache blocks.".into(), &metrics.kv_blocks_free),
+        (
+            "sluice_kv_window_blocks_used",
+            format!("Blocks of {window} held by running requests (0 without such a store)."),
+            &metrics.kv_window_blocks_used,
+        ),
+        (
+            "sluice_kv_window_blocks_free",
+            format!("Free blocks of {window} (0 without such a store)."),
+            &metrics.kv_window_blocks_free,
+        ),
+    ] {
+        out.one(name, "gauge", &help, get(gauge));
+    }
     out.one(
         "sluice_prefix_cache_hit_tokens_total",
         "counter",
