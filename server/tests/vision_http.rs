@@ -3,6 +3,7 @@
 //! `multimodal_data` and chat `image_url` parts, and bad images refused.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -12,8 +13,13 @@ use sluice_tests::gguf_writer::TinyModel;
 use sluice_tests::http::Server;
 use sluice_tests::projector::{TinyProjector, test_png, vision_model, vision_vocabulary};
 
+/// A folder of its own for each call: the tests run at once, and one
+/// rewriting a file another's server has mapped (truncating it first) made
+/// that server die of SIGBUS at its next read of the weights.
 fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-vision-http-{}", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-vision-http-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
