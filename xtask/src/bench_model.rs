@@ -118,11 +118,11 @@ pub fn bench_model(args: &[String]) -> anyhow::Result<()> {
                     let mut command = sluice_command(&sluice, model, threads, depth, &plan.rest);
                     let field = json_line(command.args(["--reps", "1"]), "sluice bench model")?;
                     ours.push((field("prefill_tps")?, field("decode_tps")?));
-                    streams.push((field("stream_gb_s")?, 0.0));
+                    streams.push(field("stream_gb_s")?);
                     weight_bytes = field("weight_bytes")?;
                     theirs.push(llama_once(llama_bench, model, threads, depth, &plan.kv_types)?);
                 }
-                let (ours, theirs, stream) = (medians(&mut ours), medians(&mut theirs), medians(&mut streams).0);
+                let (ours, theirs, stream) = (medians(&ours), medians(&theirs), median(streams));
                 let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "–".into() };
                 // Bytes a step reads per second, as a share of the stream.
                 let rate = |tps: f64| {
@@ -213,12 +213,14 @@ fn llama_once(
     Ok((speed(true)?, speed(false)?))
 }
 
-fn medians(values: &mut [(f64, f64)]) -> (f64, f64) {
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
+fn medians(values: &[(f64, f64)]) -> (f64, f64) {
     (median(values.iter().map(|v| v.0).collect()), median(values.iter().map(|v| v.1).collect()))
+}
+
+/// 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -138,36 +138,42 @@ macro_rules! packed_wide_kernels {
             }
         }
 
-        /// Quarter `Q` of a packed Q6_K block widened: its quants (offset
-        /// 32), and the scales of its four 16-element groups.
+        /// Quarter `Q` of a packed Q6_K block's quants widened (offset
+        /// 32).
         #[target_feature(enable = $features)]
         #[inline]
         fn widen_q6_k_quarter<const Q: usize>(w: &[u8], out: &mut [u8]) {
-            use layout::{Q6_K_SCALES, WIDE_QS, WIDE_SCALES};
             for u in 0..16 {
-                pk::store(out, WIDE_QS + 32 * (16 * Q + u), q6_k_quants::<Q>(w, u));
-            }
-            for g in 0..4 {
-                let group = 4 * Q + g;
-                let scales = pk::row_scales(w, Q6_K_SCALES + 16 * (group / 2), group % 2, true);
-                pk::store(out, WIDE_SCALES + 32 * group, scales);
+                pk::store(out, layout::WIDE_QS + 32 * (16 * Q + u), q6_k_quants::<Q>(w, u));
             }
         }
 
-        /// Packed Q6_K call blocks widened; the corrections are the
-        /// offset, 32, times each group's scale.
+        /// The sixteen signed group scales of a Q6_K or Q3_K block (their
+        /// shared layout, at `at`) widened, and each group's correction:
+        /// the quants' offset, `1 << OFFSET_BITS`, times its scale.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn widen_group_scales<const OFFSET_BITS: u32>(w: &[u8], at: usize, out: &mut [u8]) {
+            use layout::{WIDE_CORRECTIONS, WIDE_SCALES};
+            for group in 0..16 {
+                pk::store(out, WIDE_SCALES + 32 * group, pk::row_scales(w, at + 16 * (group / 2), group % 2, true));
+            }
+            for pair in 0..8 {
+                let corrections = pk::shl16::<OFFSET_BITS>(pk::words(w, at + 16 * pair, true));
+                pk::store(out, WIDE_CORRECTIONS + 32 * pair, corrections);
+            }
+        }
+
+        /// Packed Q6_K call blocks widened (offset 32).
         #[target_feature(enable = $features)]
         fn widen_q6_k(call: &[u8], wide: &mut [u8]) {
-            use layout::{Q6_K_BLOCK, Q6_K_D, Q6_K_SCALES, WIDE_CORRECTIONS};
+            use layout::{Q6_K_BLOCK, Q6_K_D, Q6_K_SCALES};
             for (w, out) in wide_blocks(call, Q6_K_BLOCK, wide, Q6_K_D, None) {
                 widen_q6_k_quarter::<0>(w, out);
                 widen_q6_k_quarter::<1>(w, out);
                 widen_q6_k_quarter::<2>(w, out);
                 widen_q6_k_quarter::<3>(w, out);
-                for pair in 0..8 {
-                    let scales = pk::words(w, Q6_K_SCALES + 16 * pair, true);
-                    pk::store(out, WIDE_CORRECTIONS + 32 * pair, pk::shl16::<5>(scales));
-                }
+                widen_group_scales::<5>(w, Q6_K_SCALES, out);
             }
         }
 
@@ -180,13 +186,11 @@ macro_rules! packed_wide_kernels {
             }
         }
 
-        /// Packed Q3_K call blocks widened: the quants unsigned (0..8), the
-        /// scales of the sixteen groups, and the offset, 4, times each
-        /// group's scale as its correction (Q6_K's steps with a smaller
-        /// offset).
+        /// Packed Q3_K call blocks widened: the quants unsigned (0..8),
+        /// their offset 4 (Q6_K's steps with a smaller offset).
         #[target_feature(enable = $features)]
         fn widen_q3_k(call: &[u8], wide: &mut [u8]) {
-            use layout::{Q3_K_BLOCK, Q3_K_D, Q3_K_SCALES, WIDE_CORRECTIONS, WIDE_SCALES};
+            use layout::{Q3_K_BLOCK, Q3_K_D, Q3_K_SCALES};
             for (w, out) in wide_blocks(call, Q3_K_BLOCK, wide, Q3_K_D, None) {
                 widen_q3_k_steps::<0, 0>(w, out);
                 widen_q3_k_steps::<0, 1>(w, out);
@@ -196,14 +200,7 @@ macro_rules! packed_wide_kernels {
                 widen_q3_k_steps::<1, 1>(w, out);
                 widen_q3_k_steps::<1, 2>(w, out);
                 widen_q3_k_steps::<1, 3>(w, out);
-                for group in 0..16 {
-                    let scales = pk::row_scales(w, Q3_K_SCALES + 16 * (group / 2), group % 2, true);
-                    pk::store(out, WIDE_SCALES + 32 * group, scales);
-                }
-                for pair in 0..8 {
-                    let scales = pk::words(w, Q3_K_SCALES + 16 * pair, true);
-                    pk::store(out, WIDE_CORRECTIONS + 32 * pair, pk::shl16::<2>(scales));
-                }
+                widen_group_scales::<2>(w, Q3_K_SCALES, out);
             }
         }
     };
