@@ -272,9 +272,11 @@ fn attend_in<K: KvElement, V: KvElement>(
     let chunks = head_dim.div_ceil(LANES);
     let padded_len = n_head * chunks * LANES;
     scratch.clear();
-    scratch.resize(2 * padded_len + (2 + POSITION_BLOCK) * n_head, 0.0);
+    let keys_len = POSITION_BLOCK * chunks * LANES;
+    scratch.resize(2 * padded_len + keys_len + (2 + POSITION_BLOCK) * n_head, 0.0);
     let (q_pad, rest) = scratch.split_at_mut(padded_len);
     let (acc, rest) = rest.split_at_mut(padded_len);
+    let (keys, rest) = rest.split_at_mut(keys_len);
     // Per query head: the running maximum and sum of the online softmax,
     // and the scores of the block of positions being visited.
     let (maxima, rest) = rest.split_at_mut(n_head);
@@ -289,10 +291,12 @@ fn attend_in<K: KvElement, V: KvElement>(
     }
     let q_pad = &*q_pad;
     let (acc, _) = acc.as_chunks_mut::<LANES>();
+    let (keys, _) = keys.as_chunks_mut::<LANES>();
     dispatch!(s => {
         for kv_head in 0..n_kv_head {
             let kv_at = (first_kv_head + kv_head) * head_dim;
-            let mut state = HeadState { acc: &mut *acc, maxima: &mut *maxima, sums: &mut *sums, scores: &mut *scores };
+            let mut state =
+                HeadState { acc: &mut *acc, maxima: &mut *maxima, sums: &mut *sums, scores: &mut *scores, keys: &mut *keys };
             let mut block = Block { positions: [(0, 0); POSITION_BLOCK], len: 0 };
             kv.for_each_row(first_seen..most_visible, kv_len, #[inline(always)] |position, at| {
                 block.positions[block.len] = (position, at + kv_at);
@@ -333,6 +337,10 @@ struct HeadState<'a> {
     sums: &'a mut [f32],
     /// [`POSITION_BLOCK`] scores per query head.
     scores: &'a mut [f32],
+    /// The block's keys of the KV head, widened: a position's chunks after
+    /// another's. Every query head of the group, in every row, reads them,
+    /// so they are widened once per block rather than once per head and row.
+    keys: &'a mut [[f32; LANES]],
 }
 
 /// The query heads of KV head `kv_head` (in every row that sees them) over
@@ -356,26 +364,40 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
     let chunks = head_dim.div_ceil(LANES);
     let row_heads = state.maxima.len() / n_visible.len();
     let positions = &block.positions[..block.len];
-    // The block's positions each row sees (a run: they are in order).
+    // The indices in the block of the positions each row sees (a run:
+    // they are in order).
     let seen = |visible: usize| {
         let first = scale.first_seen(visible);
         let skipped = positions.iter().take_while(|(position, _)| *position < first).count();
         let end = positions.iter().take_while(|(position, _)| *position < visible).count();
-        &positions[skipped..end.max(skipped)]
+        skipped..end.max(skipped)
     };
     let heads = |row: usize| row * row_heads + kv_head * group..row * row_heads + (kv_head + 1) * group;
+    for (keys, &(_, at)) in state.keys.chunks_exact_mut(chunks).zip(positions) {
+        let key = head(k, at, head_dim);
+        for (c, chunk) in keys.iter_mut().enumerate() {
+            s.store(K::load_chunk(s, key, c), chunk);
+        }
+    }
+    let keys = &*state.keys;
     for (row, &visible) in n_visible.iter().enumerate() {
         let seen = seen(visible);
         for h in heads(row) {
             let q = &q_pad[h * chunks..(h + 1) * chunks];
             let scores = &mut state.scores.as_chunks_mut::<POSITION_BLOCK>().0[h];
-            for (score, &(_, at)) in scores.iter_mut().zip(seen) {
-                *score = scale.score(s.reduce_sum(score_lanes(s, q, head(k, at, head_dim))));
+            let mut lanes = [s.splat(0.0); POSITION_BLOCK];
+            for (lanes, key) in lanes.iter_mut().zip(keys.chunks_exact(chunks).skip(seen.start)).take(seen.len()) {
+                *lanes = score_lanes(s, q, key);
+            }
+            let mut sums = [0.0; POSITION_BLOCK];
+            s.store(s.reduce_sums(&lanes), &mut sums);
+            for (score, &sum) in scores.iter_mut().zip(&sums).take(seen.len()) {
+                *score = scale.score(sum);
             }
         }
     }
     for (row, &visible) in n_visible.iter().enumerate() {
-        let seen = seen(visible);
+        let seen = &positions[seen(visible)];
         let n = seen.len();
         let heads = heads(row);
         // The row's heads S::V_HEADS at a time: their weighted V sums are
@@ -520,18 +542,18 @@ fn weigh_v<S: Simd, V: KvElement, const W: usize, const H: usize>(
 /// [`Simd::reduce_sum`] adds: the order of GGML's f16 dot product with
 /// 16-lane vectors.
 #[inline(always)]
-fn score_lanes<S: Simd, K: KvElement>(s: S, q: &[[f32; LANES]], k: &[K]) -> S::V {
+fn score_lanes<S: Simd>(s: S, q: &[[f32; LANES]], k: &[[f32; LANES]]) -> S::V {
     let mut dot = [s.splat(0.0); 4];
     // Whole groups of four chunks with a fixed accumulator each, so that
     // the accumulators stay in registers.
     let (groups, rest) = q.as_chunks::<4>();
     for (g, group) in groups.iter().enumerate() {
         for (j, (q, dot)) in group.iter().zip(&mut dot).enumerate() {
-            *dot = s.mul_add(s.load(q), K::load_chunk(s, k, 4 * g + j), *dot);
+            *dot = s.mul_add(s.load(q), s.load(&k[4 * g + j]), *dot);
         }
     }
     for (j, (q, dot)) in rest.iter().zip(&mut dot).enumerate() {
-        *dot = s.mul_add(s.load(q), K::load_chunk(s, k, 4 * groups.len() + j), *dot);
+        *dot = s.mul_add(s.load(q), s.load(&k[4 * groups.len() + j]), *dot);
     }
     s.add(s.add(dot[0], dot[2]), s.add(dot[1], dot[3]))
 }

@@ -89,6 +89,10 @@ pub(crate) trait Simd: Copy {
     fn select_lt(self, a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V;
     /// Sum of the lanes in the tree of [`Scalar::tree`].
     fn reduce_sum(self, v: Self::V) -> f32;
+    /// Lane `p` of the result is `reduce_sum(v[p])`: sixteen trees taken
+    /// level by level together, each level one lane pairing for all of
+    /// them, so each sum is the same bits at a third of the instructions.
+    fn reduce_sums(self, v: &[Self::V; LANES]) -> Self::V;
     /// [`Simd::max`] of the lanes in the tree of [`Scalar::tree`].
     fn reduce_max(self, v: Self::V) -> f32;
 }
@@ -197,6 +201,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn reduce_sum(self, v: Self::V) -> f32 {
         Self::tree(v, |a, b| a + b)
+    }
+    #[inline(always)]
+    fn reduce_sums(self, v: &[Self::V; LANES]) -> Self::V {
+        lanewise(|p| self.reduce_sum(v[p]))
     }
     #[inline(always)]
     fn reduce_max(self, v: Self::V) -> f32 {
@@ -430,10 +438,55 @@ pub(crate) mod x86 {
             fold8(Fold::Sum, unsafe { _mm256_add_ps(v[0], v[1]) })
         }
         #[inline(always)]
+        fn reduce_sums(self, v: &[Self::V; LANES]) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe {
+                // Lane l with l + 8: each tree's eight partial sums.
+                let mut x = [_mm256_setzero_ps(); LANES];
+                for (x, &[lo, hi]) in x.iter_mut().zip(v) {
+                    *x = _mm256_add_ps(lo, hi);
+                }
+                // With l + 4: halves [tree 2i | tree 2i + 1].
+                let y: [__m256; 8] = pairs(
+                    &x,
+                    #[inline(always)]
+                    |a, b| _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b)),
+                );
+                // With l + 2: half h of z[j] holds trees 4j + h, 4j + 2 + h.
+                let z: [__m256; 4] = pairs(
+                    &y,
+                    #[inline(always)]
+                    |a, b| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b)),
+                );
+                // With l + 1: lane 4h + k of the m-th holds tree 8m + 2k + h.
+                let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+                pairs(
+                    &z,
+                    #[inline(always)]
+                    |a, b| {
+                        let sums = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(a, b), _mm256_shuffle_ps::<0xDD>(a, b));
+                        _mm256_permutevar8x32_ps(sums, order)
+                    },
+                )
+            }
+        }
+        #[inline(always)]
         fn reduce_max(self, v: Self::V) -> f32 {
             // SAFETY: see the module comment.
             fold8(Fold::Max, unsafe { _mm256_max_ps(v[0], v[1]) })
         }
+    }
+
+    /// `f` of each pair of neighbours, `[f(v[0], v[1]), f(v[2], v[3]), …]`:
+    /// one level of [`Simd::reduce_sums`]'s trees.
+    #[inline(always)]
+    fn pairs<T: Copy, const N: usize, const H: usize>(v: &[T; N], f: impl Fn(T, T) -> T) -> [T; H] {
+        const { assert!(N == 2 * H) };
+        let mut out = [v[0]; H];
+        for (i, out) in out.iter_mut().enumerate() {
+            *out = f(v[2 * i], v[2 * i + 1]);
+        }
+        out
     }
 
     /// The low and high eight lanes of an AVX-512 vector.
@@ -539,6 +592,34 @@ pub(crate) mod x86 {
             let (lo, hi) = split(v);
             // SAFETY: see the module comment.
             fold8(Fold::Sum, unsafe { _mm256_add_ps(lo, hi) })
+        }
+        #[inline(always)]
+        fn reduce_sums(self, v: &[Self::V; LANES]) -> Self::V {
+            // SAFETY: see the module comment.
+            unsafe {
+                // Lane l with l + 8: halves [tree 2i | tree 2i + 1].
+                let w: [__m512; 8] = pairs(
+                    v,
+                    #[inline(always)]
+                    |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b)),
+                );
+                // With l + 4: quarter q of u[j] holds tree 4j + q.
+                let u: [__m512; 4] = pairs(
+                    &w,
+                    #[inline(always)]
+                    |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b)),
+                );
+                // With l + 2: quarter q of r[m] holds trees 8m + q, 8m + 4 + q.
+                let r: [__m512; 2] = pairs(
+                    &u,
+                    #[inline(always)]
+                    |a, b| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b)),
+                );
+                // With l + 1: lane 4q + k holds tree q + 4k.
+                let sums = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(r[0], r[1]), _mm512_shuffle_ps::<0xDD>(r[0], r[1]));
+                let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+                _mm512_permutexvar_ps(order, sums)
+            }
         }
         #[inline(always)]
         fn reduce_max(self, v: Self::V) -> f32 {
@@ -715,6 +796,32 @@ mod tests {
         });
         assert_eq!(got[0], Scalar::tree(chunk, |a, b| a + b));
         assert_eq!(got[1], x.iter().copied().fold(f32::MIN, f32::max));
+    }
+
+    #[test]
+    fn sixteen_sums_at_once_follow_each_tree_on_every_level() {
+        // Each tree's lanes spread over 2^±20, in a different order per
+        // tree, so that a lane paired wrongly or a tree put in the wrong
+        // lane changes bits.
+        let trees: [[f32; LANES]; LANES] = std::array::from_fn(|p| {
+            std::array::from_fn(|l| {
+                let i = p * LANES + l;
+                ((i * 7919 % 41) as f32 - 20.0).exp2() * if (i + p).is_multiple_of(3) { -1.0 } else { 1.0 }
+            })
+        });
+        let got = same_on_every_level(|| {
+            let mut out = [0.0; LANES];
+            dispatch!(s => {
+                let v = trees.map(|t| s.load(&t));
+                s.store(s.reduce_sums(&v), &mut out)
+            });
+            out.to_vec()
+        });
+        let want: Vec<f32> = trees.iter().map(|&t| Scalar::tree(t, |a, b| a + b)).collect();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]

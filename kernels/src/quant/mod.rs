@@ -40,6 +40,7 @@ mod lut4;
 #[cfg(test)]
 mod lut4_tests;
 pub(crate) mod packed;
+mod pages;
 mod scalar;
 mod steps;
 mod ternary;

@@ -90,6 +90,7 @@ use super::blocks::{
 };
 use super::low_k::q3_k_scales;
 use super::lut4::iq4_xs_scale;
+use super::pages::WeightBytes;
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
 
@@ -102,7 +103,7 @@ pub struct PackedRows {
     /// Bytes of one group: its rows' blocks, block by block.
     group_bytes: usize,
     n_groups: usize,
-    data: Vec<u8>,
+    data: WeightBytes,
 }
 
 impl PackedRows {
@@ -149,8 +150,8 @@ impl PackedRows {
             return None;
         }
         let unit_bytes = per_call * group_bytes;
-        let mut packed = vec![0u8; Self::len_for(dtype, n_out, n_in, per_call)?];
-        pool.split_mut(&mut packed, unit_bytes, |start, piece| {
+        let mut packed = WeightBytes::zeroed(Self::len_for(dtype, n_out, n_in, per_call)?)?;
+        pool.split_mut(packed.bytes_mut(), unit_bytes, |start, piece| {
             let first = start / unit_bytes;
             let mut single = vec![0u8; block_bytes];
             for (u, out) in piece.chunks_exact_mut(unit_bytes).enumerate() {
@@ -199,7 +200,7 @@ impl PackedRows {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.data
+        self.data.bytes()
     }
 }
 
