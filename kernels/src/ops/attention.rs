@@ -386,7 +386,8 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
             let q = &q_pad[h * chunks..(h + 1) * chunks];
             let scores = &mut state.scores.as_chunks_mut::<POSITION_BLOCK>().0[h];
             let mut lanes = [s.splat(0.0); POSITION_BLOCK];
-            for (lanes, key) in lanes.iter_mut().zip(keys.chunks_exact(chunks).skip(seen.start)).take(seen.len()) {
+            for (lanes, key) in lanes.iter_mut().zip(keys[seen.start * chunks..seen.end * chunks].chunks_exact(chunks))
+            {
                 *lanes = score_lanes(s, q, key);
             }
             let mut sums = [0.0; POSITION_BLOCK];

@@ -1,12 +1,13 @@
 //! Memory for packed weights: an anonymous mapping the kernel is asked to
 //! back with transparent huge pages.
 //!
-//! Decoding streams every packed matrix once per token. On 4 KiB pages
-//! the hardware prefetchers stop at each page's end and each page costs a
-//! TLB walk, so a stream of weights ran at about 0.8 of the machine's
-//! read-only bandwidth on a 2-core Zen 4; with 2 MiB pages the same
-//! kernels ran about a sixth faster. Linux's default THP mode (`madvise`)
-//! gives huge pages only to memory that asks, which a `Vec` does not.
+//! Decoding streams every packed matrix once per token. On 4 KiB pages a
+//! Phi-3-shaped model's weights streamed at about 0.8 of a 2-core Zen 4's
+//! read-only bandwidth; on 2 MiB pages the same kernels decoded about a
+//! sixth faster (fewer TLB walks, and longer runs for prefetchers that
+//! stop at page ends: the likely reasons, not measured apart). Linux's
+//! default THP mode (`madvise`) gives huge pages only to memory that
+//! asks, which a `Vec` does not.
 
 use memmap2::MmapMut;
 
