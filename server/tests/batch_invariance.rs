@@ -103,13 +103,29 @@ fn logits_do_not_depend_on_batch_chunking_threads_or_blocks_with_a_q8_0_kv_cache
     invariant_with(KvTypes { k: KvType::Q8_0, v: KvType::F16 });
 }
 
+/// A mixture of experts (Qwen2-MoE's layout: 2 of 8 experts and a shared
+/// one): rows grouped by expert give each row the bits it gets alone.
+#[test]
+fn an_moe_model_s_logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
+    let path = std::env::temp_dir().join(format!("sluice-moe-invariance-{}.gguf", std::process::id()));
+    let model = sluice_tests::models::tiny_family("qwen2moe").expect("a tiny MoE model");
+    std::fs::write(&path, model.build()).expect("written");
+    invariant_on(&path, 300, KvTypes::default());
+    std::fs::remove_file(&path).expect("removed");
+}
+
 fn invariant_with(kv_types: KvTypes) {
-    let model = default_model();
-    let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % 49152).collect();
+    invariant_on(&default_model(), 49152, kv_types);
+}
+
+/// [`run`]'s checks on the model at `path`, with prompts of tokens below
+/// `n_vocab`.
+fn invariant_on(model: &Path, n_vocab: u32, kv_types: KvTypes) {
+    let target: Vec<u32> = (0..45).map(|i| (i * 7919 + 13) % n_vocab).collect();
     let others: Vec<Vec<u32>> =
-        (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % 49152).collect()).collect();
+        (1..4).map(|seed| (0..(20 + 9 * seed)).map(|i| (i * 104_729 * seed + 7) as u32 % n_vocab).collect()).collect();
     let alone = run(
-        &model,
+        model,
         Run { prompts: std::slice::from_ref(&target), chunk: 512, threads: 2, reversed_blocks: false, kv_types },
     );
     assert_eq!(alone[0].len(), 1 + DECODE_STEPS);
@@ -117,24 +133,24 @@ fn invariant_with(kv_types: KvTypes) {
     let mut batched_prompts = vec![target.clone()];
     batched_prompts.extend(others.iter().cloned());
     let batched =
-        run(&model, Run { prompts: &batched_prompts, chunk: 512, threads: 2, reversed_blocks: false, kv_types });
+        run(model, Run { prompts: &batched_prompts, chunk: 512, threads: 2, reversed_blocks: false, kv_types });
     assert!(batched[0] == alone[0], "{kv_types:?}: batched with 3 other sequences differs from alone");
 
     let mut last_first = others.clone();
     last_first.push(target.clone());
-    let placed = run(&model, Run { prompts: &last_first, chunk: 64, threads: 2, reversed_blocks: true, kv_types });
+    let placed = run(model, Run { prompts: &last_first, chunk: 64, threads: 2, reversed_blocks: true, kv_types });
     assert!(placed[3] == alone[0], "{kv_types:?}: another slot, other blocks and chunks of 64 differ from alone");
 
     for chunk in [1, 7, 64] {
         let chunked = run(
-            &model,
+            model,
             Run { prompts: std::slice::from_ref(&target), chunk, threads: 2, reversed_blocks: false, kv_types },
         );
         assert!(chunked[0] == alone[0], "{kv_types:?}: prefill chunks of {chunk} differ from one chunk");
     }
     for threads in [1, 3] {
         let threaded =
-            run(&model, Run { prompts: &batched_prompts, chunk: 7, threads, reversed_blocks: false, kv_types });
+            run(model, Run { prompts: &batched_prompts, chunk: 7, threads, reversed_blocks: false, kv_types });
         assert!(threaded[0] == alone[0], "{kv_types:?}: {threads} threads differ from 2");
     }
 }

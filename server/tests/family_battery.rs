@@ -1,5 +1,5 @@
 //! The hostile-client battery (`sluice_tests::battery`) on every family
-//! that issue P added, each served from its synthetic model: the
+//! that issues P and Q added, each served from its synthetic model: the
 //! malformed bodies, wrong field values and named hostile requests of
 //! `bad_inputs`, then what only these families bring: chat templates that
 //! refuse conversations they do not take (Gemma's alternation rule),
@@ -14,7 +14,8 @@ use sluice_tests::battery::{self, Expect, Report, Target};
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
-const FAMILIES: [&str; 8] = ["gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2"];
+const FAMILIES: [&str; 11] =
+    ["gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2", "qwen3moe", "qwen2moe", "mixtral"];
 const KEY: &str = "family-battery-key";
 
 /// Requests that reach what differs between families.

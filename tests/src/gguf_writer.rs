@@ -296,7 +296,74 @@ pub struct TinyModel {
     pub sections: Option<[i32; 4]>,
     /// Token texts (default `t0`, `t1`, …).
     pub tokens: Option<Vec<String>>,
+    /// A mixture of experts in place of each layer's MLP.
+    pub experts: Option<TinyExperts>,
     pub seed: u64,
+}
+
+/// The experts of a [`TinyModel`], in llama.cpp's layout: a router
+/// (`ffn_gate_inp`), 3-D `ffn_{gate,up,down}_exps` and, where `shared` is
+/// set, a shared expert of that width with its gate (`ffn_*_shexp`).
+#[derive(Debug, Clone, Copy)]
+pub struct TinyExperts {
+    pub count: usize,
+    pub used: usize,
+    /// Each expert's width, written as `expert_feed_forward_length`
+    /// except on `llama` (Mixtral), whose experts are `n_ff` wide.
+    pub n_ff: usize,
+    pub shared: Option<usize>,
+}
+
+impl TinyExperts {
+    /// Layer `layer`'s expert tensors, for a model `n_embd` wide.
+    fn tensors(&self, builder: GgufBuilder, layer: usize, n_embd: u64, rng: &mut Rng) -> GgufBuilder {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+        let (count, f) = (self.count as u64, self.n_ff as u64);
+        let weights = |n_in: u64, n: u64, rng: &mut Rng| rng.vec(n as usize, 1.0 / (n_in as f32).sqrt());
+        // A router three times as wide as the other matrices spreads the
+        // experts' probabilities, so that rows rarely choose between near
+        // ties.
+        let router: Vec<f32> = weights(n_embd, n_embd * count, rng).iter().map(|w| 3.0 * w).collect();
+        let builder = builder
+            .tensor(Tensor::f32(&name("ffn_gate_inp.weight"), &[n_embd, count], &router))
+            .tensor(Tensor::f32(
+                &name("ffn_gate_exps.weight"),
+                &[n_embd, f, count],
+                &weights(n_embd, n_embd * f * count, rng),
+            ))
+            .tensor(Tensor::f32(
+                &name("ffn_up_exps.weight"),
+                &[n_embd, f, count],
+                &weights(n_embd, n_embd * f * count, rng),
+            ))
+            .tensor(Tensor::f32(
+                &name("ffn_down_exps.weight"),
+                &[f, n_embd, count],
+                &weights(f, n_embd * f * count, rng),
+            ));
+        let Some(width) = self.shared else { return builder };
+        let s = width as u64;
+        builder
+            .tensor(Tensor::f32(&name("ffn_gate_inp_shexp.weight"), &[n_embd], &weights(n_embd, n_embd, rng)))
+            .tensor(Tensor::f32(&name("ffn_gate_shexp.weight"), &[n_embd, s], &weights(n_embd, n_embd * s, rng)))
+            .tensor(Tensor::f32(&name("ffn_up_shexp.weight"), &[n_embd, s], &weights(n_embd, n_embd * s, rng)))
+            .tensor(Tensor::f32(&name("ffn_down_shexp.weight"), &[s, n_embd], &weights(s, n_embd * s, rng)))
+    }
+
+    /// The experts' metadata under `arch`'s keys.
+    fn meta(&self, builder: GgufBuilder, arch: &str) -> GgufBuilder {
+        let builder = builder
+            .meta(&format!("{arch}.expert_count"), Value::U32(self.count as u32))
+            .meta(&format!("{arch}.expert_used_count"), Value::U32(self.used as u32));
+        let builder = match arch {
+            "llama" => builder,
+            _ => builder.meta(&format!("{arch}.expert_feed_forward_length"), Value::U32(self.n_ff as u32)),
+        };
+        match self.shared {
+            Some(width) => builder.meta(&format!("{arch}.expert_shared_feed_forward_length"), Value::U32(width as u32)),
+            None => builder,
+        }
+    }
 }
 
 impl TinyModel {
@@ -312,6 +379,7 @@ impl TinyModel {
             n_ff: 64,
             sections: None,
             tokens: None,
+            experts: None,
             seed,
         }
     }
@@ -356,8 +424,8 @@ impl TinyModel {
             builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
         }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
-        let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4");
-        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3");
+        let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4" | "qwen2moe");
+        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3" | "qwen3moe");
         // OLMo 2: no pre-norms, Q/K norms over the whole vectors, post-norms;
         // Granite: its one required multiplier.
         let olmo2 = arch == "olmo2";
@@ -374,10 +442,14 @@ impl TinyModel {
                 .tensor(matrix(name("attn_k.weight"), e, kv_dim as u64, &mut rng))
                 .tensor(matrix(name("attn_v.weight"), e, kv_dim as u64, &mut rng))
                 .tensor(matrix(name("attn_output.weight"), e, e, &mut rng))
-                .tensor(Tensor::f32(&name("ffn_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
-                .tensor(matrix(name("ffn_gate.weight"), e, f, &mut rng))
-                .tensor(matrix(name("ffn_up.weight"), e, f, &mut rng))
-                .tensor(matrix(name("ffn_down.weight"), f, e, &mut rng));
+                .tensor(Tensor::f32(&name("ffn_norm.weight"), &[e], &norm(&mut rng, self.n_embd)));
+            builder = match self.experts {
+                None => builder
+                    .tensor(matrix(name("ffn_gate.weight"), e, f, &mut rng))
+                    .tensor(matrix(name("ffn_up.weight"), e, f, &mut rng))
+                    .tensor(matrix(name("ffn_down.weight"), f, e, &mut rng)),
+                Some(experts) => experts.tensors(builder, layer, e, &mut rng),
+            };
             if olmo2 {
                 builder = builder
                     .without_tensor(&name("attn_norm.weight"))
@@ -401,6 +473,9 @@ impl TinyModel {
                     .tensor(Tensor::f32(&name("post_attention_norm.weight"), &[e], &norm(&mut rng, self.n_embd)))
                     .tensor(Tensor::f32(&name("post_ffw_norm.weight"), &[e], &norm(&mut rng, self.n_embd)));
             }
+        }
+        if let Some(experts) = self.experts {
+            builder = experts.meta(builder, arch);
         }
         if olmo2 {
             // Its head is never tied.

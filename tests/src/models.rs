@@ -23,6 +23,9 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "smollm3" => Some(tiny_bpe("smollm3")),
         "granite" => Some(tiny_bpe("granite")),
         "olmo2" => Some(tiny_bpe("olmo2")),
+        "qwen3moe" => Some(tiny_bpe("qwen3moe")),
+        "qwen2moe" => Some(tiny_bpe("qwen2moe")),
+        "mixtral" => Some(tiny_bpe("mixtral")),
         _ => None,
     }
 }
@@ -265,13 +268,17 @@ const BPE_WORDS: [&str; 24] = [
     "ing",
 ];
 
-/// The synthetic BPE models (`arch` `smollm3`, `granite` or `olmo2`) whose
+/// The synthetic BPE models (`arch` `smollm3`, `granite`, `olmo2`,
+/// `qwen3moe`, `qwen2moe` or `mixtral`, a `llama` file with experts) whose
 /// llama.cpp outputs are fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`):
 /// a byte-level vocabulary of real-looking pieces with the family's
-/// `tokenizer.ggml.pre`, special tokens and published chat template, as its
+/// `tokenizer.ggml.pre`, special tokens and chat template, as its
 /// converter writes them. SmolLM3 has eight layers (two without RoPE);
 /// Granite non-trivial multipliers; OLMo 2 eight layers, six of them local
-/// with windows of 5 positions (OLMo 3's layout). The LM head gives pieces
+/// with windows of 5 positions (OLMo 3's layout); the mixtures of experts
+/// four layers of experts (Qwen3-MoE 2 of 8, Qwen2-MoE 2 of 8 and a
+/// shared expert, Mixtral 2 of 4), ChatML or `[INST]` templates written
+/// for these tests. The LM head gives pieces
 /// of UTF-8 characters and special tokens logits of 0, below any greedy
 /// choice: llama-server reports no log-probs for a piece of a character
 /// and stops at an end-of-generation token. The final norm's weights of 4
@@ -291,7 +298,22 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             include_str!("../fixtures/granite-chat-template.jinja"),
             32,
         ),
+        "qwen3moe" | "qwen2moe" => (
+            &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            "qwen2",
+            include_str!("../fixtures/chatml-chat-template.jinja"),
+            if arch == "qwen3moe" { 35 } else { 36 },
+        ),
+        "mixtral" => (&["<s>", "</s>"], "llama-bpe", include_str!("../fixtures/mixtral-chat-template.jinja"), 37),
         _ => (&["<|endoftext|>", "<|pad|>"], "dbrx", include_str!("../fixtures/olmo2-chat-template.jinja"), 34),
+    };
+    let experts = |count, shared| crate::gguf_writer::TinyExperts { count, used: 2, n_ff: 32, shared };
+    let (file_arch, experts) = match arch {
+        "qwen3moe" => (arch, Some(experts(8, None))),
+        "qwen2moe" => (arch, Some(experts(8, Some(48)))),
+        // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
+        "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
+        _ => (arch, None),
     };
     // The words in GPT-2's spelling, after all 256 bytes, the specials last.
     let words: Vec<String> = BPE_WORDS.iter().map(|word| word.bytes().map(crate::vocab::byte_char).collect()).collect();
@@ -299,8 +321,9 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let bytes: Vec<u8> = (0..=255).collect();
     let (tokens, vocabulary) = crate::vocab::bpe_vocabulary(&[], &bytes, &words, specials);
     let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).expect("a special token") as u32);
-    let (n_vocab, n_layer) = (tokens.len(), if arch == "granite" { 4 } else { 8 });
-    let shape = TinyModel { n_layer, n_vocab, tokens: Some(tokens.clone()), ..TinyModel::recipe(arch, seed) };
+    let (n_vocab, n_layer) = (tokens.len(), if arch == "granite" || experts.is_some() { 4 } else { 8 });
+    let shape =
+        TinyModel { n_layer, n_vocab, tokens: Some(tokens.clone()), experts, ..TinyModel::recipe(file_arch, seed) };
     let e = shape.n_embd;
     let mut rng = Rng::new(seed ^ 0x4ead);
     let byte_of: std::collections::HashMap<char, u8> =
@@ -343,6 +366,15 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("granite.attention.scale", Value::F32(0.0625))
             .meta("granite.logit_scale", Value::F32(8.0))
             .meta("granite.rope.freq_base", Value::F32(1e6)),
+        "qwen3moe" | "qwen2moe" => model
+            .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
+            .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+        "mixtral" => model
+            .meta("tokenizer.ggml.bos_token_id", id("<s>"))
+            .meta("tokenizer.ggml.eos_token_id", id("</s>"))
+            .meta("tokenizer.ggml.add_bos_token", Value::Bool(true)),
         _ => model
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|endoftext|>"))

@@ -313,6 +313,38 @@ pub trait Backend: Send + Sync + 'static {
     fn swiglu(&self, gate: &Self::Rows, up: &Self::Rows, out: &mut Self::Rows);
     /// Rows `rows` of `x` (`width` each), in that order.
     fn gather(&self, x: &Self::Rows, rows: &[usize], width: usize, out: &mut Self::Rows);
+    /// Row i of `x` (`width` wide) into row `rows[i]` of `out`, which is
+    /// made `n_rows` rows long; its other rows keep what they held, or
+    /// zeros where it grew. A row named twice is refused.
+    fn scatter(
+        &self,
+        x: &Self::Rows,
+        rows: &[usize],
+        width: usize,
+        n_rows: usize,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        let x = self.download(x)?;
+        let mut values = self.download(out)?;
+        values.resize(n_rows * width, 0.0);
+        ops::scatter_rows(&x, rows, width, &mut values).map_err(BackendError::Input)?;
+        self.upload(&values, out)
+    }
+    /// Row r of `out` = `Σ_k weights[r·n + k] · parts[r·n + k]` for the
+    /// `weights.len() / n` rows, each product rounded to f32 and added in
+    /// order of `k` (as llama.cpp weighs and sums a row's experts).
+    fn weighted_sum(
+        &self,
+        parts: &Self::Rows,
+        weights: &[f32],
+        n: usize,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        let parts = self.download(parts)?;
+        let mut values = Vec::new();
+        ops::weighted_sum(&parts, weights, n, &mut values).map_err(BackendError::Input)?;
+        self.upload(&values, out)
+    }
 
     /// LayerNorm of every `weight`-long row of `x` into `out`, scaled by
     /// `weight` and shifted by `bias` (a vision tower's norm).

@@ -367,6 +367,28 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn scatter(
+        &self,
+        x: &Vec<f32>,
+        rows: &[usize],
+        width: usize,
+        n_rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        out.resize(n_rows * width, 0.0);
+        ops::scatter_rows(x, rows, width, out).map_err(BackendError::Input)
+    }
+
+    fn weighted_sum(
+        &self,
+        parts: &Vec<f32>,
+        weights: &[f32],
+        n: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        ops::weighted_sum(parts, weights, n, out).map_err(BackendError::Input)
+    }
+
     fn layer_norm(
         &self,
         x: &Vec<f32>,

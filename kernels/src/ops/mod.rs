@@ -23,6 +23,7 @@
 mod attention;
 mod dense_attention;
 mod error;
+mod experts;
 mod kv;
 mod low_rank;
 mod rope;
@@ -37,6 +38,7 @@ mod testing;
 pub use attention::{HeadShape, KvPages, PageTable, Scores, attend, attend_heads};
 pub use dense_attention::attend_within;
 pub use error::OpsError;
+pub use experts::{scatter_rows, weighted_sum};
 pub(crate) use kv::KvArena;
 pub use kv::{KvRows, KvType};
 pub use low_rank::LowRank;

@@ -8,7 +8,7 @@ use std::fmt;
 use super::families;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::layer::{Attention, Ffn, LayerKind, Mixer};
+use super::layer::{Attention, Experts, Ffn, LayerKind, Mixer};
 use super::weights::LoadError;
 
 /// A file's family and the kinds of its layers.
@@ -88,10 +88,20 @@ impl fmt::Display for LayerKind {
                 }
             }
         }
-        f.write_str(match self.ffn {
-            Ffn::SwiGlu => ", SwiGLU feed-forward",
-            Ffn::GeGlu => ", GELU-gated feed-forward",
-        })?;
+        match self.ffn {
+            Ffn::SwiGlu => f.write_str(", SwiGLU feed-forward")?,
+            Ffn::GeGlu => f.write_str(", GELU-gated feed-forward")?,
+            Ffn::Experts(experts) => {
+                let Experts { count, used, n_ff, normalized, shared } = experts;
+                write!(f, ", {used} of {count} SwiGLU experts of width {n_ff}")?;
+                if normalized {
+                    f.write_str(" (weights renormalized)")?;
+                }
+                if let Some(width) = shared {
+                    write!(f, " and a gated shared expert of width {width}")?;
+                }
+            }
+        }
         if !self.pre_norms {
             f.write_str(", no pre-norms")?;
         }

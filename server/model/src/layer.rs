@@ -4,9 +4,9 @@
 //! the KV store is sized by asking each layer's [`Mixer::cache`].
 //!
 //! Today every family's layers are causal attention (over the whole
-//! sequence or a sliding window of it) with a gated MLP. Experts and
-//! recurrent mixers join as variants here, each with the block that runs
-//! it.
+//! sequence or a sliding window of it) with a gated MLP or a mixture of
+//! gated experts. Recurrent mixers join as variants here, each with the
+//! block that runs it.
 
 /// One layer's kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,7 +102,8 @@ impl Attention {
     }
 }
 
-/// A layer's feed-forward: `down(act(gate(x)) · up(x))`.
+/// A layer's feed-forward: `down(act(gate(x)) · up(x))`, or a weighted
+/// sum of several such experts, each row choosing its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ffn {
     /// `act` = SiLU.
@@ -110,6 +111,26 @@ pub(crate) enum Ffn {
     /// `act` = GELU, tanh form, as llama.cpp's CPU backend evaluates it
     /// (`ops::geglu_f16`).
     GeGlu,
+    /// A router picks each row's experts (SwiGLU MLPs of their own).
+    Experts(Experts),
+}
+
+/// A mixture-of-experts feed-forward: a router (`ffn_gate_inp`) scores
+/// the experts of each row, a softmax makes the scores probabilities, the
+/// `used` most probable experts run (`ffn_{gate,up,down}_exps`) and their
+/// outputs are summed weighted by those probabilities, most probable first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Experts {
+    pub count: usize,
+    pub used: usize,
+    /// Each expert's feed-forward width.
+    pub n_ff: usize,
+    /// The chosen experts' probabilities are divided by their sum
+    /// (Mixtral, Qwen3-MoE; not Qwen2-MoE).
+    pub normalized: bool,
+    /// A shared expert of this width runs on every row, its output scaled
+    /// by the sigmoid of its own gate (`ffn_*_shexp`, Qwen2-MoE).
+    pub shared: Option<usize>,
 }
 
 /// What a layer keeps for each sequence between passes.

@@ -195,7 +195,7 @@ mod tests {
     use std::sync::Arc;
 
     use sluice_kernels::backend::CpuBackend;
-    use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
+    use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyExperts, TinyModel, Value};
     use sluice_tests::lora::{LoraSpec, Target};
     use sluice_tests::models::tiny_family;
 
@@ -207,9 +207,12 @@ mod tests {
     /// A tiny file of the family `name`, three layers.
     fn tiny(name: &'static str) -> GgufBuilder {
         let model = TinyModel { n_layer: 3, ..TinyModel::recipe(name, 7) };
+        let experts = |shared| TinyExperts { count: 4, used: 2, n_ff: 16, shared };
         match name {
             "dflash" => model.dflash(&[1], model.n_embd, 4),
             "qwen2vl" | "qwen3vl" => TinyModel { sections: Some([4, 2, 2, 0]), ..model }.build(),
+            "qwen3moe" => TinyModel { experts: Some(experts(None)), ..model }.build(),
+            "qwen2moe" => TinyModel { experts: Some(experts(Some(24))), ..model }.build(),
             _ => model.build(),
         }
     }
@@ -248,6 +251,21 @@ mod tests {
             let error = load(&model.clone().tensor(wrong)).err().expect("refused");
             assert_eq!(error, format!("tensor {name:?}: shape {dims:?}, expected {expected}"));
         }
+    }
+
+    /// A model of experts names the expert tensor that is missing or of
+    /// the wrong shape.
+    #[test]
+    fn expert_tensors_are_checked_by_name() {
+        let qwen2moe = tiny_family("qwen2moe").expect("a tiny model");
+        assert_eq!(load(&qwen2moe).map(|model| model.layers.len()), Ok(4));
+        let error = load(&qwen2moe.clone().without_tensor("blk.2.ffn_up_exps.weight")).err().expect("refused");
+        assert_eq!(error, "tensor \"blk.2.ffn_up_exps.weight\": missing");
+        let wrong = Tensor::f32("blk.0.ffn_down_exps.weight", &[32, 64, 7], &vec![0.0; 32 * 64 * 7]);
+        let error = load(&qwen2moe.clone().tensor(wrong)).err().expect("refused");
+        assert_eq!(error, "tensor \"blk.0.ffn_down_exps.weight\": shape [32, 64, 7], expected [32, 64, 8]");
+        let error = load(&qwen2moe.without_tensor("blk.1.ffn_gate_inp_shexp.weight")).err().expect("refused");
+        assert_eq!(error, "tensor \"blk.1.ffn_gate_inp_shexp.weight\": missing");
     }
 
     /// GLM-4's trailing multi-token-prediction layer is not loaded, and a

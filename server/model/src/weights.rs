@@ -59,11 +59,52 @@ pub(crate) fn fused<B: Backend>(
     n_in: usize,
     widths: &[usize],
 ) -> Result<Vec<Weight<B>>, LoadError> {
+    let tensor = shaped(file, name, &[n_in, widths.iter().sum()])?;
+    split_rows(backend, file, name, tensor, n_in, widths)
+}
+
+/// The matrices of a tensor of experts of GGUF shape `[n_in, Σ widths,
+/// count]` (`ffn_{gate,up,down}_exps`): per expert, its parts of `widths`
+/// output rows each, in order (one part, or gate and up of a merged
+/// `ffn_gate_up_exps`). An expert's rows follow the previous expert's.
+pub(crate) fn experts<B: Backend>(
+    backend: &B,
+    file: &GgufFile,
+    name: &str,
+    n_in: usize,
+    widths: &[usize],
+    count: usize,
+) -> Result<Vec<Vec<Weight<B>>>, LoadError> {
+    let tensor = shaped(file, name, &[n_in, widths.iter().sum(), count])?;
+    let mut parts = split_rows(backend, file, name, tensor, n_in, &widths.repeat(count))?.into_iter();
+    Ok((0..count).map(|_| parts.by_ref().take(widths.len()).collect()).collect())
+}
+
+/// The tensor `name`, of GGUF shape `dims`.
+fn shaped<'f>(file: &'f GgufFile, name: &str, dims: &[usize]) -> Result<&'f TensorInfo, LoadError> {
     let tensor = file.tensor(name).ok_or_else(|| tensor_problem(name, "missing"))?;
-    let n_out: usize = widths.iter().sum();
-    if tensor.dims.len() != 2 || tensor.dims[0] != n_in as u64 || tensor.dims[1] != n_out as u64 {
-        return Err(tensor_problem(name, &format!("shape {:?}, expected [{n_in}, {n_out}]", tensor.dims)));
+    // ggml's shapes end in implicit ones: a vector is a matrix of one row.
+    let trimmed = |dims: Vec<usize>| {
+        let end = dims.iter().rposition(|&dim| dim != 1).map_or(0, |last| last + 1);
+        dims[..end].to_vec()
+    };
+    if trimmed(tensor.dims.iter().map(|&dim| dim as usize).collect()) != trimmed(dims.to_vec()) {
+        return Err(tensor_problem(name, &format!("shape {:?}, expected {dims:?}", tensor.dims)));
     }
+    Ok(tensor)
+}
+
+/// `tensor`'s rows of `n_in` weights, made resident as one matrix per
+/// part: part `i` is the `widths[i]` rows after those of the parts before.
+fn split_rows<B: Backend>(
+    backend: &B,
+    file: &GgufFile,
+    name: &str,
+    tensor: &TensorInfo,
+    n_in: usize,
+    widths: &[usize],
+) -> Result<Vec<Weight<B>>, LoadError> {
+    let n_out: usize = widths.iter().sum();
     let dtype = tensor
         .dtype
         .weights()
@@ -104,4 +145,68 @@ pub(crate) fn host_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec
     let mut values = vec![0.0; len];
     dequantize_row(dtype, file.data(tensor), &mut values).map_err(|error| tensor_problem(name, &error.to_string()))?;
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_kernels::backend::{Backend, CpuBackend};
+    use sluice_tests::gguf_writer::{GgufBuilder, Tensor};
+
+    use super::{experts, weight};
+    use crate::gguf::GgufFile;
+
+    fn file(tensors: Vec<Tensor>) -> GgufFile {
+        let builder = tensors.into_iter().fold(GgufBuilder::new(), GgufBuilder::tensor);
+        GgufFile::from_bytes(builder.build()).expect("parses")
+    }
+
+    /// Expert `e`'s row `r` is all `10e + r`.
+    fn stacked(name: &str, n_in: u64, n_out: u64, count: u64) -> Tensor {
+        let values: Vec<f32> = (0..count * n_out)
+            .flat_map(|row| std::iter::repeat_n((10 * (row / n_out) + row % n_out) as f32, n_in as usize))
+            .collect();
+        Tensor::f32(name, &[n_in, n_out, count], &values)
+    }
+
+    #[test]
+    fn each_expert_is_its_own_rows_of_the_stacked_tensor_in_its_parts() {
+        let backend = CpuBackend::new(1);
+        let file = file(vec![stacked("exps", 4, 6, 3)]);
+        let x = vec![1.0; 4];
+        let outputs = |parts: &[usize]| -> Vec<Vec<Vec<f32>>> {
+            let experts = experts(&backend, &file, "exps", 4, parts, 3).expect("loads");
+            experts
+                .iter()
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .map(|part| {
+                            let mut out = Vec::new();
+                            backend.matmul(&part.matrix, &x, 1, &mut out);
+                            out.iter().map(|value| value / 4.0).collect()
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let whole = outputs(&[6]);
+        assert_eq!(whole[2], [vec![20.0, 21.0, 22.0, 23.0, 24.0, 25.0]]);
+        // Gate and up of a merged tensor: each expert's first rows, then the rest.
+        let halves = outputs(&[3, 3]);
+        assert_eq!(halves[1], [vec![10.0, 11.0, 12.0], vec![13.0, 14.0, 15.0]]);
+        let error = experts(&backend, &file, "exps", 4, &[6], 4).err().expect("refused").to_string();
+        assert_eq!(error, "tensor \"exps\": shape [4, 6, 3], expected [4, 6, 4]");
+    }
+
+    #[test]
+    fn a_vector_is_a_matrix_of_one_row() {
+        let backend = CpuBackend::new(1);
+        let file = file(vec![Tensor::f32("gate", &[4], &[1.0, 2.0, 3.0, 4.0])]);
+        let gate = weight(&backend, &file, "gate", 4, 1).expect("loads");
+        let mut out = Vec::new();
+        backend.matmul(&gate.matrix, &vec![1.0; 4], 1, &mut out);
+        assert_eq!(out, [10.0]);
+        let error = weight(&backend, &file, "gate", 4, 2).err().expect("refused").to_string();
+        assert_eq!(error, "tensor \"gate\": shape [4], expected [4, 2]");
+    }
 }

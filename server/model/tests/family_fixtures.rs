@@ -318,3 +318,45 @@ fn freeing_window_cells_changes_no_logit() {
         assert_eq!(freeing.len(), capacity);
     }
 }
+
+/// Qwen3's attention and 2 of 8 experts per row, their weights
+/// renormalized; rows grouped by expert in prefill chunks of 4.
+#[test]
+fn qwen3moe_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen3moe");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+#[test]
+fn qwen3moe_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("qwen3moe");
+}
+
+/// Qwen's pre-tokenizer, no BOS.
+#[test]
+fn qwen3moe_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("qwen3moe");
+}
+
+/// Qwen2's attention, 2 of 8 experts with their probabilities as they are,
+/// and a shared expert scaled by the sigmoid of its gate.
+#[test]
+fn qwen2moe_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen2moe");
+    assert!(compared >= 60, "too few steps compared: {compared}");
+}
+
+/// A `llama` file with experts (Mixtral): 2 of 4, as wide as
+/// `feed_forward_length`.
+#[test]
+fn mixtral_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("mixtral");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// `[INST]` turns after BOS, which llama-server drops from the rendered
+/// prompt (the tokenizer adds it).
+#[test]
+fn mixtral_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("mixtral");
+}

@@ -15,7 +15,7 @@ use sluice_model::gguf::GgufFile;
 use sluice_model::hparams::HParams;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_tests::fuzz::{Fuzzer, bytes};
-use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyModel, Value};
+use sluice_tests::gguf_writer::{GgufBuilder, Tensor, TinyExperts, TinyModel, Value};
 
 use crate::alloc::peak_during;
 
@@ -28,7 +28,7 @@ fn allocation_bound(len: usize) -> u64 {
 }
 
 pub fn run() {
-    let corpus = vec![every_value_type(), tiny("llama", 1), tiny("qwen2", 2), tiny_dflash()];
+    let corpus = vec![every_value_type(), tiny("llama", 1), tiny("qwen2", 2), tiny_dflash(), tiny_experts()];
     let max_len = 2 * corpus.iter().map(Vec::len).max().unwrap_or(0);
     let backend = Arc::new(CpuBackend::new(1));
     Fuzzer::new("gguf", corpus)
@@ -125,6 +125,16 @@ fn every_value_type() -> Vec<u8> {
 /// A whole model of `arch`, as small as the loader allows, with a chat
 /// template: everything start-up reads.
 fn tiny(arch: &'static str, seed: u64) -> Vec<u8> {
+    tiny_with(arch, seed, None)
+}
+
+/// [`tiny`] of a mixture of experts with a shared expert (Qwen2-MoE): 3-D
+/// expert tensors, their counts and widths, a router of one row per expert.
+fn tiny_experts() -> Vec<u8> {
+    tiny_with("qwen2moe", 4, Some(TinyExperts { count: 3, used: 2, n_ff: 4, shared: Some(4) }))
+}
+
+fn tiny_with(arch: &'static str, seed: u64, experts: Option<TinyExperts>) -> Vec<u8> {
     let shape = TinyModel {
         arch,
         n_vocab: 8,
@@ -133,6 +143,7 @@ fn tiny(arch: &'static str, seed: u64) -> Vec<u8> {
         n_head: 2,
         n_head_kv: 1,
         n_ff: 8,
+        experts,
         ..TinyModel::llama(seed)
     };
     shape.build().meta("tokenizer.chat_template", Value::Str("{{ messages[0].content }}".into())).build()

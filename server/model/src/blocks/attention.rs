@@ -9,7 +9,7 @@
 use sluice_kernels::backend::Backend;
 use sluice_kernels::ops::{Rope, Scores};
 
-use super::pass::{KvPlace, LayerTensors, Pass, Scratch, Stores};
+use super::pass::{KvPlace, LayerTensors, Pass, Residual, Scratch, Stores};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::{Attention, LayerKind};
@@ -33,9 +33,7 @@ pub(super) struct AttentionBlock<B: Backend> {
     q_norm: Option<B::Vector>,
     k_norm: Option<B::Vector>,
     output: Weight<B>,
-    post_norm: Option<B::Vector>,
-    /// The output's scale before the residual add.
-    residual_scale: Option<f32>,
+    residual: Residual<B>,
     /// Q and K are rotated.
     rotary: bool,
     /// Q's scale, when Q is scaled before attention rather than its scores.
@@ -96,8 +94,7 @@ impl<B: Backend> AttentionBlock<B> {
             q_norm: tensors.optional("attn_q_norm.weight", q_norm_len, kind.qk_norm)?,
             k_norm: tensors.optional("attn_k_norm.weight", k_norm_len, kind.qk_norm)?,
             output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
-            post_norm: layer.post_norms.then(|| tensors.vector("post_attention_norm.weight", n_embd)).transpose()?,
-            residual_scale: layer.residual_scale,
+            residual: Residual::load(tensors, layer, "post_attention_norm.weight", n_embd)?,
             rotary: kind.rotary,
             q_scale: kind.q_scale,
             scores: Scores { scale, softcap: kind.softcap, window: kind.window },
@@ -155,13 +152,7 @@ impl<B: Backend> AttentionBlock<B> {
         b.attend(kv, cache, &s.q, layout, pass.heads, self.scores, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
-        if let Some(norm) = &self.post_norm {
-            b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
-        }
-        if let Some(scale) = self.residual_scale {
-            b.scale(&mut s.h, scale)?;
-        }
-        b.add(&mut s.x, &s.h);
+        self.residual.add(pass, &mut s.h, &mut s.x)?;
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 
 use sluice_kernels::backend::Backend;
 
-use super::pass::{LayerTensors, Pass, Scratch};
+use super::pass::{LayerTensors, Pass, Residual, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::{Ffn, LayerKind};
@@ -22,9 +22,9 @@ pub(super) struct Mlp<B: Backend> {
     /// Gate and up are the halves of one fused `ffn_up.weight`.
     fused_up: bool,
     down: Weight<B>,
-    act: Ffn,
-    post_norm: Option<B::Vector>,
-    residual_scale: Option<f32>,
+    /// GELU's tanh form gates (Gemma's `Ffn::GeGlu`), else SiLU.
+    geglu: bool,
+    residual: Residual<B>,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -43,9 +43,8 @@ impl<B: Backend> Mlp<B> {
             up,
             fused_up,
             down: tensors.weight("ffn_down.weight", hp.n_ff, hp.n_embd)?,
-            act: layer.ffn,
-            post_norm: layer.post_norms.then(|| tensors.vector("post_ffw_norm.weight", hp.n_embd)).transpose()?,
-            residual_scale: layer.residual_scale,
+            geglu: layer.ffn == Ffn::GeGlu,
+            residual: Residual::load(tensors, layer, "post_ffw_norm.weight", hp.n_embd)?,
         })
     }
 
@@ -61,19 +60,13 @@ impl<B: Backend> Mlp<B> {
         b.matmuls(input, pass.rows, &mut [(&self.gate.matrix, &mut s.gate), (&self.up.matrix, &mut s.up)]);
         pass.adapted(layer, Site::Gate, input, &mut s.gate);
         pass.adapted(layer, Site::Up, input, &mut s.up);
-        match self.act {
-            Ffn::SwiGlu => b.swiglu(&s.gate, &s.up, &mut s.ffn),
-            Ffn::GeGlu => b.geglu(&s.gate, &s.up, &mut s.ffn)?,
+        match self.geglu {
+            true => b.geglu(&s.gate, &s.up, &mut s.ffn)?,
+            false => b.swiglu(&s.gate, &s.up, &mut s.ffn),
         }
         b.matmul(&self.down.matrix, &s.ffn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Down, &s.ffn, &mut s.h);
-        if let Some(norm) = &self.post_norm {
-            b.rms_norm_in_place(&mut s.h, norm, pass.rms_eps);
-        }
-        if let Some(scale) = self.residual_scale {
-            b.scale(&mut s.h, scale)?;
-        }
-        b.add(&mut s.x, &s.h);
+        self.residual.add(pass, &mut s.h, &mut s.x)?;
         Ok(())
     }
 

@@ -9,12 +9,15 @@
 //!   and residual scale;
 //! - `mlp.rs`: the gated feed-forward (SwiGLU or GeGLU), with an optional
 //!   pre-norm, post-norm and residual scale;
+//! - `experts.rs`: a mixture of SwiGLU experts, each row routed to its
+//!   own, rows grouped by expert, and an optional gated shared expert;
 //! - `pass.rs`: what they share (the pass, its buffers, a layer's tensors).
 //!
 //! [`Layer`] composes a layer's blocks from its declared
 //! [`LayerKind`](super::layer::LayerKind).
 
 mod attention;
+mod experts;
 mod mlp;
 mod pass;
 
@@ -23,10 +26,11 @@ use sluice_kernels::backend::Backend;
 use super::batch::ForwardError;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::layer::{Cache, LayerKind, Mixer};
+use super::layer::{Cache, Ffn, LayerKind, Mixer};
 use super::lora::Site;
 use super::weights::{LoadError, Weight};
 use attention::AttentionBlock;
+use experts::ExpertsBlock;
 use mlp::Mlp;
 use pass::LayerTensors;
 pub(crate) use pass::{KvPlace, Pass, Scratch, Stores};
@@ -43,6 +47,7 @@ enum MixerBlock<B: Backend> {
 
 enum FfnBlock<B: Backend> {
     Gated(Mlp<B>),
+    Experts(ExpertsBlock<B>),
 }
 
 /// Where the layers of a model keep their per-sequence state, assigned in
@@ -83,7 +88,10 @@ impl<B: Backend> Layer<B> {
         };
         let Mixer::Attention(attention) = kind.mixer;
         let mixer = MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, place)?);
-        let ffn = FfnBlock::Gated(Mlp::load(&tensors, kind, hp)?);
+        let ffn = match kind.ffn {
+            Ffn::Experts(experts) => FfnBlock::Experts(ExpertsBlock::load(&tensors, kind, experts, hp)?),
+            Ffn::SwiGlu | Ffn::GeGlu => FfnBlock::Gated(Mlp::load(&tensors, kind, hp)?),
+        };
         Ok(Layer { mixer, ffn })
     }
 
@@ -100,6 +108,7 @@ impl<B: Backend> Layer<B> {
         }
         match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.run(pass, layer, scratch),
+            FfnBlock::Experts(experts) => experts.run(pass, scratch),
         }
     }
 
@@ -111,18 +120,22 @@ impl<B: Backend> Layer<B> {
         }
     }
 
-    /// The weight at `site`, for an adapter.
+    /// The weight at `site`, for an adapter (experts have none).
     pub(crate) fn weight(&self, site: Site) -> Option<&Weight<B>> {
         let MixerBlock::Attention(attention) = &self.mixer;
-        let FfnBlock::Gated(mlp) = &self.ffn;
-        attention.weight(site).or_else(|| mlp.weight(site))
+        attention.weight(site).or_else(|| match &self.ffn {
+            FfnBlock::Gated(mlp) => mlp.weight(site),
+            FfnBlock::Experts(_) => None,
+        })
     }
 
     /// The fused tensor (its suffix) the weight at `site` is a part of,
     /// which adapters cannot target.
     pub(crate) fn fused(&self, site: Site) -> Option<&'static str> {
         let MixerBlock::Attention(attention) = &self.mixer;
-        let FfnBlock::Gated(mlp) = &self.ffn;
-        attention.fused(site).or_else(|| mlp.fused(site))
+        attention.fused(site).or_else(|| match &self.ffn {
+            FfnBlock::Gated(mlp) => mlp.fused(site),
+            FfnBlock::Experts(_) => None,
+        })
     }
 }

@@ -1,12 +1,13 @@
 //! What the blocks of a layer share: the pass they run in, its buffers, and
 //! the tensors they load.
 
-use sluice_kernels::backend::Backend;
+use sluice_kernels::backend::{Backend, BackendError};
 use sluice_kernels::ops::{HeadShape, Rope};
 
 use crate::gguf::GgufFile;
+use crate::layer::LayerKind;
 use crate::lora::{Adapter, PassAdapters, Site};
-use crate::weights::{LoadError, Weight, fused, host_vector, tensor_problem, vector, weight};
+use crate::weights::{LoadError, Weight, experts, fused, host_vector, tensor_problem, vector, weight};
 
 /// What every block of one forward pass reads.
 pub(crate) struct Pass<'a, B: Backend> {
@@ -33,6 +34,40 @@ impl<B: Backend> Pass<'_, B> {
     /// Add the adapters' deltas for the weight at `site` of `layer`.
     pub(super) fn adapted(&self, layer: usize, site: Site, x: &B::Rows, out: &mut B::Rows) {
         self.lora.apply(self.backend, self.adapters, Some((layer, site)), x, out);
+    }
+}
+
+/// How a block's output joins the residual stream: RMS-normed first where
+/// the layer has post-norms, scaled where it has a residual scale, then
+/// added.
+pub(super) struct Residual<B: Backend> {
+    post_norm: Option<B::Vector>,
+    scale: Option<f32>,
+}
+
+impl<B: Backend> Residual<B> {
+    /// The layer's, its post-norm (where it has them) named `norm`.
+    pub(super) fn load(
+        tensors: &LayerTensors<'_, B>,
+        layer: LayerKind,
+        norm: &str,
+        n_embd: usize,
+    ) -> Result<Self, LoadError> {
+        let post_norm = layer.post_norms.then(|| tensors.vector(norm, n_embd)).transpose()?;
+        Ok(Residual { post_norm, scale: layer.residual_scale })
+    }
+
+    /// `x += out`, after `out`'s norm and scale.
+    pub(super) fn add(&self, pass: &Pass<'_, B>, out: &mut B::Rows, x: &mut B::Rows) -> Result<(), BackendError> {
+        let b = pass.backend;
+        if let Some(norm) = &self.post_norm {
+            b.rms_norm_in_place(out, norm, pass.rms_eps);
+        }
+        if let Some(scale) = self.scale {
+            b.scale(out, scale)?;
+        }
+        b.add(x, out);
+        Ok(())
     }
 }
 
@@ -67,6 +102,12 @@ pub(crate) struct Scratch<B: Backend> {
     pub(super) gate: B::Rows,
     pub(super) up: B::Rows,
     pub(crate) ffn: B::Rows,
+    /// An expert's rows, gathered from the pass's.
+    pub(super) expert_in: B::Rows,
+    /// An expert's outputs for its rows.
+    pub(super) expert_out: B::Rows,
+    /// Every row's chosen experts' outputs, a row's after another's.
+    pub(super) slots: B::Rows,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -81,6 +122,9 @@ impl<B: Backend> Default for Scratch<B> {
             gate: B::Rows::default(),
             up: B::Rows::default(),
             ffn: B::Rows::default(),
+            expert_in: B::Rows::default(),
+            expert_out: B::Rows::default(),
+            slots: B::Rows::default(),
         }
     }
 }
@@ -123,6 +167,18 @@ impl<B: Backend> LayerTensors<'_, B> {
         fused(self.backend, self.file, &name, n_in, &widths)?
             .try_into()
             .map_err(|_| tensor_problem(&name, "not split in its parts"))
+    }
+
+    /// Each of `count` experts' parts, `widths` output rows each (see
+    /// [`experts`](crate::weights::experts)).
+    pub(super) fn experts(
+        &self,
+        suffix: &str,
+        n_in: usize,
+        widths: &[usize],
+        count: usize,
+    ) -> Result<Vec<Vec<Weight<B>>>, LoadError> {
+        experts(self.backend, self.file, &self.name(suffix), n_in, widths, count)
     }
 
     /// A fused vector's parts, `widths` values each, in order.

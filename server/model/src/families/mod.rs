@@ -10,7 +10,7 @@
 //!
 //! | file | `general.architecture` | what is its own |
 //! |---|---|---|
-//! | `llama.rs` | `llama` | adjacent-pair RoPE |
+//! | `llama.rs` | `llama` | adjacent-pair RoPE; experts where the file has them (Mixtral) |
 //! | `qwen2.rs` | `qwen2` | NEOX RoPE, Q/K/V biases |
 //! | `qwen3.rs` | `qwen3` | NEOX RoPE, Q/K norms |
 //! | `qwen2vl.rs` | `qwen2vl` | Qwen2 with M-RoPE (contiguous sections) |
@@ -24,10 +24,14 @@
 //! | `smollm3.rs` | `smollm3` | Llama's layers, every fourth without RoPE |
 //! | `granite.rs` | `granite` | Llama's layers, scaled embeddings, residuals, scores and logits by the file's multipliers |
 //! | `olmo2.rs` | `olmo2` | NEOX RoPE, post-norms only, Q/K norms over the whole vector, an untied head, optional local layers (OLMo 3) |
+//! | `qwen3moe.rs` | `qwen3moe` | Qwen3's attention, experts with renormalized weights |
+//! | `qwen2moe.rs` | `qwen2moe` | Qwen2's attention, experts and a gated shared expert |
 //!
-//! `sliding.rs` reads which layers of a sliding-window family are local.
+//! `sliding.rs` reads which layers of a sliding-window family are local;
+//! `experts.rs` reads a mixture-of-experts family's expert counts and widths.
 
 mod dflash;
+mod experts;
 mod family;
 mod gemma2;
 mod gemma3;
@@ -38,8 +42,10 @@ mod mistral3;
 mod olmo2;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen2vl;
 mod qwen3;
+mod qwen3moe;
 mod qwen3vl;
 mod sliding;
 mod smollm3;
@@ -48,8 +54,8 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 14] = [
-    &llama::LLAMA,
+pub(super) static FAMILIES: [&dyn Family; 16] = [
+    &llama::Llama,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
     &qwen2vl::QWEN2VL,
@@ -63,6 +69,8 @@ pub(super) static FAMILIES: [&dyn Family; 14] = [
     &smollm3::Smollm3,
     &granite::Granite,
     &olmo2::Olmo2,
+    &qwen3moe::QWEN3MOE,
+    &qwen2moe::QWEN2MOE,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -108,7 +116,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe)"
         );
     }
 }

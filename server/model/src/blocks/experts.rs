@@ -1,0 +1,245 @@
+//! A mixture of experts' feed-forward, as llama.cpp's `build_moe_ffn`
+//! computes it on the CPU: RMSNorm, the router's scores (`ffn_gate_inp`),
+//! their softmax, each row's `used` most probable experts (most probable
+//! first; a tie goes to the lower index), those probabilities optionally
+//! divided by their sum, each chosen expert's SwiGLU MLP, and the outputs
+//! times their weights summed in that order. A shared expert (Qwen2-MoE)
+//! runs on every row and is added scaled by the sigmoid of its gate.
+//!
+//! The rows of a pass are grouped by expert: each chosen expert's weights
+//! are multiplied against all its rows at once, and an expert no row chose
+//! is not read. A row's products are the same bits in any group (the
+//! backend's matmul is batch-invariant) and its experts are summed in its
+//! own order, so a row's output never depends on the other rows.
+
+use sluice_kernels::backend::Backend;
+
+use super::pass::{LayerTensors, Pass, Residual, Scratch};
+use crate::batch::ForwardError;
+use crate::hparams::HParams;
+use crate::layer::{Experts, LayerKind};
+use crate::weights::{LoadError, Weight, tensor_problem};
+
+/// ggml clamps the sum of a row's weights to this (f16's smallest
+/// normal) before dividing by it.
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+pub(super) struct ExpertsBlock<B: Backend> {
+    norm: Option<B::Vector>,
+    router: Weight<B>,
+    experts: Vec<Expert<B>>,
+    shared: Option<SharedExpert<B>>,
+    spec: Experts,
+    residual: Residual<B>,
+}
+
+/// One expert's SwiGLU MLP.
+struct Expert<B: Backend> {
+    gate: Weight<B>,
+    up: Weight<B>,
+    down: Weight<B>,
+}
+
+struct SharedExpert<B: Backend> {
+    /// One row: the expert's gate score for each input row.
+    gate: Weight<B>,
+    mlp: Expert<B>,
+}
+
+impl<B: Backend> ExpertsBlock<B> {
+    pub(super) fn load(
+        tensors: &LayerTensors<'_, B>,
+        layer: LayerKind,
+        spec: Experts,
+        hp: &HParams,
+    ) -> Result<Self, LoadError> {
+        let (n_embd, n_ff, count) = (hp.n_embd, spec.n_ff, spec.count);
+        // A merged `ffn_gate_up_exps` holds each expert's gate rows, then
+        // its up rows.
+        let gate_up: Vec<(Weight<B>, Weight<B>)> = match tensors.has("ffn_gate_up_exps.weight") {
+            true => tensors
+                .experts("ffn_gate_up_exps.weight", n_embd, &[n_ff, n_ff], count)?
+                .into_iter()
+                .map(|parts| pair(parts, &tensors.name("ffn_gate_up_exps.weight")))
+                .collect::<Result<_, _>>()?,
+            false => tensors
+                .experts("ffn_gate_exps.weight", n_embd, &[n_ff], count)?
+                .into_iter()
+                .zip(tensors.experts("ffn_up_exps.weight", n_embd, &[n_ff], count)?)
+                .map(|(gate, up)| pair(gate.into_iter().chain(up).collect(), &tensors.name("ffn_up_exps.weight")))
+                .collect::<Result<_, _>>()?,
+        };
+        let downs = tensors.experts("ffn_down_exps.weight", n_ff, &[n_embd], count)?;
+        let experts = gate_up
+            .into_iter()
+            .zip(downs)
+            .map(|((gate, up), down)| {
+                let name = tensors.name("ffn_down_exps.weight");
+                let down = down.into_iter().next().ok_or_else(|| tensor_problem(&name, "not split in its parts"))?;
+                Ok(Expert { gate, up, down })
+            })
+            .collect::<Result<_, LoadError>>()?;
+        let shared = spec
+            .shared
+            .map(|width| -> Result<_, LoadError> {
+                Ok(SharedExpert {
+                    gate: tensors.weight("ffn_gate_inp_shexp.weight", n_embd, 1)?,
+                    mlp: Expert {
+                        gate: tensors.weight("ffn_gate_shexp.weight", n_embd, width)?,
+                        up: tensors.weight("ffn_up_shexp.weight", n_embd, width)?,
+                        down: tensors.weight("ffn_down_shexp.weight", width, n_embd)?,
+                    },
+                })
+            })
+            .transpose()?;
+        Ok(ExpertsBlock {
+            norm: layer.pre_norms.then(|| tensors.vector("ffn_norm.weight", n_embd)).transpose()?,
+            router: tensors.weight("ffn_gate_inp.weight", n_embd, count)?,
+            experts,
+            shared,
+            spec,
+            residual: Residual::load(tensors, layer, "post_ffw_norm.weight", n_embd)?,
+        })
+    }
+
+    pub(super) fn run(&self, pass: &Pass<'_, B>, s: &mut Scratch<B>) -> Result<(), ForwardError> {
+        let b = pass.backend;
+        let (n_embd, used) = (self.router.n_in, self.spec.used);
+        let input = match &self.norm {
+            Some(norm) => {
+                b.rms_norm(&s.x, norm, pass.rms_eps, &mut s.h);
+                &s.h
+            }
+            None => &s.x,
+        };
+        b.matmul(&self.router.matrix, input, pass.rows, &mut s.gate);
+        let routes = route(&b.download(&s.gate)?, self.spec);
+        // Each expert's slots (row · used + k), rows in order.
+        let mut groups = vec![Vec::new(); self.spec.count];
+        for (slot, &(expert, _)) in routes.iter().enumerate() {
+            groups[expert].push(slot);
+        }
+        let mut rows = Vec::new();
+        for (expert, slots) in self.experts.iter().zip(&groups).filter(|(_, slots)| !slots.is_empty()) {
+            rows.clear();
+            rows.extend(slots.iter().map(|slot| slot / used));
+            b.gather(input, &rows, n_embd, &mut s.expert_in);
+            let buffers = [&mut s.gate, &mut s.up, &mut s.ffn, &mut s.expert_out];
+            expert.run(b, &s.expert_in, rows.len(), buffers);
+            b.scatter(&s.expert_out, slots, n_embd, routes.len(), &mut s.slots)?;
+        }
+        let weights: Vec<f32> = routes.iter().map(|&(_, weight)| weight).collect();
+        b.weighted_sum(&s.slots, &weights, used, &mut s.ffn)?;
+        if let Some(shared) = &self.shared {
+            shared.mlp.run(b, input, pass.rows, [&mut s.gate, &mut s.up, &mut s.expert_in, &mut s.expert_out]);
+            b.matmul(&shared.gate.matrix, input, pass.rows, &mut s.gate);
+            let factors: Vec<f32> = b.download(&s.gate)?.into_iter().map(sigmoid).collect();
+            b.scale_rows(&mut s.expert_out, &factors)?;
+            b.add(&mut s.ffn, &s.expert_out);
+        }
+        self.residual.add(pass, &mut s.ffn, &mut s.x)?;
+        Ok(())
+    }
+}
+
+impl<B: Backend> Expert<B> {
+    /// The MLP of the `m` rows of `x` into `out`, through the buffers
+    /// `gate`, `up` and `act`.
+    fn run(&self, b: &B, x: &B::Rows, m: usize, [gate, up, act, out]: [&mut B::Rows; 4]) {
+        b.matmuls(x, m, &mut [(&self.gate.matrix, gate), (&self.up.matrix, up)]);
+        b.swiglu(gate, up, act);
+        b.matmul(&self.down.matrix, act, m, out);
+    }
+}
+
+/// An expert's gate and up matrices from its parts.
+fn pair<B: Backend>(parts: Vec<Weight<B>>, name: &str) -> Result<(Weight<B>, Weight<B>), LoadError> {
+    let mut parts = parts.into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(gate), Some(up)) => Ok((gate, up)),
+        _ => Err(tensor_problem(name, "not split in its parts")),
+    }
+}
+
+/// ggml's sigmoid of the shared expert's gate, `silu(x) / x`. At exactly
+/// 0, where that is 0/0, sluice takes the limit (0.5) instead of NaN.
+fn sigmoid(x: f32) -> f32 {
+    if x == 0.0 { 0.5 } else { x / (1.0 + (-x).exp()) / x }
+}
+
+/// Each row's chosen experts and their weights, `spec.used` per row in
+/// the order they are summed, from the router's scores (`spec.count` per
+/// row).
+fn route(logits: &[f32], spec: Experts) -> Vec<(usize, f32)> {
+    let mut routes = Vec::with_capacity(logits.len() / spec.count.max(1) * spec.used);
+    let mut probs = vec![0.0; spec.count];
+    let mut order = Vec::with_capacity(spec.count);
+    for scores in logits.chunks_exact(spec.count.max(1)) {
+        softmax(scores, &mut probs);
+        order.clear();
+        order.extend(0..spec.count);
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let chosen = &order[..spec.used];
+        let divisor = match spec.normalized {
+            // ggml sums a row's f32 weights in double.
+            true => (chosen.iter().map(|&e| f64::from(probs[e])).sum::<f64>() as f32).max(MIN_WEIGHT_SUM),
+            false => 1.0,
+        };
+        routes.extend(chosen.iter().map(|&e| (e, if spec.normalized { probs[e] / divisor } else { probs[e] })));
+    }
+    routes
+}
+
+/// ggml's CPU softmax of one row: `exp(x - max)`, summed in double, each
+/// times the f32 reciprocal of the sum.
+fn softmax(scores: &[f32], out: &mut [f32]) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for (out, &score) in out.iter_mut().zip(scores) {
+        *out = (score - max).exp();
+        sum += f64::from(*out);
+    }
+    let scale = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|p| *p *= scale);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{route, sigmoid};
+    use crate::layer::Experts;
+
+    const FOUR: Experts = Experts { count: 4, used: 2, n_ff: 8, normalized: false, shared: None };
+
+    #[test]
+    fn rows_choose_their_most_probable_experts_most_probable_first() {
+        // exp(2) : exp(1) : exp(0) : exp(0), softmax in f64 for reference.
+        let logits = [0.0, 2.0, 1.0, 0.0, /* row 2 */ 5.0, 5.0, -1.0, 4.0];
+        let routes = route(&logits, FOUR);
+        let chosen: Vec<usize> = routes.iter().map(|&(expert, _)| expert).collect();
+        // Row 2's tie goes to the lower index.
+        assert_eq!(chosen, [1, 2, 0, 1]);
+        let z = 2.0 + 2f64.exp() + 1f64.exp();
+        assert!((f64::from(routes[0].1) - 2f64.exp() / z).abs() < 1e-6);
+        assert!((f64::from(routes[1].1) - 1f64.exp() / z).abs() < 1e-6);
+        assert_eq!(routes[2].1, routes[3].1);
+        let normalized = route(&logits, Experts { normalized: true, ..FOUR });
+        let e = 1f64.exp();
+        assert!((f64::from(normalized[0].1) - e / (e + 1.0)).abs() < 1e-6);
+        assert!((f64::from(normalized[1].1) - 1.0 / (e + 1.0)).abs() < 1e-6);
+        assert_eq!(normalized[2].1, 0.5);
+    }
+
+    #[test]
+    fn hostile_scores_route_without_panicking() {
+        let routes = route(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0], Experts { normalized: true, ..FOUR });
+        assert_eq!(routes.len(), 2);
+        assert!(route(&[], FOUR).is_empty());
+    }
+
+    #[test]
+    fn the_shared_gate_is_a_sigmoid_and_half_at_zero() {
+        assert_eq!(sigmoid(0.0), 0.5);
+        assert!((sigmoid(2.0) - 1.0 / (1.0 + (-2f32).exp())).abs() < 1e-7);
+        assert!(sigmoid(-30.0) < 1e-12);
+    }
+}
