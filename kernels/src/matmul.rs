@@ -155,32 +155,72 @@ pub fn matmul(weights: &QuantMatrix, x: &[f32], m: usize, out: &mut [f32], pool:
 /// output is the same bits as its own `matmul`. Panics on mismatched
 /// lengths.
 pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])], pool: &ThreadPool) {
-    let Some(n_in) = products.first().map(|(weights, _)| weights.n_in) else { return };
-    assert_eq!(Some(x.len()), m.checked_mul(n_in), "activations: {m} rows of {n_in}");
-    for (weights, out) in products.iter_mut() {
-        assert_eq!(weights.n_in, n_in, "matrices of one input share its width");
-        assert_eq!(Some(out.len()), m.checked_mul(weights.n_out), "outputs: {m} rows of {}", weights.n_out);
-        if n_in == 0 {
-            out.fill(0.0);
+    grouped_matmuls(&mut [Group { x, m, products }], pool);
+}
+
+/// One input of a [`grouped_matmuls`] call: its `m` rows and the
+/// matrices (of one `n_in`) they multiply.
+pub struct Group<'x, 'p, 'r, 'w, 'o> {
+    pub x: &'x [f32],
+    pub m: usize,
+    pub products: &'p mut [(&'r QuantMatrix<'w>, &'o mut [f32])],
+}
+
+/// [`matmuls`] of several inputs at once (a mixture of experts' experts,
+/// each with its own rows): every input is quantized and every matrix's
+/// rows handed out in one run of the pool, the threads taking runs of
+/// weight rows across all the groups' matrices. Every output is the same
+/// bits as its own `matmul`. Panics on mismatched lengths.
+pub fn grouped_matmuls(groups: &mut [Group], pool: &ThreadPool) {
+    for group in groups.iter_mut() {
+        let Some(n_in) = group.products.first().map(|(weights, _)| weights.n_in) else { continue };
+        let m = group.m;
+        assert_eq!(Some(group.x.len()), m.checked_mul(n_in), "activations: {m} rows of {n_in}");
+        for (weights, out) in group.products.iter_mut() {
+            assert_eq!(weights.n_in, n_in, "matrices of one input share its width");
+            assert_eq!(Some(out.len()), m.checked_mul(weights.n_out), "outputs: {m} rows of {}", weights.n_out);
+            if n_in == 0 {
+                out.fill(0.0);
+            }
         }
     }
-    if m == 0 || n_in == 0 {
-        return;
-    }
     let kernels = Kernels::current();
-    let mut formats: Vec<ActFormat> = products.iter().map(|(weights, _)| weights.dtype.act_format()).collect();
-    formats.sort_by_key(|format| format.name());
-    formats.dedup();
-    let quantized: Vec<(ActFormat, Vec<u8>)> =
-        formats.into_iter().map(|format| (format, quantize_rows(kernels, format, x, m, n_in, pool))).collect();
-    let jobs: Vec<Job> = products
-        .iter_mut()
-        .map(|(weights, out)| {
-            let format = weights.dtype.act_format();
-            let acts = quantized.iter().find(|(f, _)| *f == format).map_or(&[][..], |(_, acts)| acts.as_slice());
-            Job { weights, acts, dot: kernels.dot(weights.dtype), out: as_atomic(out) }
-        })
-        .collect();
+    // Each group's input in each activation format its matrices need.
+    let mut inputs: Vec<(usize, ActFormat)> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        let n_in = group.products.first().map_or(0, |(weights, _)| weights.n_in);
+        if group.m == 0 || n_in == 0 {
+            continue;
+        }
+        let mut formats: Vec<ActFormat> =
+            group.products.iter().map(|(weights, _)| weights.dtype.act_format()).collect();
+        formats.sort_by_key(|format| format.name());
+        formats.dedup();
+        inputs.extend(formats.into_iter().map(|format| (g, format)));
+    }
+    ACTS.with_borrow_mut(|buffer| {
+        let ranges = quantize_inputs(kernels, groups, &inputs, buffer, pool);
+        let mut jobs: Vec<Job> = Vec::new();
+        for (g, group) in groups.iter_mut().enumerate() {
+            for (weights, out) in group.products.iter_mut() {
+                let format = weights.dtype.act_format();
+                let Some(at) = inputs.iter().position(|&input| input == (g, format)) else { continue };
+                jobs.push(Job {
+                    weights,
+                    m: group.m,
+                    acts: &buffer[ranges[at].clone()],
+                    dot: kernels.dot(weights.dtype),
+                    out: as_atomic(out),
+                });
+            }
+        }
+        run_jobs(&jobs, pool);
+    });
+}
+
+/// Every job's outputs, the threads of `pool` claiming runs of weight rows
+/// across all the jobs' matrices.
+fn run_jobs(jobs: &[Job], pool: &ThreadPool) {
     // Each matrix's rows as units of sixteen (whole calls of the packed
     // kernels, four of the others'), numbered through all the matrices; a
     // thread takes a contiguous run of units.
@@ -193,6 +233,9 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
         })
         .collect();
     let n_groups = jobs.iter().map(|job| job.weights.n_out.div_ceil(UNIT_ROWS)).sum::<usize>();
+    if n_groups == 0 {
+        return;
+    }
     // Threads claim runs of groups until none are left, so that a thread
     // slowed by its neighbours (a shared core, a busy host) does less of
     // the work instead of holding up the others.
@@ -210,7 +253,7 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
                 let start = groups.start.clamp(first, first + n_out.div_ceil(UNIT_ROWS)) - first;
                 let end = groups.end.clamp(first, first + n_out.div_ceil(UNIT_ROWS)) - first;
                 if start < end {
-                    job.rows(m, UNIT_ROWS * start..(UNIT_ROWS * end).min(n_out));
+                    job.rows(job.m, UNIT_ROWS * start..(UNIT_ROWS * end).min(n_out));
                 }
             }
         }
@@ -222,40 +265,82 @@ pub fn matmuls(x: &[f32], m: usize, products: &mut [(&QuantMatrix, &mut [f32])],
 /// long stream of weights.
 const RUNS_PER_THREAD: usize = 8;
 
-/// The `m` rows of `x` quantized to `format`, the threads taking
-/// contiguous runs of rows.
-fn quantize_rows(kernels: Kernels, format: ActFormat, x: &[f32], m: usize, n_in: usize, pool: &ThreadPool) -> Vec<u8> {
-    let row_bytes = format.row_bytes(n_in).unwrap_or_default();
-    // No overflow: every activation format takes at most 4 bytes per value,
-    // so this is at most the size of `x`.
-    let mut quantized = vec![0u8; m * row_bytes];
-    if m == 1 {
-        kernels.quantize(format, x, &mut quantized);
-        return quantized;
-    }
-    // One contiguous part of the output per thread, so that each thread
-    // writes only its own.
-    let n_threads = pool.n_threads();
-    let mut parts = Vec::with_capacity(n_threads);
-    let mut rest = quantized.as_mut_slice();
-    for thread in 0..n_threads {
-        let (part, tail) = rest.split_at_mut(share(m, thread, n_threads).len() * row_bytes);
-        parts.push(Mutex::new(part));
-        rest = tail;
-    }
-    pool.run(|thread, n_threads| {
-        let Ok(mut part) = parts[thread].lock() else { return };
-        for (i, dst) in share(m, thread, n_threads).zip(part.chunks_exact_mut(row_bytes)) {
-            kernels.quantize(format, &x[i * n_in..(i + 1) * n_in], dst);
-        }
-    });
-    drop(parts);
-    quantized
+thread_local! {
+    /// The calling thread's quantized activations, kept from call to call:
+    /// a fresh buffer per call (megabytes for a mixture of experts' layer)
+    /// may be handed back to the system when freed and faulted in again,
+    /// page by page, by the next call.
+    static ACTS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One matrix of a [`matmuls`] call with its quantized input and output.
+/// Each of `inputs` (a group's rows in an activation format) quantized
+/// into `buffer`, one after another, in one run of the pool: the rows of
+/// all of them are shared out in contiguous runs, a thread writing only
+/// its own. A single row is quantized on the calling thread. Returns where
+/// each input's rows are.
+fn quantize_inputs(
+    kernels: Kernels,
+    groups: &[Group],
+    inputs: &[(usize, ActFormat)],
+    buffer: &mut Vec<u8>,
+    pool: &ThreadPool,
+) -> Vec<std::ops::Range<usize>> {
+    let n_in = |g: usize| groups[g].products.first().map_or(0, |(weights, _)| weights.n_in);
+    let row_bytes = |(g, format): (usize, ActFormat)| format.row_bytes(n_in(g)).unwrap_or_default();
+    // No overflow: every activation format takes at most 4 bytes per value,
+    // so each input is at most the size of its group's `x`.
+    let ranges: Vec<std::ops::Range<usize>> = inputs
+        .iter()
+        .scan(0, |end, &input| {
+            let start = *end;
+            *end += groups[input.0].m * row_bytes(input);
+            Some(start..*end)
+        })
+        .collect();
+    let total = ranges.last().map_or(0, |range| range.end);
+    // Grown, never shrunk or cleared: quantizing writes every byte used.
+    if buffer.len() < total {
+        buffer.resize(total, 0);
+    }
+    // Every row to quantize: (input, row, its bytes).
+    let mut rows: Vec<(usize, usize, &mut [u8])> = Vec::new();
+    let mut rest = &mut buffer[..total];
+    for (at, &input) in inputs.iter().enumerate() {
+        let (part, tail) = rest.split_at_mut(ranges[at].len());
+        rows.extend(part.chunks_exact_mut(row_bytes(input).max(1)).enumerate().map(|(i, dst)| (at, i, dst)));
+        rest = tail;
+    }
+    let quantize = |(at, i, dst): &mut (usize, usize, &mut [u8])| {
+        let (g, format) = inputs[*at];
+        let n = n_in(g);
+        kernels.quantize(format, &groups[g].x[*i * n..(*i + 1) * n], dst);
+    };
+    if rows.len() <= 1 {
+        rows.iter_mut().for_each(quantize);
+    } else {
+        // One contiguous run of rows per thread.
+        let (n_threads, n_rows) = (pool.n_threads(), rows.len());
+        let mut parts = Vec::with_capacity(n_threads);
+        let mut rest = rows.as_mut_slice();
+        for thread in 0..n_threads {
+            let (part, tail) = rest.split_at_mut(share(n_rows, thread, n_threads).len());
+            parts.push(Mutex::new(part));
+            rest = tail;
+        }
+        pool.run(|thread, _| {
+            let Ok(mut part) = parts[thread].lock() else { return };
+            part.iter_mut().for_each(quantize);
+        });
+    }
+    ranges
+}
+
+/// One matrix of a [`grouped_matmuls`] call with its quantized input and
+/// output.
 struct Job<'a> {
     weights: &'a QuantMatrix<'a>,
+    /// Activation rows.
+    m: usize,
     acts: &'a [u8],
     dot: Dot,
     out: &'a [AtomicU32],
@@ -637,6 +722,53 @@ mod tests {
             let mut alone = vec![0.0; n_out];
             matmul(&w, &x[i * n_in..(i + 1) * n_in], 1, &mut alone, &pool);
             assert_eq!(alone, batch[i * n_out..(i + 1) * n_out]);
+        }
+    }
+
+    /// Experts' products: inputs of their own row counts (one empty),
+    /// matrices of several types (activation formats) and packed or not,
+    /// all handed out at once, each the bits of its own matmul.
+    #[test]
+    fn grouped_products_are_each_the_bits_of_their_own_matmul() {
+        let mut rng = Rng::new(14);
+        let pool = ThreadPool::new(2);
+        let n_in = 256;
+        let types = [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F32];
+        let data: Vec<Vec<u8>> = types
+            .iter()
+            .enumerate()
+            .map(|(k, &dtype)| (0..24 + 8 * k).flat_map(|_| random_weights(&mut rng, dtype, n_in)).collect())
+            .collect();
+        let matrices: Vec<QuantMatrix> = (types.iter().zip(&data).enumerate())
+            .map(|(k, (&dtype, data))| QuantMatrix::new(dtype, data, 24 + 8 * k, n_in).expect("consistent"))
+            .collect();
+        let packed: Vec<Option<PackedRows>> = matrices.iter().map(|w| w.pack(&pool)).collect();
+        let matrices: Vec<QuantMatrix> = (matrices.iter().zip(&packed))
+            .map(|(w, packed)| packed.as_ref().map_or(*w, |p| w.with_packed(p).expect("its own packing")))
+            .collect();
+        let ms = [3, 1, 0, 40];
+        let xs: Vec<Vec<f32>> = ms.iter().map(|&m| random_acts(&mut rng, m * n_in)).collect();
+        // Group g multiplies matrices g and g + 1 (mod 4).
+        let pairs = |g: usize| [&matrices[g], &matrices[(g + 1) % 4]];
+        let mut outs: Vec<[Vec<f32>; 2]> =
+            (0..4).map(|g| pairs(g).map(|w| vec![f32::NAN; ms[g] * w.n_out()])).collect();
+        let mut products: Vec<[(&QuantMatrix, &mut [f32]); 2]> = (outs.iter_mut().enumerate())
+            .map(|(g, [a, b])| {
+                let [wa, wb] = pairs(g);
+                [(wa, a.as_mut_slice()), (wb, b.as_mut_slice())]
+            })
+            .collect();
+        let mut groups: Vec<Group> = (products.iter_mut().enumerate())
+            .map(|(g, products)| Group { x: &xs[g], m: ms[g], products: &mut products[..] })
+            .collect();
+        grouped_matmuls(&mut groups, &pool);
+        for g in 0..4 {
+            for (w, out) in pairs(g).into_iter().zip(&outs[g]) {
+                let mut alone = vec![0.0; ms[g] * w.n_out()];
+                matmul(w, &xs[g], ms[g], &mut alone, &pool);
+                let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(out), bits(&alone), "group {g}, {w:?}");
+            }
         }
     }
 

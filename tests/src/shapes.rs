@@ -32,10 +32,21 @@ pub struct Shape {
     pub head_dim: Option<usize>,
     /// Positions a sliding-window layer sees (Gemma 3's local layers).
     pub window: Option<u32>,
+    /// A mixture of experts in place of each MLP.
+    pub experts: Option<ShapeExperts>,
+}
+
+/// The experts of a [`Shape`]: `count` of them, `used` per token, each
+/// `n_ff` wide (written as `expert_feed_forward_length`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShapeExperts {
+    pub count: usize,
+    pub used: usize,
+    pub n_ff: usize,
 }
 
 /// The shapes `write-model --shape` knows, by name.
-pub const NAMED: [(&str, Shape); 6] = [
+pub const NAMED: [(&str, Shape); 7] = [
     (
         "smollm2-135m",
         Shape {
@@ -51,6 +62,7 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: true,
             head_dim: None,
             window: None,
+            experts: None,
         },
     ),
     (
@@ -68,6 +80,7 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: true,
             head_dim: None,
             window: None,
+            experts: None,
         },
     ),
     (
@@ -85,6 +98,7 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: false,
             head_dim: None,
             window: None,
+            experts: None,
         },
     ),
     (
@@ -102,6 +116,7 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: false,
             head_dim: None,
             window: None,
+            experts: None,
         },
     ),
     (
@@ -121,6 +136,7 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: true,
             head_dim: Some(256),
             window: Some(512),
+            experts: None,
         },
     ),
     (
@@ -139,6 +155,27 @@ pub const NAMED: [(&str, Shape); 6] = [
             tied: false,
             head_dim: None,
             window: None,
+            experts: None,
+        },
+    ),
+    (
+        // Qwen3-30B-A3B (128 experts of 768, 8 used; Q/K norms; heads of
+        // 128 on a 2048-wide model) cut to 8 of its 48 layers.
+        "qwen3-30b-a3b-8l",
+        Shape {
+            arch: "qwen3moe",
+            n_vocab: 151936,
+            n_embd: 2048,
+            n_layer: 8,
+            n_head: 32,
+            n_head_kv: 4,
+            n_ff: 6144,
+            n_ctx: 40960,
+            rope_base: 1000000.0,
+            tied: false,
+            head_dim: Some(128),
+            window: None,
+            experts: Some(ShapeExperts { count: 128, used: 8, n_ff: 768 }),
         },
     ),
 ];
@@ -200,7 +237,8 @@ impl Shape {
     /// Checks what the loaders require: heads that divide the width and
     /// each other, and rows Q4_K can hold when asked for (F16 takes any).
     pub fn check(&self, matrices: Matrices) -> Result<(), String> {
-        if matrices == Matrices::Q4K && (!self.n_embd.is_multiple_of(256) || !self.n_ff.is_multiple_of(256)) {
+        let widths = [self.n_embd, self.n_ff, self.experts.map_or(self.n_ff, |experts| experts.n_ff)];
+        if matrices == Matrices::Q4K && widths.iter().any(|width| !width.is_multiple_of(256)) {
             return Err(format!("Q4_K rows are multiples of 256 values, and this shape has {self:?}"));
         }
         let ok = self.n_head > 0
@@ -209,7 +247,8 @@ impl Shape {
             && self.n_head.is_multiple_of(self.n_head_kv)
             && self.n_layer > 0
             && self.n_ff > 0
-            && self.n_vocab >= 256;
+            && self.n_vocab >= 256
+            && self.experts.is_none_or(|experts| (1..=experts.count).contains(&experts.used) && experts.n_ff > 0);
         if ok { Ok(()) } else { Err(format!("inconsistent shape {self:?}")) }
     }
 
@@ -244,14 +283,32 @@ impl Shape {
                 plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
                 plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
             }
-            if self.arch == "gemma3" {
+            if matches!(self.arch, "gemma3" | "qwen3moe") {
                 plan.push(vector(name("attn_q_norm.weight"), head_dim, Fill::NearOne));
                 plan.push(vector(name("attn_k_norm.weight"), head_dim, Fill::NearOne));
+            }
+            if self.arch == "gemma3" {
                 plan.push(vector(name("post_attention_norm.weight"), e, Fill::NearOne));
                 plan.push(vector(name("post_ffw_norm.weight"), e, Fill::NearOne));
             }
             plan.push(matrix(name("attn_output.weight"), q, e));
             plan.push(vector(name("ffn_norm.weight"), e, Fill::NearOne));
+            if let Some(experts) = self.experts {
+                let (count, f) = (experts.count as u64, experts.n_ff as u64);
+                // Converters and llama-quantize keep the router in F32.
+                let router = Fill::Uniform(3.0 / (e as f32).sqrt());
+                plan.push(Planned {
+                    name: name("ffn_gate_inp.weight"),
+                    dims: vec![e, count],
+                    type_id: F32,
+                    fill: router,
+                });
+                for (suffix, n_in, n_out) in [("ffn_gate_exps", e, f), ("ffn_up_exps", e, f), ("ffn_down_exps", f, e)] {
+                    let Planned { name, dims, type_id, fill } = matrix(name(&format!("{suffix}.weight")), n_in, n_out);
+                    plan.push(Planned { name, dims: [dims, vec![count]].concat(), type_id, fill });
+                }
+                continue;
+            }
             if self.arch == "phi3" {
                 plan.push(matrix(name("ffn_up.weight"), e, 2 * f));
             } else {
@@ -291,6 +348,11 @@ impl Shape {
         ];
         if let Some(window) = self.window {
             metadata.push((key("attention.sliding_window"), Value::U32(window)));
+        }
+        if let Some(experts) = self.experts {
+            metadata.push((key("expert_count"), Value::U32(experts.count as u32)));
+            metadata.push((key("expert_used_count"), Value::U32(experts.used as u32)));
+            metadata.push((key("expert_feed_forward_length"), Value::U32(experts.n_ff as u32)));
         }
         metadata
     }
@@ -409,6 +471,9 @@ mod tests {
         };
         assert_eq!(count("gemma-3-1b") / 10_000_000, 99);
         assert_eq!(count("phi-3-mini-8l") / 10_000_000, 110);
+        // Qwen3-30B-A3B's 8 layers: 604 million expert weights and 19
+        // million of attention each, and its two 311-million tables.
+        assert_eq!(count("qwen3-30b-a3b-8l") / 10_000_000, 560);
         assert!(Shape::named("gpt-5").is_none());
     }
 

@@ -186,6 +186,11 @@ pub struct PassLayout<'a> {
     pub sequences: &'a [PassSequence<'a>],
 }
 
+/// One input of [`Backend::grouped_matmuls`]: its rows, how many, and the
+/// matrices they multiply with where each product goes.
+pub type MatmulGroup<'x, 'p, 'm, 'o, B> =
+    (&'x <B as Backend>::Rows, usize, &'p mut [(&'m <B as Backend>::Matrix, &'o mut <B as Backend>::Rows)]);
+
 /// Why a backend refused an operation or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -300,6 +305,15 @@ pub trait Backend: Send + Sync + 'static {
     /// gate and up), each output the same as its own matmul: the input is
     /// prepared once and the work handed out once.
     fn matmuls(&self, x: &Self::Rows, m: usize, products: &mut [(&Self::Matrix, &mut Self::Rows)]);
+    /// [`Backend::matmuls`] of several inputs, each `(x, m, products)` (a
+    /// mixture of experts' experts, each with its own rows), every output
+    /// the same as its own matmul: a backend may hand out all of the work
+    /// at once. Defaults to one `matmuls` per input.
+    fn grouped_matmuls(&self, groups: &mut [MatmulGroup<'_, '_, '_, '_, Self>]) {
+        for (x, m, products) in groups.iter_mut() {
+            self.matmuls(x, *m, products);
+        }
+    }
     /// For each term, `out[row] += scale · B·(A·x[row])` for its rows; a
     /// row's deltas are added in the order of the terms that name it, so
     /// a row's result depends only on its own terms. Every term's factors

@@ -10,14 +10,14 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::api::scale_each_row;
+use super::api::{MatmulGroup, scale_each_row};
 use super::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, LowRankSource, LowRankTerm, MatrixSource, PassLayout,
     PassRow, SharedBytes,
 };
 use crate::cpu::Family;
 use crate::gemm;
-use crate::matmul::{QuantMatrix, matmuls, share};
+use crate::matmul::{Group, QuantMatrix, grouped_matmuls, share};
 use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles, Scores};
 use crate::pool::ThreadPool;
 use crate::quant::PackedRows;
@@ -291,17 +291,39 @@ impl Backend for CpuBackend {
     }
 
     fn matmuls(&self, x: &Vec<f32>, m: usize, products: &mut [(&CpuMatrix, &mut Vec<f32>)]) {
-        let Some(n_in) = products.first().map(|(weights, _)| weights.n_in) else { return };
-        let views: Vec<_> = products.iter().map(|(weights, _)| weights.view()).collect();
-        let mut jobs: Vec<_> = views
+        self.grouped_matmuls(&mut [(x, m, products)]);
+    }
+
+    fn grouped_matmuls(&self, groups: &mut [MatmulGroup<'_, '_, '_, '_, Self>]) {
+        // Each input's rows (the references outlive this borrow of `groups`).
+        let inputs: Vec<(&[f32], usize)> = groups
             .iter()
-            .zip(products.iter_mut())
-            .map(|(view, (weights, out))| {
-                resize(out, m * weights.n_out);
-                (view, out.as_mut_slice())
+            .map(|&(x, m, ref products)| (&x[..m * products.first().map_or(0, |(weights, _)| weights.n_in)], m))
+            .collect();
+        let views: Vec<Vec<QuantMatrix>> = groups
+            .iter()
+            .map(|(_, _, products)| products.iter().map(|(weights, _)| weights.view()).collect())
+            .collect();
+        let mut jobs: Vec<Vec<(&QuantMatrix, &mut [f32])>> = groups
+            .iter_mut()
+            .zip(&views)
+            .map(|((_, m, products), views)| {
+                views
+                    .iter()
+                    .zip(products.iter_mut())
+                    .map(|(view, (weights, out))| {
+                        resize(out, *m * weights.n_out);
+                        (view, out.as_mut_slice())
+                    })
+                    .collect()
             })
             .collect();
-        matmuls(&x[..m * n_in], m, &mut jobs, &self.pool);
+        let mut groups: Vec<Group> = inputs
+            .into_iter()
+            .zip(jobs.iter_mut())
+            .map(|((x, m), products)| Group { x, m, products: products.as_mut_slice() })
+            .collect();
+        grouped_matmuls(&mut groups, &self.pool);
     }
 
     fn add_low_rank(&self, x: &Vec<f32>, terms: &[LowRankTerm<'_, LowRank>], out: &mut Vec<f32>) {

@@ -23,8 +23,8 @@ mod device;
 
 pub use crate::ops::KvType;
 pub use api::{
-    Backend, BackendError, Embed, KvBlockFormat, KvShape, KvTypes, LowRankSource, LowRankTerm, MatrixSource,
-    PassLayout, PassRow, PassSequence, SharedBytes,
+    Backend, BackendError, Embed, KvBlockFormat, KvShape, KvTypes, LowRankSource, LowRankTerm, MatmulGroup,
+    MatrixSource, PassLayout, PassRow, PassSequence, SharedBytes,
 };
 pub use cpu::{CpuBackend, CpuKv};
 pub use device::Device;

@@ -360,3 +360,39 @@ fn mixtral_matches_llama_cpp_until_a_near_tie() {
 fn mixtral_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("mixtral");
 }
+
+/// A merged `ffn_gate_up_exps` (each expert's gate rows, then its up rows)
+/// computes what separate gate and up tensors do, bit for bit.
+#[test]
+fn merged_gate_up_experts_match_separate_ones() {
+    use sluice_tests::gguf_writer::Tensor;
+    let separate = tiny_family("qwen3moe").expect("a tiny model");
+    let mut merged = separate.clone();
+    for layer in 0..4 {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}.weight");
+        let part = |suffix: &str| {
+            let tensor = separate.tensors.iter().find(|tensor| tensor.name == name(suffix)).expect("in the model");
+            (tensor.dims.clone(), tensor.data.clone())
+        };
+        let ((dims, gate), (_, up)) = (part("ffn_gate_exps"), part("ffn_up_exps"));
+        let expert_bytes = gate.len() / dims[2] as usize;
+        let data: Vec<u8> = gate
+            .chunks_exact(expert_bytes)
+            .zip(up.chunks_exact(expert_bytes))
+            .flat_map(|(gate, up)| gate.iter().chain(up).copied())
+            .collect();
+        let fused =
+            Tensor { name: name("ffn_gate_up_exps"), dims: vec![dims[0], 2 * dims[1], dims[2]], type_id: 0, data };
+        merged = merged.without_tensor(&name("ffn_gate_exps")).without_tensor(&name("ffn_up_exps")).tensor(fused);
+    }
+    let logits = |builder: sluice_tests::gguf_writer::GgufBuilder| {
+        let file = GgufFile::from_bytes(builder.build()).expect("valid GGUF");
+        let model: Arc<dyn Model> = Arc::new(
+            Transformer::from_file(file, Arc::new(CpuBackend::new(2))).expect("loads").for_context(64).expect("rope"),
+        );
+        let mut session = Session::new(model, 16).expect("a session");
+        let logits = session.prefill(&[258, 261, 264, 266, 258, 269], 4).expect("prefill");
+        logits.iter().map(|value| value.to_bits()).collect::<Vec<_>>()
+    };
+    assert!(logits(merged) == logits(separate));
+}

@@ -138,16 +138,27 @@ const STREAM_BYTES: usize = 1 << 29;
 
 /// Bytes of weights one decoding step reads: every tensor once, except the
 /// token embeddings, of which it reads one row, unless the output matrix is
-/// the embeddings themselves (no `output.weight`).
+/// the embeddings themselves (no `output.weight`), and a mixture of experts'
+/// expert tensors (`*_exps`), of which one token reads `expert_used_count`
+/// of the `expert_count` experts.
 fn decoded_weight_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
-    let file =
-        GgufFile::open(path).map_err(|error| anyhow::anyhow!("{error}")).with_context(|| path.display().to_string())?;
+    let error = |error: sluice_model::gguf::GgufError| anyhow::anyhow!("{error}");
+    let file = GgufFile::open(path).map_err(error).with_context(|| path.display().to_string())?;
     let tied = file.tensor("output.weight").is_none();
+    let arch = file.str("general.architecture").map_err(error)?;
+    let count = |key: &str| file.opt_u32(&format!("{arch}.{key}")).map_err(error);
+    let (used, experts) = match (count("expert_used_count")?, count("expert_count")?) {
+        (Some(used), Some(experts)) if experts > 0 => (u64::from(used.min(experts)), u64::from(experts)),
+        _ => (1, 1),
+    };
     Ok(file
         .tensors()
         .iter()
         .filter(|tensor| tied || tensor.name != "token_embd.weight")
-        .map(|tensor| tensor.len as u64)
+        .map(|tensor| match tensor.name.contains("_exps.") {
+            true => tensor.len as u64 / experts * used,
+            false => tensor.len as u64,
+        })
         .sum())
 }
 

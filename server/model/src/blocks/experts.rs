@@ -14,11 +14,15 @@
 
 use sluice_kernels::backend::Backend;
 
-use super::pass::{LayerTensors, Pass, Residual, Scratch};
+use super::pass::{ExpertRows, LayerTensors, Pass, Residual, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::{Experts, LayerKind};
 use crate::weights::{LoadError, Weight, tensor_problem};
+
+/// Experts are multiplied together, not one by one, while they have fewer
+/// rows than this on average.
+const GROUPED_BELOW_ROWS: usize = 8;
 
 /// ggml clamps the sum of a row's weights to this (f16's smallest
 /// normal) before dividing by it.
@@ -105,6 +109,9 @@ impl<B: Backend> ExpertsBlock<B> {
     pub(super) fn run(&self, pass: &Pass<'_, B>, s: &mut Scratch<B>) -> Result<(), ForwardError> {
         let b = pass.backend;
         let (n_embd, used) = (self.router.n_in, self.spec.used);
+        if pass.rows == 0 {
+            return Ok(());
+        }
         let input = match &self.norm {
             Some(norm) => {
                 b.rms_norm(&s.x, norm, pass.rms_eps, &mut s.h);
@@ -119,23 +126,51 @@ impl<B: Backend> ExpertsBlock<B> {
         for (slot, &(expert, _)) in routes.iter().enumerate() {
             groups[expert].push(slot);
         }
+        let chosen: Vec<(&Expert<B>, &[usize])> = (self.experts.iter().zip(&groups))
+            .filter(|(_, slots)| !slots.is_empty())
+            .map(|(expert, slots)| (expert, slots.as_slice()))
+            .collect();
+        // Experts with few rows each (decoding) are handed out together, a
+        // hand-out per expert costing more than its products; with many
+        // (a prompt) one at a time, so that each one's rows stay in cache
+        // from its gate to its down projection.
+        let per_batch = match routes.len() < GROUPED_BELOW_ROWS * chosen.len() {
+            true => chosen.len().max(1),
+            false => 1,
+        };
+        if s.experts.len() < per_batch + 1 {
+            s.experts.resize_with(per_batch + 1, ExpertRows::default);
+        }
+        // The shared expert's buffers follow every batch's.
+        let (buffers, shared_buffers) = s.experts.split_at_mut(per_batch);
+        let mut shared = self.shared.as_ref().map(|shared| (&shared.mlp, &mut shared_buffers[0]));
         let mut rows = Vec::new();
-        for (expert, slots) in self.experts.iter().zip(&groups).filter(|(_, slots)| !slots.is_empty()) {
-            rows.clear();
-            rows.extend(slots.iter().map(|slot| slot / used));
-            b.gather(input, &rows, n_embd, &mut s.expert_in);
-            let buffers = [&mut s.gate, &mut s.up, &mut s.ffn, &mut s.expert_out];
-            expert.run(b, &s.expert_in, rows.len(), buffers);
-            b.scatter(&s.expert_out, slots, n_embd, routes.len(), &mut s.slots)?;
+        for batch in chosen.chunks(per_batch) {
+            for (buffer, (_, slots)) in buffers.iter_mut().zip(batch) {
+                rows.clear();
+                rows.extend(slots.iter().map(|slot| slot / used));
+                b.gather(input, &rows, n_embd, &mut buffer.input);
+            }
+            let mut jobs: Vec<(&Expert<B>, Option<&B::Rows>, usize, &mut ExpertRows<B>)> = (batch.iter())
+                .zip(buffers.iter_mut())
+                .map(|(&(expert, slots), buffer)| (expert, None, slots.len(), buffer))
+                .collect();
+            if let Some((mlp, buffer)) = shared.take() {
+                jobs.push((mlp, Some(input), pass.rows, buffer));
+            }
+            Expert::run_all(b, &mut jobs);
+            for ((_, slots), buffer) in batch.iter().zip(buffers.iter()) {
+                b.scatter(&buffer.out, slots, n_embd, routes.len(), &mut s.slots)?;
+            }
         }
         let weights: Vec<f32> = routes.iter().map(|&(_, weight)| weight).collect();
         b.weighted_sum(&s.slots, &weights, used, &mut s.ffn)?;
         if let Some(shared) = &self.shared {
-            shared.mlp.run(b, input, pass.rows, [&mut s.gate, &mut s.up, &mut s.expert_in, &mut s.expert_out]);
             b.matmul(&shared.gate.matrix, input, pass.rows, &mut s.gate);
             let factors: Vec<f32> = b.download(&s.gate)?.into_iter().map(sigmoid).collect();
-            b.scale_rows(&mut s.expert_out, &factors)?;
-            b.add(&mut s.ffn, &s.expert_out);
+            let out = &mut s.experts[per_batch].out;
+            b.scale_rows(out, &factors)?;
+            b.add(&mut s.ffn, out);
         }
         self.residual.add(pass, &mut s.ffn, &mut s.x)?;
         Ok(())
@@ -143,12 +178,27 @@ impl<B: Backend> ExpertsBlock<B> {
 }
 
 impl<B: Backend> Expert<B> {
-    /// The MLP of the `m` rows of `x` into `out`, through the buffers
-    /// `gate`, `up` and `act`.
-    fn run(&self, b: &B, x: &B::Rows, m: usize, [gate, up, act, out]: [&mut B::Rows; 4]) {
-        b.matmuls(x, m, &mut [(&self.gate.matrix, gate), (&self.up.matrix, up)]);
-        b.swiglu(gate, up, act);
-        b.matmul(&self.down.matrix, act, m, out);
+    /// Each job's expert over its `m` rows, from its gathered `input` or
+    /// the given rows, into its `out`: the gate and up projections of all
+    /// of them in one grouped product, the down projections in another.
+    #[allow(clippy::type_complexity)]
+    fn run_all(b: &B, jobs: &mut [(&Self, Option<&B::Rows>, usize, &mut ExpertRows<B>)]) {
+        let mut products: Vec<(&B::Rows, usize, [(&B::Matrix, &mut B::Rows); 2])> = jobs
+            .iter_mut()
+            .map(|(expert, x, m, ExpertRows { input, gate, up, .. })| {
+                (x.unwrap_or(input), *m, [(&expert.gate.matrix, gate), (&expert.up.matrix, up)])
+            })
+            .collect();
+        b.grouped_matmuls(&mut products.iter_mut().map(|(x, m, pair)| (*x, *m, &mut pair[..])).collect::<Vec<_>>());
+        drop(products);
+        for (_, _, _, buffer) in jobs.iter_mut() {
+            b.swiglu(&buffer.gate, &buffer.up, &mut buffer.act);
+        }
+        let mut products: Vec<(&B::Rows, usize, [(&B::Matrix, &mut B::Rows); 1])> = jobs
+            .iter_mut()
+            .map(|(expert, _, m, ExpertRows { act, out, .. })| (&*act, *m, [(&expert.down.matrix, out)]))
+            .collect();
+        b.grouped_matmuls(&mut products.iter_mut().map(|(x, m, one)| (*x, *m, &mut one[..])).collect::<Vec<_>>());
     }
 }
 

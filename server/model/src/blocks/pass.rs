@@ -102,12 +102,33 @@ pub(crate) struct Scratch<B: Backend> {
     pub(super) gate: B::Rows,
     pub(super) up: B::Rows,
     pub(crate) ffn: B::Rows,
-    /// An expert's rows, gathered from the pass's.
-    pub(super) expert_in: B::Rows,
-    /// An expert's outputs for its rows.
-    pub(super) expert_out: B::Rows,
+    /// Each expert's buffers, for the experts a pass chose (and a shared
+    /// expert, last).
+    pub(super) experts: Vec<ExpertRows<B>>,
     /// Every row's chosen experts' outputs, a row's after another's.
     pub(super) slots: B::Rows,
+}
+
+/// One expert's rows through its MLP.
+pub(super) struct ExpertRows<B: Backend> {
+    /// Its rows, gathered from the pass's.
+    pub(super) input: B::Rows,
+    pub(super) gate: B::Rows,
+    pub(super) up: B::Rows,
+    pub(super) act: B::Rows,
+    pub(super) out: B::Rows,
+}
+
+impl<B: Backend> Default for ExpertRows<B> {
+    fn default() -> Self {
+        ExpertRows {
+            input: B::Rows::default(),
+            gate: B::Rows::default(),
+            up: B::Rows::default(),
+            act: B::Rows::default(),
+            out: B::Rows::default(),
+        }
+    }
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -122,8 +143,7 @@ impl<B: Backend> Default for Scratch<B> {
             gate: B::Rows::default(),
             up: B::Rows::default(),
             ffn: B::Rows::default(),
-            expert_in: B::Rows::default(),
-            expert_out: B::Rows::default(),
+            experts: Vec::new(),
             slots: B::Rows::default(),
         }
     }
