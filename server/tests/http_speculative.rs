@@ -77,8 +77,12 @@ fn assert_same_outputs(server: &Server, solo: &[(Value, Value, Value)]) -> (u64,
 }
 
 fn solo_outputs() -> Vec<(Value, Value, Value)> {
-    let server = Server::start(&["-np", "1"]);
-    let outputs: Vec<_> = requests().iter().map(|body| run(&server, body, false)).collect();
+    solo_outputs_of(&Server::start(&["-np", "1"]))
+}
+
+/// Every request's output on `server`, one at a time, without a draft.
+fn solo_outputs_of(server: &Server) -> Vec<(Value, Value, Value)> {
+    let outputs: Vec<_> = requests().iter().map(|body| run(server, body, false)).collect();
     assert!(outputs.iter().all(|(_, _, timings)| timings["draft_n"] == 0));
     let (_, slots) = server.get("/slots");
     assert_eq!(slots[0]["speculative"], false);
@@ -113,6 +117,25 @@ fn drafts_never_change_the_output() {
     let server = Server::start(&["-np", "4", "-md", path.to_str().expect("utf-8"), "--spec-draft-p-min", "0"]);
     let (drafted, accepted) = assert_same_outputs(&server, &solo);
     assert!(accepted * 4 < drafted, "a random draft should rarely be right: {accepted} of {drafted}");
+    drop(server);
+    std::fs::remove_file(&path).expect("clean up");
+}
+
+/// A mixture of experts (Qwen3-MoE's layout) drafting for itself: the
+/// target verifies each draft's rows in one pass, its experts grouped
+/// across them, and the output is the output without a draft, every
+/// greedy draft accepted.
+#[test]
+fn drafts_on_a_mixture_of_experts_never_change_the_output() {
+    let path = std::env::temp_dir().join(format!("sluice-moe-draft-{}.gguf", std::process::id()));
+    let model = sluice_tests::models::tiny_family("qwen3moe").expect("a tiny MoE model");
+    std::fs::write(&path, model.build()).expect("write the model");
+    let solo = solo_outputs_of(&Server::start_model(&path, &["-np", "1"], &[]));
+    let draft = path.to_str().expect("utf-8");
+    let args = ["-np", "4", "-md", draft, "--spec-draft-p-min", "0", "--spec-draft-n-max", "5"];
+    let server = Server::start_model(&path, &args, &[]);
+    let (drafted, accepted) = assert_same_outputs(&server, &solo);
+    assert_eq!(accepted, drafted, "self-drafting accepts every greedy draft");
     drop(server);
     std::fs::remove_file(&path).expect("clean up");
 }

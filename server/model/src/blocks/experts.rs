@@ -37,6 +37,10 @@ pub(super) struct ExpertsBlock<B: Backend> {
     residual: Residual<B>,
 }
 
+/// An expert to run, over its `m` rows: its gathered `input`, or these
+/// rows (the shared expert's, all of the pass's), and its buffers.
+type Job<'a, B> = (&'a Expert<B>, Option<&'a <B as Backend>::Rows>, usize, &'a mut ExpertRows<B>);
+
 /// One expert's SwiGLU MLP.
 struct Expert<B: Backend> {
     gate: Weight<B>,
@@ -151,7 +155,7 @@ impl<B: Backend> ExpertsBlock<B> {
                 rows.extend(slots.iter().map(|slot| slot / used));
                 b.gather(input, &rows, n_embd, &mut buffer.input);
             }
-            let mut jobs: Vec<(&Expert<B>, Option<&B::Rows>, usize, &mut ExpertRows<B>)> = (batch.iter())
+            let mut jobs: Vec<Job<'_, B>> = (batch.iter())
                 .zip(buffers.iter_mut())
                 .map(|(&(expert, slots), buffer)| (expert, None, slots.len(), buffer))
                 .collect();
@@ -181,25 +185,34 @@ impl<B: Backend> Expert<B> {
     /// Each job's expert over its `m` rows, from its gathered `input` or
     /// the given rows, into its `out`: the gate and up projections of all
     /// of them in one grouped product, the down projections in another.
-    #[allow(clippy::type_complexity)]
-    fn run_all(b: &B, jobs: &mut [(&Self, Option<&B::Rows>, usize, &mut ExpertRows<B>)]) {
-        let mut products: Vec<(&B::Rows, usize, [(&B::Matrix, &mut B::Rows); 2])> = jobs
-            .iter_mut()
-            .map(|(expert, x, m, ExpertRows { input, gate, up, .. })| {
-                (x.unwrap_or(input), *m, [(&expert.gate.matrix, gate), (&expert.up.matrix, up)])
-            })
-            .collect();
-        b.grouped_matmuls(&mut products.iter_mut().map(|(x, m, pair)| (*x, *m, &mut pair[..])).collect::<Vec<_>>());
-        drop(products);
+    fn run_all(b: &B, jobs: &mut [Job<'_, B>]) {
+        grouped::<B, 2>(
+            b,
+            jobs.iter_mut()
+                .map(|(expert, x, m, ExpertRows { input, gate, up, .. })| {
+                    (x.unwrap_or(input), *m, [(&expert.gate.matrix, gate), (&expert.up.matrix, up)])
+                })
+                .collect(),
+        );
         for (_, _, _, buffer) in jobs.iter_mut() {
             b.swiglu(&buffer.gate, &buffer.up, &mut buffer.act);
         }
-        let mut products: Vec<(&B::Rows, usize, [(&B::Matrix, &mut B::Rows); 1])> = jobs
-            .iter_mut()
-            .map(|(expert, _, m, ExpertRows { act, out, .. })| (&*act, *m, [(&expert.down.matrix, out)]))
-            .collect();
-        b.grouped_matmuls(&mut products.iter_mut().map(|(x, m, one)| (*x, *m, &mut one[..])).collect::<Vec<_>>());
+        grouped::<B, 1>(
+            b,
+            jobs.iter_mut()
+                .map(|(expert, _, m, ExpertRows { act, out, .. })| (&*act, *m, [(&expert.down.matrix, out)]))
+                .collect(),
+        );
     }
+}
+
+/// Inputs, their rows, and `N` products of each.
+type Products<'a, B, const N: usize> =
+    (&'a <B as Backend>::Rows, usize, [(&'a <B as Backend>::Matrix, &'a mut <B as Backend>::Rows); N]);
+
+/// Every product of every input in one [`Backend::grouped_matmuls`].
+fn grouped<B: Backend, const N: usize>(b: &B, mut products: Vec<Products<'_, B, N>>) {
+    b.grouped_matmuls(&mut products.iter_mut().map(|(x, m, products)| (*x, *m, &mut products[..])).collect::<Vec<_>>());
 }
 
 /// An expert's gate and up matrices from its parts.
