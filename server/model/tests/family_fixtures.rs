@@ -85,10 +85,11 @@ fn compare_within(file: GgufFile, arch: &str, key: &str, n_ctx_seq: usize, toler
                 .map(|pair| (pair[0].as_u64().expect("id") as u32, pair[1].as_f64().expect("logprob")))
                 .collect();
             let ours = top5(&logits);
-            for (token, logprob) in ours.iter().filter(|_| tolerance.is_some()) {
-                if let Some((_, want)) = theirs.iter().find(|(theirs, _)| theirs == token) {
+            for (token, logprob) in &ours {
+                let theirs = theirs.iter().find(|(theirs, _)| theirs == token);
+                if let (Some(tolerance), Some((_, want))) = (tolerance, theirs) {
                     assert!(
-                        (logprob - want).abs() <= tolerance.unwrap_or(f64::INFINITY),
+                        (logprob - want).abs() <= tolerance,
                         "{arch} {:?} step {index}: token {token} log-prob {logprob} vs llama.cpp {want}",
                         completion["prompt"]
                     );
