@@ -136,6 +136,9 @@ fn openai_stream_and_non_stream_agree() {
         let body = json!({
             "prompt": PROMPT, "messages": [{"role": "user", "content": "Hi"}],
             "n_predict": 4, "timings_per_token": true, "ignore_eos": true,
+            // Greedy, so no token ends inside a character: a held-back
+            // partial character would come out as a chunk of its own at the end.
+            "temperature": 0,
         });
         let stream = streamed(&server, path, &body);
         let token_chunks: Vec<&Value> = stream
