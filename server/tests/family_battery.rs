@@ -14,8 +14,10 @@ use sluice_tests::battery::{self, Expect, Report, Target};
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
-const FAMILIES: [&str; 11] =
-    ["gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2", "qwen3moe", "qwen2moe", "mixtral"];
+const FAMILIES: [&str; 12] = [
+    "gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2", "qwen3moe", "qwen2moe", "mixtral",
+    "gpt-oss",
+];
 const KEY: &str = "family-battery-key";
 
 /// Requests that reach what differs between families.

@@ -26,6 +26,7 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "qwen3moe" => Some(tiny_bpe("qwen3moe")),
         "qwen2moe" => Some(tiny_bpe("qwen2moe")),
         "mixtral" => Some(tiny_bpe("mixtral")),
+        "gpt-oss" => Some(tiny_bpe("gpt-oss")),
         _ => None,
     }
 }
@@ -269,7 +270,8 @@ const BPE_WORDS: [&str; 24] = [
 ];
 
 /// The synthetic BPE models (`arch` `smollm3`, `granite`, `olmo2`,
-/// `qwen3moe`, `qwen2moe` or `mixtral`, a `llama` file with experts) whose
+/// `qwen3moe`, `qwen2moe`, `mixtral` (a `llama` file with experts) or
+/// `gpt-oss` (see [`gpt_oss`])) whose
 /// llama.cpp outputs are fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`):
 /// a byte-level vocabulary of real-looking pieces with the family's
 /// `tokenizer.ggml.pre`, special tokens and chat template, as its
@@ -277,8 +279,8 @@ const BPE_WORDS: [&str; 24] = [
 /// Granite non-trivial multipliers; OLMo 2 eight layers, six of them local
 /// with windows of 5 positions (OLMo 3's layout); the mixtures of experts
 /// four layers of experts (Qwen3-MoE 2 of 8, Qwen2-MoE 2 of 8 and a
-/// shared expert, Mixtral 2 of 4), ChatML or `[INST]` templates written
-/// for these tests. The LM head gives pieces
+/// shared expert, Mixtral 2 of 4, gpt-oss 4 of 8), ChatML or `[INST]`
+/// templates written for these tests (gpt-oss: the published one). The LM head gives pieces
 /// of UTF-8 characters and special tokens logits of 0, below any greedy
 /// choice: llama-server reports no log-probs for a piece of a character
 /// and stops at an end-of-generation token. The final norm's weights of 4
@@ -305,6 +307,21 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             if arch == "qwen3moe" { 35 } else { 36 },
         ),
         "mixtral" => (&["<s>", "</s>"], "llama-bpe", include_str!("../fixtures/mixtral-chat-template.jinja"), 37),
+        "gpt-oss" => (
+            &[
+                "<|endoftext|>",
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|channel|>",
+                "<|return|>",
+                "<|call|>",
+                "<|constrain|>",
+            ],
+            "gpt-4o",
+            include_str!("../fixtures/gpt-oss-chat-template.jinja"),
+            38,
+        ),
         _ => (&["<|endoftext|>", "<|pad|>"], "dbrx", include_str!("../fixtures/olmo2-chat-template.jinja"), 34),
     };
     let experts = |count, shared| crate::gguf_writer::TinyExperts { count, used: 2, n_ff: 32, shared };
@@ -313,6 +330,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
         "qwen2moe" => (arch, Some(experts(8, Some(48)))),
         // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
         "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
+        "gpt-oss" => (arch, Some(crate::gguf_writer::TinyExperts { used: 4, ..experts(8, None) })),
         _ => (arch, None),
     };
     // The words in GPT-2's spelling, after all 256 bytes, the specials last.
@@ -375,6 +393,11 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("tokenizer.ggml.bos_token_id", id("<s>"))
             .meta("tokenizer.ggml.eos_token_id", id("</s>"))
             .meta("tokenizer.ggml.add_bos_token", Value::Bool(true)),
+        "gpt-oss" => gpt_oss(&shape, model)
+            .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.eos_token_id", id("<|return|>"))
+            .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.add_bos_token", Value::Bool(false)),
         _ => model
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|endoftext|>"))
@@ -382,4 +405,50 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("olmo2.attention.sliding_window", Value::U32(5))
             .meta("olmo2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
     }
+}
+
+/// A gpt-oss model from the experts model `model` of `shape`: the FFN
+/// pre-norm named `post_attention_norm`, biases on Q/K/V, the output, the
+/// router and every expert's projections, a sink per query head, windows
+/// of 5 positions on even layers, YaRN (factor 32 over an original context
+/// of 64, base 150000, as the published files have it but for the context).
+pub fn gpt_oss(
+    shape: &crate::gguf_writer::TinyModel,
+    model: crate::gguf_writer::GgufBuilder,
+) -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Rng, Tensor, Value};
+    let mut rng = Rng::new(shape.seed ^ 0x0a1);
+    let experts = shape.experts.expect("gpt-oss has experts");
+    let (e, count, n_ff) = (shape.n_embd as u64, experts.count as u64, experts.n_ff as u64);
+    let kv = (shape.n_embd / shape.n_head * shape.n_head_kv) as u64;
+    let mut model = model
+        .meta("gpt-oss.attention.sliding_window", Value::U32(5))
+        .meta("gpt-oss.rope.freq_base", Value::F32(150_000.0))
+        .meta("gpt-oss.rope.scaling.type", Value::Str("yarn".into()))
+        .meta("gpt-oss.rope.scaling.factor", Value::F32(32.0))
+        .meta("gpt-oss.rope.scaling.original_context_length", Value::U32(64));
+    for layer in 0..shape.n_layer {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+        let norm = model.tensors.iter().find(|t| t.name == name("ffn_norm.weight")).expect("a pre-norm").clone();
+        model = model
+            .without_tensor(&norm.name)
+            .tensor(crate::gguf_writer::Tensor { name: name("post_attention_norm.weight"), ..norm });
+        let biases: [(&str, &[u64]); 8] = [
+            ("attn_q.bias", &[e]),
+            ("attn_k.bias", &[kv]),
+            ("attn_v.bias", &[kv]),
+            ("attn_output.bias", &[e]),
+            ("ffn_gate_inp.bias", &[count]),
+            ("ffn_gate_exps.bias", &[n_ff, count]),
+            ("ffn_up_exps.bias", &[n_ff, count]),
+            ("ffn_down_exps.bias", &[e, count]),
+        ];
+        for (suffix, dims) in biases {
+            let len = dims.iter().product::<u64>() as usize;
+            model = model.tensor(Tensor::f32(&name(suffix), dims, &rng.vec(len, 0.1)));
+        }
+        model =
+            model.tensor(Tensor::f32(&name("attn_sinks.weight"), &[shape.n_head as u64], &rng.vec(shape.n_head, 2.0)));
+    }
+    model
 }

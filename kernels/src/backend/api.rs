@@ -388,6 +388,14 @@ pub trait Backend: Send + Sync + 'static {
         ops::geglu_f16(&gate, &up, &mut values);
         self.upload(&values, out)
     }
+    /// `out = swiglu_oai(gate, up)` as [`ops::swiglu_oai`] computes it
+    /// (gpt-oss's experts).
+    fn swiglu_oai(&self, gate: &Self::Rows, up: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError> {
+        let (gate, up) = (self.download(gate)?, self.download(up)?);
+        let mut values = vec![0.0; gate.len()];
+        ops::swiglu_oai(&gate, &up, &mut values);
+        self.upload(&values, out)
+    }
     /// `x *= factor` element-wise (Gemma's embedding scale and pre-scaled
     /// queries).
     fn scale(&self, x: &mut Self::Rows, factor: f32) -> Result<(), BackendError> {
@@ -420,7 +428,7 @@ pub trait Backend: Send + Sync + 'static {
         q: &Self::Rows,
         pass: &Self::Pass,
         heads: HeadShape,
-        scores: Scores,
+        scores: Scores<'_>,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError>;
     /// Attention in which each row of the pass sees every row of its own

@@ -53,6 +53,15 @@ impl CpuBackend {
             self.pool.split_mut(out, unit, f);
         }
     }
+
+    /// `out = glu(gate, up)` for an element-wise gated activation.
+    fn glu(&self, glu: fn(&[f32], &[f32], &mut [f32]), gate: &[f32], up: &[f32], out: &mut Vec<f32>) {
+        resize(out, gate.len());
+        self.split(out, VECTOR_UNIT, |start, out| {
+            let values = start..start + out.len();
+            glu(&gate[values.clone()], &up[values], out);
+        });
+    }
 }
 
 /// Values from which the per-row steps (norms, RoPE, SwiGLU, adds) run on
@@ -375,11 +384,7 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) {
-        resize(out, gate.len());
-        self.split(out, VECTOR_UNIT, |start, out| {
-            let values = start..start + out.len();
-            ops::swiglu(&gate[values.clone()], &up[values], out);
-        });
+        self.glu(ops::swiglu, gate, up, out);
     }
 
     fn gather(&self, x: &Vec<f32>, rows: &[usize], width: usize, out: &mut Vec<f32>) {
@@ -435,11 +440,12 @@ impl Backend for CpuBackend {
     }
 
     fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
-        resize(out, gate.len());
-        self.split(out, VECTOR_UNIT, |start, out| {
-            let values = start..start + out.len();
-            ops::geglu_f16(&gate[values.clone()], &up[values], out);
-        });
+        self.glu(ops::geglu_f16, gate, up, out);
+        Ok(())
+    }
+
+    fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        self.glu(ops::swiglu_oai, gate, up, out);
         Ok(())
     }
 
@@ -494,7 +500,7 @@ impl Backend for CpuBackend {
         q: &Vec<f32>,
         pass: &CpuPass,
         heads: HeadShape,
-        scores: Scores,
+        scores: Scores<'_>,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         let q_dim = heads.q_len();

@@ -137,7 +137,7 @@ impl HeadShape {
 
 /// How a query scores the positions it sees, and which of them it sees.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scores {
+pub struct Scores<'a> {
     /// Multiplies `q · k`.
     pub scale: f32,
     /// Soft-capping (Gemma 2): each score becomes `cap · tanh(s / cap)`,
@@ -148,12 +148,17 @@ pub struct Scores {
     /// the last `window` of them, its own included (llama.cpp hides
     /// position `p` from a query at `q` when `q - p >= window`).
     pub window: Option<usize>,
+    /// Attention sinks (gpt-oss): one learned score per query head (all
+    /// `n_head` of the layer), in the softmax's denominator as if a
+    /// position with that score and a value of zeros were seen, applied
+    /// after the positions as llama.cpp's flash attention applies them.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl Scores {
+impl Scores<'_> {
     /// Plain scaled scores over every visible position.
     pub fn scaled(scale: f32) -> Self {
-        Scores { scale, softcap: None, window: None }
+        Scores { scale, softcap: None, window: None, sinks: None }
     }
 
     /// The first position a row seeing `0..n_visible` attends to.
@@ -170,7 +175,7 @@ impl Scores {
     }
 }
 
-impl From<f32> for Scores {
+impl From<f32> for Scores<'_> {
     fn from(scale: f32) -> Self {
         Scores::scaled(scale)
     }
@@ -198,12 +203,12 @@ impl From<f32> for Scores {
 ///
 /// `scratch` is grown to `2 × n_head × head_dim` floats (rounded up to
 /// whole chunks) plus two per head; reuse it to stay allocation-free.
-pub fn attend(
+pub fn attend<'s>(
     q: &[f32],
     kv: KvPages<'_>,
     n_visible: usize,
     shape: HeadShape,
-    scores: impl Into<Scores>,
+    scores: impl Into<Scores<'s>>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
@@ -221,13 +226,13 @@ pub fn attend(
 /// because the pairs' online-softmax chains are independent and overlap in
 /// the pipeline, and each K/V position is fetched once for all of them.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_heads(
+pub fn attend_heads<'s>(
     q: &[f32],
     kv: KvPages<'_>,
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: Range<usize>,
-    scores: impl Into<Scores>,
+    scores: impl Into<Scores<'s>>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<(), OpsError> {
@@ -255,7 +260,7 @@ fn attend_in<K: KvElement, V: KvElement>(
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: Range<usize>,
-    scale: Scores,
+    scale: Scores<'_>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
@@ -308,14 +313,32 @@ fn attend_in<K: KvElement, V: KvElement>(
             });
             step_block(s, &block, arenas, q_pad, &mut state, n_visible, kv_head, group, head_dim, scale);
         }
-        for (h, (acc, sum)) in acc.chunks_exact(chunks).zip(sums.iter()).enumerate() {
-            let inv = s.splat(1.0 / sum);
+        for (h, ((acc, &max), &sum)) in acc.chunks_exact(chunks).zip(&*maxima).zip(&*sums).enumerate() {
+            // The sink of head `h % row_heads` of the selection.
+            let sink = scale.sinks.and_then(|sinks| sinks.get(first_kv_head * group + h % row_heads));
+            let (rescale, sum) = with_sink(max, sum, sink.copied());
+            let (rescale, inv) = (s.splat(rescale), s.splat(1.0 / sum));
             let out = &mut out[h * head_dim..(h + 1) * head_dim];
             for (c, acc) in acc.iter().enumerate() {
-                store_chunk(s, s.mul(s.load(acc), inv), out, c);
+                store_chunk(s, s.mul(s.mul(s.load(acc), rescale), inv), out, c);
             }
         }
     });
+}
+
+/// A head's softmax denominator with its sink, and the factor of its
+/// weighted sum: the sink is one more score whose value is zeros, taken
+/// after the positions (llama.cpp's step, `S = S·ms + vs`, fused).
+#[inline(always)]
+fn with_sink(max: f32, sum: f32, sink: Option<f32>) -> (f32, f32) {
+    match sink {
+        None => (1.0, sum),
+        Some(sink) if sink > max => {
+            let rescale = (max - sink).exp();
+            (rescale, sum.mul_add(rescale, 1.0))
+        }
+        Some(sink) => (1.0, sum.mul_add(1.0, (sink - max).exp())),
+    }
 }
 
 /// Positions visited at a time: their scores, which do not depend on each
@@ -359,7 +382,7 @@ fn step_block<S: Simd, K: KvElement, V: KvElement>(
     kv_head: usize,
     group: usize,
     head_dim: usize,
-    scale: Scores,
+    scale: Scores<'_>,
 ) {
     let chunks = head_dim.div_ceil(LANES);
     let row_heads = state.maxima.len() / n_visible.len();
@@ -579,7 +602,7 @@ fn check(
     n_visible: &[usize],
     shape: HeadShape,
     kv_heads: &Range<usize>,
-    scores: Scores,
+    scores: Scores<'_>,
     out: &[f32],
 ) -> Result<(), String> {
     if kv_heads.start >= kv_heads.end || kv_heads.end > shape.n_kv_head {
@@ -609,6 +632,11 @@ fn check(
     if !scores.softcap.is_none_or(|cap| cap > 0.0 && cap.is_finite()) {
         return Err(format!("soft-cap {:?} must be finite and positive", scores.softcap));
     }
+    if let Some(sinks) = scores.sinks
+        && sinks.len() != shape.n_head
+    {
+        return Err(format!("{} attention sinks for {} query heads", sinks.len(), shape.n_head));
+    }
     let sorted = kv.hidden.windows(2).all(|pair| pair[0].end <= pair[1].start);
     if !sorted || kv.hidden.iter().any(|range| range.start >= range.end) {
         return Err(format!("hidden positions {:?} are not sorted, disjoint, non-empty ranges", kv.hidden));
@@ -620,7 +648,7 @@ fn check(
 
 /// Whether a row seeing `0..n_visible` (its window of them) sees at least
 /// one position.
-fn check_seen(kv: &KvPages<'_>, n_visible: usize, scores: Scores) -> Result<(), String> {
+fn check_seen(kv: &KvPages<'_>, n_visible: usize, scores: Scores<'_>) -> Result<(), String> {
     if n_visible == 0 {
         return Err("no visible positions".into());
     }

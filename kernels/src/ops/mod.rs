@@ -46,7 +46,7 @@ pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use rope_scaling::{RopeScaling, Yarn};
 pub use row::{
     Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, silu,
-    softmax_in_place, swiglu,
+    softmax_in_place, swiglu, swiglu_oai,
 };
 #[cfg(test)]
 pub(crate) use testing::noise;

@@ -97,6 +97,28 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     dispatch!(s => update(s, out, [gate, up], #[inline(always)] |_, [g, u]| s.mul(silu_v(s, g), u)))
 }
 
+/// gpt-oss's clamp of its experts' gate (above) and up projection (on
+/// both sides), and its sigmoid's slope (llama.cpp's constants).
+const OAI_LIMIT: f32 = 7.0;
+const OAI_ALPHA: f32 = 1.702;
+
+/// gpt-oss's gated activation: with `g = min(gate, 7)` and
+/// `u = clamp(up, -7, 7)`, `out = g · σ(1.702 g) · (u + 1)`.
+///
+/// # Panics
+/// If `up` or `out` is not as long as `gate`.
+pub fn swiglu_oai(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_same_len("swiglu_oai up", gate.len(), up.len());
+    assert_same_len("swiglu_oai out", gate.len(), out.len());
+    dispatch!(s => update(s, out, [gate, up], #[inline(always)] |_, [g, u]| {
+        let (limit, one) = (s.splat(OAI_LIMIT), s.splat(1.0));
+        let g = s.min(g, limit);
+        let u = s.max(s.min(u, limit), s.splat(-OAI_LIMIT));
+        let glu = s.div(g, s.add(one, exp(s, s.mul(s.splat(-OAI_ALPHA), g))));
+        s.mul(glu, s.add(u, one))
+    }))
+}
+
 /// `out = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias` (LayerNorm, a
 /// vision tower's norm); the mean and variance are summed in f64, as GGML
 /// sums them.
@@ -278,6 +300,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_and_matches_its_formula_on_every_level() {
+        let gate: Vec<f32> = noise(1000, 5, 12.0);
+        let up: Vec<f32> = noise(1000, 6, 12.0);
+        let got = same_on_every_level(|| {
+            let mut out = vec![f32::NAN; gate.len()];
+            swiglu_oai(&gate, &up, &mut out);
+            out
+        });
+        for ((&g, &u), &y) in gate.iter().zip(&up).zip(&got) {
+            let (g, u) = (f64::from(g).min(7.0), f64::from(u).clamp(-7.0, 7.0));
+            let want = g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+            assert!((f64::from(y) - want).abs() <= 2e-6 * (1.0 + want.abs()), "{g}, {u}: {y}, not {want}");
+        }
+        let mut out = [0.0; 2];
+        swiglu_oai(&[100.0, -100.0], &[100.0, -100.0], &mut out);
+        // Clamped to 7 and 7, and to -100 (whose sigmoid is 0) and -7.
+        assert!((out[0] - 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * 8.0).abs() < 1e-5, "{out:?}");
+        assert_eq!(out[1], 0.0);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::fmt;
 use super::families;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::layer::{Attention, Experts, Ffn, LayerKind, Mixer};
+use super::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind, Mixer};
 use super::weights::LoadError;
 
 /// A file's family and the kinds of its layers.
@@ -65,6 +65,8 @@ impl fmt::Display for LayerKind {
                 softcap,
                 window,
                 own_rope,
+                output_bias,
+                sinks,
             }) => {
                 match window {
                     Some(window) => write!(f, "sliding-window attention ({window} positions)")?,
@@ -74,11 +76,17 @@ impl fmt::Display for LayerKind {
                     true => (qk_norm, "whole-vector Q/K norms"),
                     false => (qk_norm, "Q/K norms"),
                 };
-                let mut extras: Vec<String> = [(qkv_bias, "Q/K/V biases"), qk_norm, (!rotary, "no RoPE")]
-                    .into_iter()
-                    .filter(|&(set, _)| set)
-                    .map(|(_, name)| name.to_string())
-                    .collect();
+                let mut extras: Vec<String> = [
+                    (qkv_bias, "Q/K/V biases"),
+                    (output_bias, "an output bias"),
+                    qk_norm,
+                    (!rotary, "no RoPE"),
+                    (sinks, "sinks"),
+                ]
+                .into_iter()
+                .filter(|&(set, _)| set)
+                .map(|(_, name)| name.to_string())
+                .collect();
                 extras.extend(q_scale.map(|scale| format!("Q scaled by {scale}")));
                 extras.extend(score_scale.map(|scale| format!("scores scaled by {scale}")));
                 extras.extend(softcap.map(|cap| format!("scores soft-capped at {cap}")));
@@ -92,8 +100,16 @@ impl fmt::Display for LayerKind {
             Ffn::SwiGlu => f.write_str(", SwiGLU feed-forward")?,
             Ffn::GeGlu => f.write_str(", GELU-gated feed-forward")?,
             Ffn::Experts(experts) => {
-                let Experts { count, used, n_ff, normalized, shared } = experts;
-                write!(f, ", {used} of {count} SwiGLU experts of width {n_ff}")?;
+                let Experts { count, used, n_ff, gating, normalized, shared, mlp, biases } = experts;
+                let mlp = match mlp {
+                    ExpertMlp::SwiGlu => "SwiGLU",
+                    ExpertMlp::ClampedSwiGlu => "clamped SwiGLU",
+                };
+                let biased = if biases { " biased" } else { "" };
+                write!(f, ", {used} of {count}{biased} {mlp} experts of width {n_ff}")?;
+                if gating == Gating::SoftmaxOfChosen {
+                    f.write_str(" (softmax over the chosen)")?;
+                }
                 if normalized {
                     f.write_str(" (weights renormalized)")?;
                 }

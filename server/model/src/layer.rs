@@ -22,6 +22,9 @@ pub(crate) struct LayerKind {
     /// Each block's output is multiplied by this before its residual add
     /// (Granite's `residual_scale`), after any post-norm.
     pub residual_scale: Option<f32>,
+    /// The feed-forward's pre-norm: `ffn_norm.weight`, except in gpt-oss
+    /// files (`post_attention_norm.weight`).
+    pub ffn_norm: &'static str,
 }
 
 impl LayerKind {
@@ -33,6 +36,7 @@ impl LayerKind {
             pre_norms: true,
             post_norms: false,
             residual_scale: None,
+            ffn_norm: "ffn_norm.weight",
         }
     }
 }
@@ -76,6 +80,11 @@ pub(crate) struct Attention {
     /// A RoPE of its own instead of the model's (local layers' in
     /// Gemma 2 and 3, where their files say so).
     pub own_rope: Option<OwnRope>,
+    /// A bias on the output projection (`attn_output.bias`: gpt-oss).
+    pub output_bias: bool,
+    /// A learned sink score per query head (`attn_sinks.weight`: gpt-oss),
+    /// see [`sluice_kernels::ops::Scores::sinks`].
+    pub sinks: bool,
 }
 
 /// A layer's RoPE base and frequency scale (its pairing is the model's).
@@ -98,6 +107,8 @@ impl Attention {
             softcap: None,
             window: None,
             own_rope: None,
+            output_bias: false,
+            sinks: false,
         }
     }
 }
@@ -116,21 +127,48 @@ pub(crate) enum Ffn {
 }
 
 /// A mixture-of-experts feed-forward: a router (`ffn_gate_inp`) scores
-/// the experts of each row, a softmax makes the scores probabilities, the
-/// `used` most probable experts run (`ffn_{gate,up,down}_exps`) and their
-/// outputs are summed weighted by those probabilities, most probable first.
+/// the experts of each row, the `used` best-scored experts run
+/// (`ffn_{gate,up,down}_exps`) and their outputs are summed weighted by a
+/// softmax, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Experts {
     pub count: usize,
     pub used: usize,
     /// Each expert's feed-forward width.
     pub n_ff: usize,
-    /// The chosen experts' probabilities are divided by their sum
-    /// (Mixtral, Qwen3-MoE; not Qwen2-MoE).
+    pub gating: Gating,
+    /// The chosen experts' weights are divided by their sum (Mixtral,
+    /// Qwen3-MoE; not Qwen2-MoE).
     pub normalized: bool,
     /// A shared expert of this width runs on every row, its output scaled
     /// by the sigmoid of its own gate (`ffn_*_shexp`, Qwen2-MoE).
     pub shared: Option<usize>,
+    pub mlp: ExpertMlp,
+    /// The router and each expert's projections have biases
+    /// (`ffn_gate_inp.bias`, `ffn_{gate,up,down}_exps.bias`: gpt-oss).
+    pub biases: bool,
+}
+
+/// How a router's scores become the chosen experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gating {
+    /// A softmax over all experts; the most probable are chosen and weigh
+    /// by their probabilities (Qwen, Mixtral).
+    Softmax,
+    /// The best-scored are chosen and weigh by a softmax over their scores
+    /// alone (gpt-oss).
+    SoftmaxOfChosen,
+}
+
+/// Each expert's gated MLP, `down(act(gate(x), up(x)))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExpertMlp {
+    /// `act(g, u) = silu(g) · u`.
+    SwiGlu,
+    /// gpt-oss's: the gate clamped above and the up projection on both
+    /// sides at 7, `act(g, u) = g · σ(1.702 g) · (u + 1)`
+    /// ([`sluice_kernels::ops::swiglu_oai`]).
+    ClampedSwiGlu,
 }
 
 /// What a layer keeps for each sequence between passes.

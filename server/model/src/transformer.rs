@@ -213,6 +213,10 @@ mod tests {
             "qwen2vl" | "qwen3vl" => TinyModel { sections: Some([4, 2, 2, 0]), ..model }.build(),
             "qwen3moe" => TinyModel { experts: Some(experts(None)), ..model }.build(),
             "qwen2moe" => TinyModel { experts: Some(experts(Some(24))), ..model }.build(),
+            "gpt-oss" => {
+                let model = TinyModel { experts: Some(experts(None)), ..model };
+                sluice_tests::models::gpt_oss(&model, model.build())
+            }
             _ => model.build(),
         }
     }
@@ -309,14 +313,14 @@ mod tests {
         );
     }
 
-    /// A tensor the load does not read (here a bias llama.cpp would add) is
+    /// A tensor the load does not read (here a bias on a norm) is
     /// refused by name; a vision tower's are left for a projector file.
     #[test]
     fn a_tensor_the_model_does_not_read_is_refused_naming_it() {
-        let bias = Tensor::f32("blk.1.attn_output.bias", &[8], &[0.5; 8]);
+        let bias = Tensor::f32("blk.1.ffn_norm.bias", &[8], &[0.5; 8]);
         assert_eq!(
             load(&tiny("llama").tensor(bias)).err().expect("refused"),
-            "tensor \"blk.1.attn_output.bias\": sluice's `llama` models have no such tensor; refusing the file \
+            "tensor \"blk.1.ffn_norm.bias\": sluice's `llama` models have no such tensor; refusing the file \
              rather than ignoring it"
         );
         let tower = Tensor::f32("v.blk.0.attn_q.weight", &[8], &[0.5; 8]);

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use super::error::Error;
 use super::fields::{Fields, wrong};
+use super::harmony;
 use super::media::{self, Prompt};
 use super::prompt::{self, Reader};
 use super::reasoning;
@@ -22,6 +23,8 @@ pub struct ChatPrompt {
     pub opens_thinking: bool,
     /// The request's tools, when the reply may call them.
     pub tools: Option<ChatTools>,
+    /// The template writes Harmony (gpt-oss): so will the reply.
+    pub harmony: bool,
 }
 
 /// The tokens of the rendered chat prompt (special tokens parsed, BOS
@@ -41,7 +44,8 @@ pub fn chat_tokens(
         }
         _ => reader.encode(&text, 0, true)?.into(),
     };
-    Ok(ChatPrompt { prompt, opens_thinking: reasoning::opens_thinking(&text), tools })
+    let harmony = harmony::is_harmony(template.source());
+    Ok(ChatPrompt { prompt, opens_thinking: reasoning::opens_thinking(&text), tools, harmony })
 }
 
 /// Render `messages` with the model's chat template. `thinking` (the
@@ -141,6 +145,9 @@ impl Conversation {
             }
             _ => {}
         }
+        if harmony::is_harmony(template.source()) {
+            normalized.iter_mut().for_each(harmony_thinking);
+        }
         let tools = ChatTools::read(fields, template.source())?;
         if let Some(tools) = &tools {
             tools.prepare(&mut normalized, &mut extra);
@@ -192,6 +199,18 @@ fn render(
 ) -> Result<Rendered, Error> {
     let marker = reader.vision.map(|vision| vision.marker());
     Conversation::read(fields, template, marker, thinking)?.render(template, reader.tokenizer)
+}
+
+/// An assistant message's `reasoning_content` as the Harmony template
+/// reads it, its `thinking` (which, with tool calls, stands for the
+/// content), as llama-server passes it.
+fn harmony_thinking(message: &mut Value) {
+    let Some(object) = message.as_object_mut() else { return };
+    let Some(reasoning @ Value::String(_)) = object.get("reasoning_content").cloned() else { return };
+    object.insert("thinking".into(), reasoning);
+    if object.get("tool_calls").and_then(Value::as_array).is_some_and(|calls| !calls.is_empty()) {
+        object.remove("content");
+    }
 }
 
 /// Where a conversation's images go: the files, in order, and the marker

@@ -11,12 +11,14 @@
 //!   (`prompt` fields, the tokenizer's [`tokenizing`] gate) and [`media`]
 //!   (images).
 //! * [`tools`]: tool definitions, the tool-call formats, parsing calls out
-//!   of replies (streamed or not); [`reasoning`]: think blocks split off;
+//!   of replies (streamed or not); [`reasoning`]: think blocks split off
+//!   (and [`harmony`]: gpt-oss's channels);
 //!   [`structured`]: `grammar`, `json_schema`, `response_format`.
 //! * [`ids`]: random ids of responses and calls.
 
 pub mod error;
 pub mod fields;
+pub mod harmony;
 pub mod ids;
 pub mod media;
 pub mod messages;

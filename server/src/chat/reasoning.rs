@@ -14,6 +14,7 @@
 
 use super::error::Error;
 use super::fields::Fields;
+use super::harmony::{HarmonyParser, Piece};
 use crate::config::ReasoningFormat;
 
 const OPEN: &str = "<think>";
@@ -47,6 +48,16 @@ enum Route {
 pub struct Reasoning {
     route: Route,
     opened: bool,
+    harmony: Option<Harmony>,
+}
+
+/// A Harmony reply (gpt-oss), read by [`HarmonyParser`] instead of think
+/// blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Harmony {
+    /// The request has tools: its calls are the answer's, written as
+    /// Hermes `<tool_call>` blocks for the tool parser that reads it.
+    calls: bool,
 }
 
 impl Reasoning {
@@ -67,7 +78,13 @@ impl Reasoning {
             ReasoningFormat::DeepseekLegacy if stream => Route::Tagged,
             ReasoningFormat::Auto | ReasoningFormat::Deepseek | ReasoningFormat::DeepseekLegacy => Route::Apart,
         };
-        Ok(Reasoning { route, opened })
+        Ok(Reasoning { route, opened, harmony: None })
+    }
+
+    /// The reply is Harmony (the template is, see
+    /// [`super::harmony::is_harmony`]); `calls`: the request has tools.
+    pub fn harmony(self, calls: bool) -> Self {
+        Reasoning { harmony: Some(Harmony { calls }), ..self }
     }
 
     /// A splitter for one reply.
@@ -77,7 +94,8 @@ impl Reasoning {
             (_, true) => State::Thinking { said: false },
             (_, false) => State::Start,
         };
-        Splitter { route: self.route, state, held: String::new() }
+        let harmony = self.harmony.map(|harmony| (harmony, HarmonyParser::default()));
+        Splitter { route: self.route, state, held: String::new(), harmony }
     }
 
     /// A whole reply, split.
@@ -126,10 +144,15 @@ pub struct Splitter {
     /// Text not given out yet: what may still be a tag, or leading
     /// whitespace whose place is not decided.
     held: String,
+    harmony: Option<(Harmony, HarmonyParser)>,
 }
 
 impl Splitter {
     pub fn push(&mut self, text: &str) -> Parts {
+        if let Some((harmony, parser)) = &mut self.harmony {
+            let pieces = parser.push(text);
+            return harmony_parts(*harmony, self.route, &mut self.state, pieces);
+        }
         let mut out = Parts::default();
         self.held.push_str(text);
         loop {
@@ -194,6 +217,10 @@ impl Splitter {
     /// nothing follows (a partial tag is text; an unclosed block's tail is
     /// reasoning).
     pub fn finish(&mut self) -> Parts {
+        if let Some((harmony, parser)) = &mut self.harmony {
+            let pieces = parser.finish();
+            return harmony_parts(*harmony, self.route, &mut self.state, pieces);
+        }
         let mut out = Parts::default();
         let held = std::mem::take(&mut self.held);
         match self.state {
@@ -221,6 +248,46 @@ impl Splitter {
             Route::Apart | Route::Inline => out.reasoning.push_str(text),
         }
     }
+}
+
+/// Where a Harmony reply's pieces go. Reasoning left inline is written as
+/// llama-server writes it then, `<|channel|>analysis<|message|>…<|end|>`;
+/// `state` says whether an analysis message is open.
+fn harmony_parts(harmony: Harmony, route: Route, state: &mut State, pieces: Vec<Piece>) -> Parts {
+    const OPEN_ANALYSIS: &str = "<|channel|>analysis<|message|>";
+    let mut out = Parts::default();
+    for piece in pieces {
+        match piece {
+            Piece::Reasoning(text) if route == Route::Inline => {
+                if *state != (State::Thinking { said: true }) {
+                    out.content.push_str(OPEN_ANALYSIS);
+                    *state = State::Thinking { said: true };
+                }
+                out.content.push_str(&text);
+            }
+            Piece::Reasoning(text) => out.reasoning.push_str(&text),
+            Piece::ReasoningEnd => {
+                if route == Route::Inline {
+                    if *state != (State::Thinking { said: true }) {
+                        out.content.push_str(OPEN_ANALYSIS);
+                    }
+                    out.content.push_str("<|end|>");
+                }
+                *state = State::Answer;
+            }
+            Piece::Answer(text) => out.content.push_str(&text),
+            // A call whose arguments are not a JSON object (cut short by the
+            // token limit) is dropped, as calls are without tools.
+            Piece::Call { name, arguments } if harmony.calls => {
+                if let Ok(arguments @ serde_json::Value::Object(_)) = serde_json::from_str(&arguments) {
+                    let call = serde_json::json!({ "name": name, "arguments": arguments });
+                    out.content.push_str(&format!("\n<tool_call>\n{call}\n</tool_call>\n"));
+                }
+            }
+            Piece::Call { .. } => {}
+        }
+    }
+    out
 }
 
 /// The length of the longest end of `text` that begins `tag` (a tag cut

@@ -564,7 +564,7 @@ impl Backend for CudaBackend {
         q: &CudaRows,
         pass: &CudaPass,
         heads: HeadShape,
-        scores: Scores,
+        scores: Scores<'_>,
         out: &mut CudaRows,
     ) -> Result<(), BackendError> {
         super::pass::attend(&self.gpu, kv, layer, q, pass, heads, scores, out)

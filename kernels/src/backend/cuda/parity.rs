@@ -179,8 +179,8 @@ fn kv_writes_rope_and_attention_match_the_cpu() {
     let rope = Rope::new(head_dim, head_dim, 10000.0, 1.0, RopeKind::Neox).expect("rope");
     let scorings = [
         Scores::scaled(0.125),
-        Scores { scale: 0.125, softcap: Some(2.0), window: Some(24) },
-        Scores { scale: 0.125, softcap: None, window: Some(700) },
+        Scores { softcap: Some(2.0), window: Some(24), ..Scores::scaled(0.125) },
+        Scores { window: Some(700), ..Scores::scaled(0.125) },
     ];
     for (types, scores) in [KvType::F16, KvType::Q8_0]
         .into_iter()

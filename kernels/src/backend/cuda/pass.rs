@@ -280,7 +280,7 @@ pub(super) fn attend(
     q: &CudaRows,
     pass: &CudaPass,
     heads: HeadShape,
-    scores: Scores,
+    scores: Scores<'_>,
     out: &mut CudaRows,
 ) -> Result<(), BackendError> {
     let shape = kv.shape();
@@ -300,6 +300,9 @@ pub(super) fn attend(
             "attention: window {:?} and soft-cap {:?} must be positive",
             scores.window, scores.softcap
         )));
+    }
+    if scores.sinks.is_some() {
+        return Err(BackendError::Unsupported("attention sinks (gpt-oss): CUDA attention has none yet".into()));
     }
     let q_dim = heads.q_len();
     let Some(tables) = &pass.tables else {

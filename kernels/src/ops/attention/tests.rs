@@ -459,3 +459,51 @@ fn soft_capped_scores_match_f64() {
     attend(&q, cache.kv(), n, shape, scale, &mut plain, &mut Vec::new()).unwrap();
     assert!(plain.iter().zip(&got).any(|(a, b)| (a - b).abs() > 0.05));
 }
+
+#[test]
+fn sinks_weigh_in_as_a_score_whose_values_are_zeros() {
+    let shape = HeadShape::new(8, 2, 32).unwrap();
+    let n = 20;
+    let q = noise(shape.q_len(), 31, 2.0);
+    let (k, v) = (noise(n * shape.kv_len(), 32, 2.0), noise(n * shape.kv_len(), 33, 1.0));
+    let cache = Cache::new(&k, &v, shape.kv_len(), 8);
+    let scale = 0.25f32;
+    // Below, near and far above the heads' scores, and one that weighs nothing.
+    let sinks = [-3.0, 0.5, 2.0, 30.0, f32::NEG_INFINITY, 1.0, -0.5, 6.0];
+    let scores = Scores { sinks: Some(&sinks), ..Scores::scaled(scale) };
+    let got = same_on_every_level(|| {
+        let mut out = vec![f32::NAN; shape.q_len()];
+        attend(&q, cache.kv(), n, shape, scores, &mut out, &mut Vec::new()).unwrap();
+        out
+    });
+    let (hd, group) = (shape.head_dim(), shape.n_head() / shape.n_kv_head());
+    let (k16, v16) = (stored(&k, KvType::F16), stored(&v, KvType::F16));
+    for h in 0..shape.n_head() {
+        let q: Vec<f64> = q[h * hd..][..hd].iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
+        let at = |rows: &[f32], i: usize| rows[i * shape.kv_len() + h / group * hd..][..hd].to_vec();
+        let scores: Vec<f64> = (0..n)
+            .map(|i| at(&k16, i).iter().zip(&q).map(|(&k, q)| f64::from(k) * q).sum::<f64>() * f64::from(scale))
+            .collect();
+        let sink = f64::from(sinks[h]);
+        let max = scores.iter().copied().fold(sink, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum::<f64>() + (sink - max).exp();
+        for d in 0..hd {
+            let want: f64 = weights.iter().enumerate().map(|(i, w)| w / total * f64::from(at(&v16, i)[d])).sum();
+            let got = f64::from(got[h * hd + d]);
+            assert!((got - want).abs() < 1e-2, "head {h} [{d}]: {got} vs {want}");
+        }
+    }
+    // A sink far above every score leaves almost nothing of the values.
+    assert!(got[3 * hd..4 * hd].iter().all(|x| x.abs() < 1e-6));
+    // A sink of -inf is no sink; a selection of KV heads reads its own heads' sinks.
+    let mut plain = vec![0.0; shape.q_len()];
+    attend(&q, cache.kv(), n, shape, scale, &mut plain, &mut Vec::new()).unwrap();
+    assert_eq!(got[4 * hd..5 * hd], plain[4 * hd..5 * hd]);
+    let mut second = vec![0.0; shape.q_len() / 2];
+    attend_heads(&q[shape.q_len() / 2..], cache.kv(), &[n], shape, 1..2, scores, &mut second, &mut Vec::new()).unwrap();
+    assert_eq!(second, got[shape.q_len() / 2..]);
+    let short = Scores { sinks: Some(&sinks[..4]), ..scores };
+    let error = attend(&q, cache.kv(), n, shape, short, &mut plain, &mut Vec::new()).unwrap_err();
+    assert_eq!(error.to_string(), "invalid attention inputs: 4 attention sinks for 8 query heads");
+}

@@ -17,9 +17,27 @@ pub fn test_spm(pieces: &[(&str, f32)]) -> Tokenizer {
 /// What the constrained greedy choice over seeded random logits writes, and
 /// whether it ended with end-of-generation within `limit` tokens.
 pub fn generate(tokenizer: &Tokenizer, grammar: &Grammar, seed: u64, limit: usize) -> (String, bool) {
+    generate_after(tokenizer, grammar, "", seed, limit)
+}
+
+/// [`generate`] after `prefix`, written a byte token at a time (it must be
+/// allowed), which the text returned starts with.
+pub fn generate_after(
+    tokenizer: &Tokenizer,
+    grammar: &Grammar,
+    prefix: &str,
+    seed: u64,
+    limit: usize,
+) -> (String, bool) {
     let mut constraint = grammar.start();
     let mut state = seed | 1;
-    let mut text = Vec::new();
+    for byte in prefix.bytes() {
+        let token = (0..tokenizer.vocab_size() as u32)
+            .find(|&id| tokenizer.token_bytes(id) == [byte] && !tokenizer.is_control(id))
+            .expect("a byte token");
+        constraint.commit(token).expect("the prefix is allowed");
+    }
+    let mut text = prefix.as_bytes().to_vec();
     // Logits a little longer than the vocabulary, as models pad them.
     let mut logits = vec![0.0f32; tokenizer.vocab_size() + 5];
     for _ in 0..limit {

@@ -3,8 +3,9 @@
 //! optional Q/K RMSNorm (per head or over the whole vector), RoPE (the
 //! model's or the layer's own, or none), then every row's K/V is stored
 //! before any row attends, so rows of one sequence in a pass see each other
-//! causally, over the whole sequence or a sliding window. The output
-//! projection may be RMS-normed and scaled before the residual add.
+//! causally, over the whole sequence or a sliding window, with learned
+//! sinks where the layer has them. The output projection (with its bias,
+//! where it has one) may be RMS-normed and scaled before the residual add.
 
 use sluice_kernels::backend::Backend;
 use sluice_kernels::ops::{Rope, Scores};
@@ -33,12 +34,15 @@ pub(super) struct AttentionBlock<B: Backend> {
     q_norm: Option<B::Vector>,
     k_norm: Option<B::Vector>,
     output: Weight<B>,
+    output_bias: Option<B::Vector>,
     residual: Residual<B>,
     /// Q and K are rotated.
     rotary: bool,
     /// Q's scale, when Q is scaled before attention rather than its scores.
     q_scale: Option<f32>,
-    scores: Scores,
+    /// Its scores but for the sinks, which it holds.
+    scores: Scores<'static>,
+    sinks: Option<Vec<f32>>,
     /// It rotates with the pass's local RoPE.
     local_rope: bool,
     /// Its layer of the KV stores.
@@ -94,10 +98,12 @@ impl<B: Backend> AttentionBlock<B> {
             q_norm: tensors.optional("attn_q_norm.weight", q_norm_len, kind.qk_norm)?,
             k_norm: tensors.optional("attn_k_norm.weight", k_norm_len, kind.qk_norm)?,
             output: tensors.weight("attn_output.weight", q_dim, n_embd)?,
+            output_bias: tensors.optional("attn_output.bias", n_embd, kind.output_bias)?,
             residual: Residual::load(tensors, layer, "post_attention_norm.weight", n_embd)?,
             rotary: kind.rotary,
             q_scale: kind.q_scale,
-            scores: Scores { scale, softcap: kind.softcap, window: kind.window },
+            scores: Scores { softcap: kind.softcap, window: kind.window, ..Scores::scaled(scale) },
+            sinks: kind.sinks.then(|| tensors.host("attn_sinks.weight", hp.n_head)).transpose()?,
             local_rope: kind.own_rope.is_some(),
             cache,
         })
@@ -149,9 +155,13 @@ impl<B: Backend> AttentionBlock<B> {
         }
         let (kv, cache, layout) = self.store(pass, kv);
         b.store_kv(kv, cache, &s.k, &s.v, layout);
-        b.attend(kv, cache, &s.q, layout, pass.heads, self.scores, &mut s.attn)?;
+        let scores = Scores { sinks: self.sinks.as_deref(), ..self.scores };
+        b.attend(kv, cache, &s.q, layout, pass.heads, scores, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
+        if let Some(bias) = &self.output_bias {
+            b.add_bias(&mut s.h, bias);
+        }
         self.residual.add(pass, &mut s.h, &mut s.x)?;
         Ok(())
     }

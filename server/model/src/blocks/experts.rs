@@ -1,10 +1,11 @@
 //! A mixture of experts' feed-forward, as llama.cpp's `build_moe_ffn`
-//! computes it on the CPU: RMSNorm, the router's scores (`ffn_gate_inp`),
-//! their softmax, each row's `used` most probable experts (most probable
-//! first; a tie goes to the lower index), those probabilities optionally
-//! divided by their sum, each chosen expert's SwiGLU MLP, and the outputs
-//! times their weights summed in that order. A shared expert (Qwen2-MoE)
-//! runs on every row and is added scaled by the sigmoid of its gate.
+//! computes it on the CPU: RMSNorm, the router's scores (`ffn_gate_inp`,
+//! plus its bias where it has one), each row's `used` best experts (best
+//! first; a tie goes to the lower index) and their weights (see
+//! [`Gating`]), optionally divided by their sum, each chosen expert's
+//! gated MLP (biased where the file has biases), and the outputs times
+//! their weights summed in that order. A shared expert (Qwen2-MoE) runs on
+//! every row and is added scaled by the sigmoid of its gate.
 //!
 //! The rows of a pass are grouped by expert: each chosen expert's weights
 //! are multiplied against all its rows at once, and an expert no row chose
@@ -17,7 +18,7 @@ use sluice_kernels::backend::Backend;
 use super::pass::{ExpertRows, LayerTensors, Pass, Residual, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
-use crate::layer::{Experts, LayerKind};
+use crate::layer::{ExpertMlp, Experts, Gating, LayerKind};
 use crate::weights::{LoadError, Weight, tensor_problem};
 
 /// Experts are multiplied together, not one by one, while they have fewer
@@ -31,6 +32,7 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 pub(super) struct ExpertsBlock<B: Backend> {
     norm: Option<B::Vector>,
     router: Weight<B>,
+    router_bias: Option<Vec<f32>>,
     experts: Vec<Expert<B>>,
     shared: Option<SharedExpert<B>>,
     spec: Experts,
@@ -41,11 +43,13 @@ pub(super) struct ExpertsBlock<B: Backend> {
 /// rows (the shared expert's, all of the pass's), and its buffers.
 type Job<'a, B> = (&'a Expert<B>, Option<&'a <B as Backend>::Rows>, usize, &'a mut ExpertRows<B>);
 
-/// One expert's SwiGLU MLP.
+/// One expert's gated MLP.
 struct Expert<B: Backend> {
     gate: Weight<B>,
     up: Weight<B>,
     down: Weight<B>,
+    /// The gate, up and down projections' biases.
+    biases: Option<[B::Vector; 3]>,
 }
 
 struct SharedExpert<B: Backend> {
@@ -78,13 +82,29 @@ impl<B: Backend> ExpertsBlock<B> {
                 .collect::<Result<_, _>>()?,
         };
         let downs = tensors.experts("ffn_down_exps.weight", n_ff, &[n_embd], count)?;
+        // Each expert's gate, up and down biases, in turn.
+        let mut biases = match spec.biases {
+            true => Some(
+                ["ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"]
+                    .into_iter()
+                    .zip([n_ff, n_ff, n_embd])
+                    .map(|(suffix, width)| Ok(tensors.split_vector(suffix, &vec![width; count])?.into_iter()))
+                    .collect::<Result<Vec<_>, LoadError>>()?,
+            ),
+            false => None,
+        };
         let experts = gate_up
             .into_iter()
             .zip(downs)
             .map(|((gate, up), down)| {
                 let name = tensors.name("ffn_down_exps.weight");
                 let down = down.into_iter().next().ok_or_else(|| tensor_problem(&name, "not split in its parts"))?;
-                Ok(Expert { gate, up, down })
+                let biases = biases
+                    .as_mut()
+                    .map(|each| each.iter_mut().filter_map(Iterator::next).collect::<Vec<_>>().try_into())
+                    .transpose()
+                    .map_err(|_| tensor_problem(&name, "without an expert's biases"))?;
+                Ok(Expert { gate, up, down, biases })
             })
             .collect::<Result<_, LoadError>>()?;
         let shared = spec
@@ -96,13 +116,15 @@ impl<B: Backend> ExpertsBlock<B> {
                         gate: tensors.weight("ffn_gate_shexp.weight", n_embd, width)?,
                         up: tensors.weight("ffn_up_shexp.weight", n_embd, width)?,
                         down: tensors.weight("ffn_down_shexp.weight", width, n_embd)?,
+                        biases: None,
                     },
                 })
             })
             .transpose()?;
         Ok(ExpertsBlock {
-            norm: layer.pre_norms.then(|| tensors.vector("ffn_norm.weight", n_embd)).transpose()?,
+            norm: layer.pre_norms.then(|| tensors.vector(layer.ffn_norm, n_embd)).transpose()?,
             router: tensors.weight("ffn_gate_inp.weight", n_embd, count)?,
+            router_bias: spec.biases.then(|| tensors.host("ffn_gate_inp.bias", count)).transpose()?,
             experts,
             shared,
             spec,
@@ -124,7 +146,11 @@ impl<B: Backend> ExpertsBlock<B> {
             None => &s.x,
         };
         b.matmul(&self.router.matrix, input, pass.rows, &mut s.gate);
-        let routes = route(&b.download(&s.gate)?, self.spec);
+        let mut logits = b.download(&s.gate)?;
+        if let Some(bias) = &self.router_bias {
+            logits.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
+        }
+        let routes = route(&logits, self.spec);
         // Each expert's slots (row · used + k), rows in order.
         let mut groups = vec![Vec::new(); self.spec.count];
         for (slot, &(expert, _)) in routes.iter().enumerate() {
@@ -162,7 +188,7 @@ impl<B: Backend> ExpertsBlock<B> {
             if let Some((mlp, buffer)) = shared.take() {
                 jobs.push((mlp, Some(input), pass.rows, buffer));
             }
-            Expert::run_all(b, &mut jobs);
+            Expert::run_all(b, self.spec.mlp, &mut jobs)?;
             for ((_, slots), buffer) in batch.iter().zip(buffers.iter()) {
                 b.scatter(&buffer.out, slots, n_embd, routes.len(), &mut s.slots)?;
             }
@@ -185,7 +211,7 @@ impl<B: Backend> Expert<B> {
     /// Each job's expert over its `m` rows, from its gathered `input` or
     /// the given rows, into its `out`: the gate and up projections of all
     /// of them in one grouped product, the down projections in another.
-    fn run_all(b: &B, jobs: &mut [Job<'_, B>]) {
+    fn run_all(b: &B, mlp: ExpertMlp, jobs: &mut [Job<'_, B>]) -> Result<(), ForwardError> {
         grouped::<B, 2>(
             b,
             jobs.iter_mut()
@@ -194,8 +220,15 @@ impl<B: Backend> Expert<B> {
                 })
                 .collect(),
         );
-        for (_, _, _, buffer) in jobs.iter_mut() {
-            b.swiglu(&buffer.gate, &buffer.up, &mut buffer.act);
+        for (expert, _, _, buffer) in jobs.iter_mut() {
+            if let Some([gate, up, _]) = &expert.biases {
+                b.add_bias(&mut buffer.gate, gate);
+                b.add_bias(&mut buffer.up, up);
+            }
+            match mlp {
+                ExpertMlp::SwiGlu => b.swiglu(&buffer.gate, &buffer.up, &mut buffer.act),
+                ExpertMlp::ClampedSwiGlu => b.swiglu_oai(&buffer.gate, &buffer.up, &mut buffer.act)?,
+            }
         }
         grouped::<B, 1>(
             b,
@@ -203,6 +236,12 @@ impl<B: Backend> Expert<B> {
                 .map(|(expert, _, m, ExpertRows { act, out, .. })| (&*act, *m, [(&expert.down.matrix, out)]))
                 .collect(),
         );
+        for (expert, _, _, buffer) in jobs.iter_mut() {
+            if let Some([_, _, down]) = &expert.biases {
+                b.add_bias(&mut buffer.out, down);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -237,12 +276,21 @@ fn route(logits: &[f32], spec: Experts) -> Vec<(usize, f32)> {
     let mut routes = Vec::with_capacity(logits.len() / spec.count.max(1) * spec.used);
     let mut probs = vec![0.0; spec.count];
     let mut order = Vec::with_capacity(spec.count);
+    let (mut chosen_scores, mut weights) = (vec![0.0; spec.used], vec![0.0; spec.used]);
     for scores in logits.chunks_exact(spec.count.max(1)) {
-        softmax(scores, &mut probs);
+        match spec.gating {
+            Gating::Softmax => softmax(scores, &mut probs),
+            Gating::SoftmaxOfChosen => probs.copy_from_slice(scores),
+        }
         order.clear();
         order.extend(0..spec.count);
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let chosen = &order[..spec.used];
+        if spec.gating == Gating::SoftmaxOfChosen {
+            chosen_scores.iter_mut().zip(chosen).for_each(|(score, &e)| *score = scores[e]);
+            softmax(&chosen_scores, &mut weights);
+            chosen.iter().zip(&weights).for_each(|(&e, &weight)| probs[e] = weight);
+        }
         let divisor = match spec.normalized {
             // ggml sums a row's f32 weights in double.
             true => (chosen.iter().map(|&e| f64::from(probs[e])).sum::<f64>() as f32).max(MIN_WEIGHT_SUM),
@@ -269,9 +317,18 @@ fn softmax(scores: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::{route, sigmoid};
-    use crate::layer::Experts;
+    use crate::layer::{ExpertMlp, Experts, Gating};
 
-    const FOUR: Experts = Experts { count: 4, used: 2, n_ff: 8, normalized: false, shared: None };
+    const FOUR: Experts = Experts {
+        count: 4,
+        used: 2,
+        n_ff: 8,
+        gating: Gating::Softmax,
+        normalized: false,
+        shared: None,
+        mlp: ExpertMlp::SwiGlu,
+        biases: false,
+    };
 
     #[test]
     fn rows_choose_their_most_probable_experts_most_probable_first() {
@@ -290,6 +347,18 @@ mod tests {
         assert!((f64::from(normalized[0].1) - e / (e + 1.0)).abs() < 1e-6);
         assert!((f64::from(normalized[1].1) - 1.0 / (e + 1.0)).abs() < 1e-6);
         assert_eq!(normalized[2].1, 0.5);
+    }
+
+    #[test]
+    fn a_softmax_of_the_chosen_weighs_the_best_scored_experts_by_their_scores_alone() {
+        let logits = [0.0, 2.0, 1.0, -1.0, /* row 2 */ 3.0, 3.0, 9.0, 3.0];
+        let routes = route(&logits, Experts { gating: Gating::SoftmaxOfChosen, ..FOUR });
+        let chosen: Vec<usize> = routes.iter().map(|&(expert, _)| expert).collect();
+        assert_eq!(chosen, [1, 2, 2, 0]);
+        let e = 1f64.exp();
+        assert!((f64::from(routes[0].1) - e / (e + 1.0)).abs() < 1e-6);
+        assert!((f64::from(routes[1].1) - 1.0 / (e + 1.0)).abs() < 1e-6);
+        assert!((f64::from(routes[2].1) - 1.0 / (1.0 + (-6f64).exp())).abs() < 1e-6);
     }
 
     #[test]

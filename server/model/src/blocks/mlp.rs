@@ -38,7 +38,7 @@ impl<B: Backend> Mlp<B> {
             false => [tensors.weight("ffn_gate.weight", hp.n_embd, hp.n_ff)?, tensors.weight(UP, hp.n_embd, hp.n_ff)?],
         };
         Ok(Mlp {
-            norm: layer.pre_norms.then(|| tensors.vector("ffn_norm.weight", hp.n_embd)).transpose()?,
+            norm: layer.pre_norms.then(|| tensors.vector(layer.ffn_norm, hp.n_embd)).transpose()?,
             gate,
             up,
             fused_up,

@@ -207,16 +207,29 @@ impl<B: Backend> LayerTensors<'_, B> {
         suffix: &str,
         widths: [usize; N],
     ) -> Result<[B::Vector; N], LoadError> {
+        self.split_vector(suffix, &widths)?
+            .try_into()
+            .map_err(|_| tensor_problem(&self.name(suffix), "not split in its parts"))
+    }
+
+    /// The parts of a vector (or a matrix's rows, in order), `widths`
+    /// values each: a fused bias's, or each expert's bias.
+    pub(super) fn split_vector(&self, suffix: &str, widths: &[usize]) -> Result<Vec<B::Vector>, LoadError> {
         let name = self.name(suffix);
-        let values = host_vector(self.file, &name, widths.iter().sum())?;
+        let values = self.host(suffix, widths.iter().sum())?;
         let mut rest = &values[..];
-        let mut parts = Vec::with_capacity(N);
-        for width in widths {
+        let mut parts = Vec::with_capacity(widths.len());
+        for &width in widths {
             let (part, after) = rest.split_at(width);
             parts.push(self.backend.vector(part).map_err(|error| tensor_problem(&name, &error.to_string()))?);
             rest = after;
         }
-        parts.try_into().map_err(|_| tensor_problem(&name, "not split in its parts"))
+        Ok(parts)
+    }
+
+    /// A vector's `len` values on the host.
+    pub(super) fn host(&self, suffix: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        host_vector(self.file, &self.name(suffix), len)
     }
 
     pub(super) fn vector(&self, suffix: &str, len: usize) -> Result<B::Vector, LoadError> {

@@ -7,7 +7,7 @@
 use super::family::Family;
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle, invalid};
-use crate::layer::{Attention, Experts, Ffn, LayerKind};
+use crate::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind};
 use crate::weights::LoadError;
 
 /// A family whose every layer is one attention and experts, which its
@@ -51,6 +51,22 @@ pub(super) struct Layout {
     pub(super) normalized: bool,
     /// A gated shared expert, by default `feed_forward_length` wide.
     pub(super) shared: bool,
+    pub(super) gating: Gating,
+    pub(super) mlp: ExpertMlp,
+    pub(super) biases: bool,
+}
+
+impl Layout {
+    /// Experts `expert_feed_forward_length` wide, a softmax router, SwiGLU
+    /// MLPs, no biases, no renormalization, no shared expert.
+    pub(super) const PLAIN: Layout = Layout {
+        own_width: true,
+        normalized: false,
+        shared: false,
+        gating: Gating::Softmax,
+        mlp: ExpertMlp::SwiGlu,
+        biases: false,
+    };
 }
 
 /// The experts of `arch`'s files, or `None` where `expert_count` is
@@ -86,7 +102,8 @@ pub(super) fn experts(
         false => hp.n_ff,
     };
     let shared = layout.shared.then(|| width("expert_shared_feed_forward_length", hp.n_ff)).transpose()?;
-    Ok(Some(Experts { count, used, n_ff, normalized: layout.normalized, shared }))
+    let Layout { normalized, gating, mlp, biases, .. } = layout;
+    Ok(Some(Experts { count, used, n_ff, gating, normalized, shared, mlp, biases }))
 }
 
 #[cfg(test)]
@@ -96,9 +113,9 @@ mod tests {
     use super::{Layout, experts};
     use crate::gguf::GgufFile;
     use crate::hparams::HParams;
-    use crate::layer::Experts;
+    use crate::layer::{ExpertMlp, Experts, Gating};
 
-    const QWEN: Layout = Layout { own_width: true, normalized: true, shared: false };
+    const QWEN: Layout = Layout { normalized: true, ..Layout::PLAIN };
 
     fn read(entries: &[(&str, u32)], layout: Layout) -> Result<Option<Experts>, String> {
         let model = TinyModel { n_layer: 1, ..TinyModel::recipe("qwen3", 3) }.build();
@@ -113,14 +130,23 @@ mod tests {
         assert_eq!(read(&[], QWEN), Ok(None), "dense");
         assert_eq!(read(&[("qwen3.expert_count", 0)], QWEN), Ok(None), "dense");
         let counts = [("qwen3.expert_count", 8), ("qwen3.expert_used_count", 2)];
-        let expect = Experts { count: 8, used: 2, n_ff: 64, normalized: true, shared: None };
+        let expect = Experts {
+            count: 8,
+            used: 2,
+            n_ff: 64,
+            gating: Gating::Softmax,
+            normalized: true,
+            shared: None,
+            mlp: ExpertMlp::SwiGlu,
+            biases: false,
+        };
         // feed_forward_length 128 over 2 used.
         assert_eq!(read(&counts, QWEN), Ok(Some(expect)));
         let own = [counts[0], counts[1], ("qwen3.expert_feed_forward_length", 24)];
         assert_eq!(read(&own, QWEN), Ok(Some(Experts { n_ff: 24, ..expect })));
-        let mixtral = Layout { own_width: false, normalized: true, shared: false };
+        let mixtral = Layout { own_width: false, ..QWEN };
         assert_eq!(read(&own, mixtral), Ok(Some(Experts { n_ff: 128, ..expect })));
-        let shared = Layout { own_width: true, normalized: false, shared: true };
+        let shared = Layout { shared: true, ..Layout::PLAIN };
         let with_shared = [counts[0], counts[1], ("qwen3.expert_shared_feed_forward_length", 40)];
         assert_eq!(read(&with_shared, shared), Ok(Some(Experts { normalized: false, shared: Some(40), ..expect })));
         assert_eq!(read(&counts, shared), Ok(Some(Experts { normalized: false, shared: Some(128), ..expect })));

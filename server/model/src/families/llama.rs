@@ -24,7 +24,7 @@ impl Family for Llama {
 
     fn layers(&self, file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
         let plain = LayerKind::plain(Attention::full(false, false));
-        let layout = Layout { own_width: false, normalized: true, shared: false };
+        let layout = Layout { own_width: false, normalized: true, ..Layout::PLAIN };
         let layer = match experts(file, self.name(), hp, layout)? {
             Some(experts) => LayerKind { ffn: Ffn::Experts(experts), ..plain },
             None => plain,

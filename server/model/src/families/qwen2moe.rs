@@ -11,5 +11,5 @@ pub(super) const QWEN2MOE: Moe = Moe {
     name: "qwen2moe",
     rope: RopeStyle::Neox,
     attention: Attention::full(true, false),
-    layout: Layout { own_width: true, normalized: false, shared: true },
+    layout: Layout { shared: true, ..Layout::PLAIN },
 };

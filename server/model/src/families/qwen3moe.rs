@@ -12,5 +12,5 @@ pub(super) const QWEN3MOE: Moe = Moe {
     name: "qwen3moe",
     rope: RopeStyle::Neox,
     attention: Attention::full(false, true),
-    layout: Layout { own_width: true, normalized: true, shared: false },
+    layout: Layout { normalized: true, ..Layout::PLAIN },
 };

@@ -27,6 +27,10 @@ const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 /// letters is one piece whatever their case.
 const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The o200k split (gpt-oss, Llama 4): Tekken's, a word keeping an
+/// English contraction that follows it, numbers in threes.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// What a pre-tokenizer name selects.
 pub(super) struct PreTokenizer {
     /// Regexes applied in turn, each splitting the pieces the previous left
@@ -50,6 +54,7 @@ impl PreTokenizer {
             }
             "dbrx" | "smaug-bpe" => plain(&[LLAMA3]),
             "tekken" => PreTokenizer { regexes: &[TEKKEN], ignore_merges: true, add_bos: true },
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => plain(&[GPT4O]),
             "chatglm-bpe" => plain(&[GLM4]),
             "glm4" | "glm5" => PreTokenizer { regexes: &[GLM4], ignore_merges: true, add_bos: false },
             "qwen2" | "stablelm2" | "megrez" => plain(&[QWEN2]),

@@ -90,6 +90,27 @@ const FIM_EOG: &[(&str, &[&str])] = &[
     ("tokenizer.ggml.fim_sep_token_id", &["<|file_sep|>"]),
 ];
 
+/// Harmony's (gpt-oss's) tokens that llama.cpp always renders, so that
+/// generated text keeps the structure its parser reads.
+const HARMONY_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
+/// llama.cpp's adjustments for Harmony vocabularies: its structural tokens
+/// become user-defined (rendered, and matched in text), and where both
+/// `<|return|>` and `<|call|>` end generation, `<|end|>` (which closes a
+/// reasoning message before the answer) does not, and is rendered too.
+fn harmony(texts: &[String], attrs: &mut [TokenAttr], eog: &mut Vec<u32>) {
+    for (attr, text) in attrs.iter_mut().zip(texts) {
+        if HARMONY_RENDERED.contains(&text.as_str()) {
+            *attr = TokenAttr::UserDefined;
+        }
+    }
+    let ending = |wanted: &str| eog.iter().copied().find(|&id| texts.get(id as usize).is_some_and(|t| t == wanted));
+    if let (Some(_), Some(_), Some(end)) = (ending("<|return|>"), ending("<|call|>"), ending("<|end|>")) {
+        eog.retain(|&id| id != end);
+        attrs[end as usize] = TokenAttr::UserDefined;
+    }
+}
+
 pub(super) struct Vocab {
     pub model: Model,
     pub texts: Vec<String>,
@@ -208,6 +229,7 @@ impl Vocab {
         for id in force_control {
             attrs[id as usize] = TokenAttr::Control;
         }
+        harmony(&texts, &mut attrs, &mut eog);
 
         let add_space_prefix = file.opt_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(model == Model::Spm);
         Ok(Vocab { model, texts, scores, attrs, token_to_id, bos, eos, unk, add_space_prefix, eog })

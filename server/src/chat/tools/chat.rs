@@ -5,8 +5,8 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    StreamEvent, StreamParser, Tool, ToolChoice, ToolFormat, detect, grammar, parse_output, parse_tool_choice,
-    parse_tools, preamble,
+    StreamEvent, StreamParser, Tool, ToolChoice, ToolFormat, detect, grammar, harmony_grammar, parse_output,
+    parse_tool_choice, parse_tools, preamble,
 };
 use crate::chat::error::Error;
 use crate::chat::fields::Fields;
@@ -24,6 +24,9 @@ pub struct ChatTools {
     preamble: bool,
     /// `tools` as the request gave it, for templates that render it.
     given: Value,
+    /// The template writes Harmony: so do the calls (read back as Hermes
+    /// blocks, see `chat::reasoning`).
+    harmony: bool,
 }
 
 impl ChatTools {
@@ -40,12 +43,17 @@ impl ChatTools {
         // llama-server's default: one call per reply unless asked for more.
         let parallel = fields.bool_or("parallel_tool_calls", false)?;
         let (format, preamble) = detect(template_source);
-        Ok(Some(ChatTools { format, tools, choice, parallel, preamble, given }))
+        let harmony = crate::chat::harmony::is_harmony(template_source);
+        Ok(Some(ChatTools { format, tools, choice, parallel, preamble, given, harmony }))
     }
 
     /// What the reply is held to.
     pub fn grammar(&self) -> Option<GrammarSource> {
-        grammar(self.format, &self.tools, &self.choice, self.parallel).map(GrammarSource::Lark)
+        match self.harmony {
+            true => harmony_grammar(&self.tools, &self.choice),
+            false => grammar(self.format, &self.tools, &self.choice, self.parallel),
+        }
+        .map(GrammarSource::Lark)
     }
 
     /// Give the template the tools (its `tools` variable), or, for a
@@ -254,9 +262,54 @@ mod tests {
 mod grammar_tests {
     use serde_json::{Value, json};
 
-    use super::super::{ToolChoice, ToolFormat, grammar, parse_output, parse_tools};
-    use sluice_engine::constraint::testing::{generate, test_spm};
+    use super::super::{ToolChoice, ToolFormat, grammar, harmony_grammar, parse_output, parse_tools};
+    use crate::chat::harmony::{HarmonyParser, Piece};
+    use sluice_engine::constraint::testing::{generate, generate_after, test_spm};
     use sluice_engine::constraint::{GrammarSource, Grammars};
+
+    #[test]
+    fn harmony_calls_compile_and_parse_back() {
+        let tokenizer = test_spm(&[]);
+        let grammars = Grammars::new(&tokenizer).expect("the vocabulary indexes");
+        let tools = tools();
+        assert_eq!(harmony_grammar(&tools, &ToolChoice::Auto), None);
+        for choice in [ToolChoice::Required, ToolChoice::Named("mode".into())] {
+            let text = harmony_grammar(&tools, &choice).expect("a grammar");
+            let compiled = grammars.compile(&GrammarSource::Lark(text)).unwrap_or_else(|error| panic!("{error}"));
+            // A random model would reason forever: it is made to stop, or
+            // never to start.
+            let thought = "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant";
+            for (seed, prefix) in (1..=4).zip([thought, "<|channel|>commentary", thought, "<|channel|>c"]) {
+                let (reply, ended) = generate_after(&tokenizer, &compiled, prefix, seed, 400);
+                let what = format!("{choice:?} seed {seed}: {reply:?}");
+                assert!(ended, "{what}: no end");
+                let mut parser = HarmonyParser::default();
+                let mut pieces = parser.push(&reply);
+                pieces.extend(parser.finish());
+                let Some(Piece::Call { name, arguments }) = pieces.last() else { panic!("{what}: no call") };
+                let arguments: Value = serde_json::from_str(arguments).expect("JSON arguments");
+                match name.as_str() {
+                    "add" => assert!(arguments["a"].is_u64() && arguments["b"].is_u64(), "{what}"),
+                    "mode" => assert!(arguments["on"].is_boolean(), "{what}"),
+                    other => panic!("{what}: unknown function {other}"),
+                }
+                if let ToolChoice::Named(named) = &choice {
+                    assert_eq!(name, named, "{what}");
+                }
+            }
+        }
+    }
+
+    fn tools() -> Vec<super::super::Tool> {
+        parse_tools(&json!([
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["a", "b"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "mode", "parameters": {"type": "object", "properties": {
+                "on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}}
+        ]))
+        .expect("valid tools")
+    }
 
     #[test]
     fn every_format_and_choice_compiles_and_parses_back() {

@@ -67,7 +67,9 @@ impl ToolFormat {
 /// the template): this is the case for templates without tool support and
 /// for templates whose tool syntax is none of ours.
 pub fn detect(template_source: &str) -> (ToolFormat, bool) {
-    if template_source.contains("<tool_call>") {
+    // Harmony's calls reach the tool parser as Hermes blocks (see
+    // `chat::reasoning`); its template renders the tools itself.
+    if template_source.contains("<tool_call>") || super::harmony::is_harmony(template_source) {
         (ToolFormat::Hermes, false)
     } else if template_source.contains("<|python_tag|>") || template_source.contains("\"parameters\": dictionary") {
         // The second marker is Llama 3's "Respond in the format {"name":
@@ -308,6 +310,39 @@ pub fn grammar(format: ToolFormat, tools: &[Tool], choice: &ToolChoice, parallel
         ToolFormat::Llama3Json => "",
     };
     Some(format!("{start}{calls}body: %json {schema}\n"))
+}
+
+/// The grammar of a Harmony reply (gpt-oss) that must call: optional
+/// reasoning (an `analysis` message), then one call on the `commentary`
+/// channel to a chosen function, its arguments held to that function's
+/// schema; `<|call|>` ends it. The reasoning and its closing markers are
+/// one lexeme, as Hermes's text and opening marker are (see [`grammar`]).
+/// With `auto` the reply is not held (`None`):
+/// the model writes its own channels, and the calls are read back out.
+pub fn harmony_grammar(tools: &[Tool], choice: &ToolChoice) -> Option<String> {
+    let chosen: Vec<&Tool> = match choice {
+        ToolChoice::None | ToolChoice::Auto => return None,
+        ToolChoice::Named(name) => tools.iter().filter(|tool| &tool.name == name).collect(),
+        ToolChoice::Required => tools.iter().collect(),
+    };
+    if chosen.is_empty() {
+        return None;
+    }
+    let calls: Vec<String> = chosen
+        .iter()
+        .map(|tool| {
+            let schema = json!({"x-guidance": {"whitespace_pattern": JSON_SPACE}, "allOf": [tool.parameters]});
+            let name = Value::String(format!("{} <|constrain|>json<|message|>", tool.name));
+            format!("{name} %json {schema}")
+        })
+        .collect();
+    Some(format!(
+        "start: THOUGHT_DONE? \"<|channel|>commentary to=functions.\" call\n\
+         THOUGHT_DONE: THOUGHT \"<|end|><|start|>assistant\"\n\
+         THOUGHT: /<\\|channel\\|>analysis<\\|message\\|>(?s:.*)/ & ~/(?s:.*)<\\|end\\|>(?s:.*)/\n\
+         call: {}\n",
+        calls.join(" | ")
+    ))
 }
 
 /// Prefixes the schema's document-local references (`#…`) with `base`.

@@ -50,6 +50,10 @@ impl<'a> ChatParse<'a> {
     pub fn finish(self, prompt: ChatPrompt) -> Result<(Plan, Reasoning), ApiError> {
         let stream = self.generation.stream;
         let reasoning = Reasoning::new(self.fields, self.defaults.reasoning_format, stream, prompt.opens_thinking)?;
+        let reasoning = match prompt.harmony {
+            true => reasoning.harmony(prompt.tools.is_some()),
+            false => reasoning,
+        };
         Ok((Plan { generation: self.generation, prompts: vec![prompt.prompt] }, reasoning))
     }
 }
