@@ -468,6 +468,14 @@ fn gpt_oss_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server_but("gpt-oss", undated);
 }
 
+/// The same model quantized by llama.cpp's `llama-quantize` as gpt-oss
+/// files are (`MXFP4_MOE`: experts in MXFP4, the other matrices Q8_0).
+#[test]
+fn an_mxfp4_gpt_oss_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare_quantized("gpt-oss-tiny-mxfp4.gguf", "gpt-oss-mxfp4", Some(TOLERANCE));
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
 /// The o200k split (`gpt-4o`), and Harmony's structural tokens matched in
 /// text.
 #[test]
