@@ -14,9 +14,9 @@ use sluice_tests::battery::{self, Expect, Report, Target};
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2", "qwen3moe", "qwen2moe", "mixtral",
-    "gpt-oss",
+    "gpt-oss", "glm4moe",
 ];
 const KEY: &str = "family-battery-key";
 

@@ -424,7 +424,7 @@ impl TinyModel {
             builder = builder.tensor(matrix("token_embd.weight".into(), e, v, &mut rng));
         }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
-        let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4" | "qwen2moe");
+        let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4" | "glm4moe" | "qwen2moe");
         let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3" | "qwen3moe");
         // OLMo 2: no pre-norms, Q/K norms over the whole vectors, post-norms;
         // Granite: its one required multiplier.

@@ -19,6 +19,7 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "gemma3" => Some(tiny_gemma("gemma3")),
         "mistral3" => Some(tiny_mistral3()),
         "glm4" => Some(tiny_glm4()),
+        "glm4moe" => Some(tiny_glm4moe()),
         "phi3" => Some(tiny_phi3()),
         "smollm3" => Some(tiny_bpe("smollm3")),
         "granite" => Some(tiny_bpe("granite")),
@@ -171,6 +172,84 @@ fn tiny_glm4() -> crate::gguf_writer::GgufBuilder {
         .tensor(Tensor::f32("blk.4.nextn.enorm.weight", &[e], &vec![1.0; shape.n_embd]))
         .tensor(Tensor::f32("blk.4.nextn.hnorm.weight", &[e], &vec![1.0; shape.n_embd]))
         .tensor(Tensor::f32("blk.4.nextn.shared_head_norm.weight", &[e], &vec![1.0; shape.n_embd]))
+}
+
+/// The synthetic GLM-4.5 model whose llama.cpp outputs are a fixture
+/// (`tests/fixtures/glm4moe-tiny-llamacpp.json`): four layers, the first
+/// dense, the others 2 of 8 experts chosen by sigmoid scores plus a
+/// selection bias from the best 2 of 4 groups, renormalized and scaled by
+/// 2.5, and an ungated shared expert; Q/K/V biases, NEOX RoPE over half of
+/// each head; GLM-4's chat tokens, pre-tokenizer `glm4` and the published
+/// GLM-4.6 chat template.
+fn tiny_glm4moe() -> crate::gguf_writer::GgufBuilder {
+    use crate::gguf_writer::{Rng, Tensor, TinyExperts, TinyModel, Value};
+    const CONTROL: [&str; 12] = [
+        "<|endoftext|>",
+        "[MASK]",
+        "[gMASK]",
+        "[sMASK]",
+        "<sop>",
+        "<eop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+        "<think>",
+        "</think>",
+    ];
+    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &CONTROL);
+    let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).unwrap_or(0) as u32);
+    let experts = TinyExperts { count: 8, used: 2, n_ff: 32, shared: None };
+    let shape = TinyModel {
+        n_layer: 4,
+        n_vocab: tokens.len(),
+        tokens: Some(tokens.clone()),
+        experts: Some(experts),
+        ..TinyModel::recipe("glm4moe", 46)
+    };
+    let (e, f, count) = (shape.n_embd as u64, experts.n_ff as u64, experts.count as u64);
+    let mut rng = Rng::new(47);
+    let mut model = vocabulary(shape.build())
+        .meta("glm4moe.rope.dimension_count", Value::U32((shape.n_embd / shape.n_head / 2) as u32))
+        .meta("glm4moe.leading_dense_block_count", Value::U32(1))
+        .meta("glm4moe.expert_shared_count", Value::U32(1))
+        .meta("glm4moe.expert_weights_norm", Value::Bool(true))
+        .meta("glm4moe.expert_weights_scale", Value::F32(2.5))
+        .meta("glm4moe.expert_gating_func", Value::U32(2))
+        .meta("glm4moe.expert_group_count", Value::U32(4))
+        .meta("glm4moe.expert_group_used_count", Value::U32(2))
+        .meta("tokenizer.ggml.eos_token_id", id("<|endoftext|>"))
+        .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
+        .meta("tokenizer.ggml.bos_token_id", id("[gMASK]"))
+        .meta("tokenizer.ggml.eot_token_id", id("<|user|>"))
+        .meta("tokenizer.chat_template", Value::Str(include_str!("../fixtures/glm4moe-chat-template.jinja").into()))
+        .tensor(Tensor::f32("output_norm.weight", &[e], &vec![4.0; shape.n_embd]));
+    let matrix = |n_in: u64, n_out: u64, rng: &mut Rng| rng.vec((n_in * n_out) as usize, 1.0 / (n_in as f32).sqrt());
+    for layer in 0..shape.n_layer {
+        let name = |suffix: &str| format!("blk.{layer}.{suffix}");
+        let norm = model.tensors.iter().find(|t| t.name == name("ffn_norm.weight")).expect("a pre-norm").clone();
+        model = model
+            .without_tensor(&norm.name)
+            .tensor(crate::gguf_writer::Tensor { name: name("post_attention_norm.weight"), ..norm });
+        if layer == 0 {
+            let n_ff = shape.n_ff as u64;
+            for suffix in ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
+            {
+                model = model.without_tensor(&name(suffix));
+            }
+            model = model
+                .tensor(Tensor::f32(&name("ffn_gate.weight"), &[e, n_ff], &matrix(e, n_ff, &mut rng)))
+                .tensor(Tensor::f32(&name("ffn_up.weight"), &[e, n_ff], &matrix(e, n_ff, &mut rng)))
+                .tensor(Tensor::f32(&name("ffn_down.weight"), &[n_ff, e], &matrix(n_ff, e, &mut rng)));
+            continue;
+        }
+        model = model
+            .tensor(Tensor::f32(&name("exp_probs_b.bias"), &[count], &rng.vec(count as usize, 0.2)))
+            .tensor(Tensor::f32(&name("ffn_gate_shexp.weight"), &[e, f], &matrix(e, f, &mut rng)))
+            .tensor(Tensor::f32(&name("ffn_up_shexp.weight"), &[e, f], &matrix(e, f, &mut rng)))
+            .tensor(Tensor::f32(&name("ffn_down_shexp.weight"), &[f, e], &matrix(f, e, &mut rng)));
+    }
+    model
 }
 
 /// The synthetic Phi-3 model whose llama.cpp outputs are a fixture

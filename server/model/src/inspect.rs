@@ -8,7 +8,7 @@ use std::fmt;
 use super::families;
 use super::gguf::GgufFile;
 use super::hparams::HParams;
-use super::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind, Mixer};
+use super::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind, Mixer, Shared};
 use super::weights::LoadError;
 
 /// A file's family and the kinds of its layers.
@@ -100,21 +100,45 @@ impl fmt::Display for LayerKind {
             Ffn::SwiGlu => f.write_str(", SwiGLU feed-forward")?,
             Ffn::GeGlu => f.write_str(", GELU-gated feed-forward")?,
             Ffn::Experts(experts) => {
-                let Experts { count, used, n_ff, gating, normalized, shared, mlp, biases } = experts;
+                let Experts {
+                    count,
+                    used,
+                    n_ff,
+                    gating,
+                    selection_bias,
+                    groups,
+                    normalized,
+                    scale,
+                    shared,
+                    mlp,
+                    biases,
+                } = experts;
                 let mlp = match mlp {
                     ExpertMlp::SwiGlu => "SwiGLU",
                     ExpertMlp::ClampedSwiGlu => "clamped SwiGLU",
                 };
                 let biased = if biases { " biased" } else { "" };
                 write!(f, ", {used} of {count}{biased} {mlp} experts of width {n_ff}")?;
-                if gating == Gating::SoftmaxOfChosen {
-                    f.write_str(" (softmax over the chosen)")?;
+                match gating {
+                    Gating::Softmax => {}
+                    Gating::SoftmaxOfChosen => f.write_str(" (softmax over the chosen)")?,
+                    Gating::Sigmoid => f.write_str(" (sigmoid scores)")?,
+                }
+                if selection_bias {
+                    f.write_str(" (chosen with a bias)")?;
+                }
+                if let Some((n_groups, used_groups)) = groups {
+                    write!(f, " (from the best {used_groups} of {n_groups} groups)")?;
                 }
                 if normalized {
                     f.write_str(" (weights renormalized)")?;
                 }
-                if let Some(width) = shared {
-                    write!(f, " and a gated shared expert of width {width}")?;
+                if let Some(scale) = scale {
+                    write!(f, " (weights scaled by {scale})")?;
+                }
+                if let Some(Shared { width, gated }) = shared {
+                    let gated = if gated { "gated " } else { "" };
+                    write!(f, " and a {gated}shared expert of width {width}")?;
                 }
             }
         }

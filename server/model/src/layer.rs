@@ -115,7 +115,7 @@ impl Attention {
 
 /// A layer's feed-forward: `down(act(gate(x)) · up(x))`, or a weighted
 /// sum of several such experts, each row choosing its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Ffn {
     /// `act` = SiLU.
     SwiGlu,
@@ -130,23 +130,38 @@ pub(crate) enum Ffn {
 /// the experts of each row, the `used` best-scored experts run
 /// (`ffn_{gate,up,down}_exps`) and their outputs are summed weighted by a
 /// softmax, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Experts {
     pub count: usize,
     pub used: usize,
     /// Each expert's feed-forward width.
     pub n_ff: usize,
     pub gating: Gating,
+    /// A learned bias added to the scores for choosing only
+    /// (`exp_probs_b.bias`: GLM-4.5, DeepSeek V3).
+    pub selection_bias: bool,
+    /// The experts fall in groups of equal size (`.0` of them); a row
+    /// chooses among the `.1` groups whose two best scores sum highest.
+    pub groups: Option<(usize, usize)>,
     /// The chosen experts' weights are divided by their sum (Mixtral,
     /// Qwen3-MoE; not Qwen2-MoE).
     pub normalized: bool,
-    /// A shared expert of this width runs on every row, its output scaled
-    /// by the sigmoid of its own gate (`ffn_*_shexp`, Qwen2-MoE).
-    pub shared: Option<usize>,
+    /// The weights are then multiplied by this (`expert_weights_scale`).
+    pub scale: Option<f32>,
+    /// A shared expert runs on every row.
+    pub shared: Option<Shared>,
     pub mlp: ExpertMlp,
     /// The router and each expert's projections have biases
     /// (`ffn_gate_inp.bias`, `ffn_{gate,up,down}_exps.bias`: gpt-oss).
     pub biases: bool,
+}
+
+/// A shared expert: its width, and whether its output is scaled by the
+/// sigmoid of its own gate (`ffn_gate_inp_shexp`: Qwen2-MoE; not GLM-4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shared {
+    pub width: usize,
+    pub gated: bool,
 }
 
 /// How a router's scores become the chosen experts' weights.
@@ -155,6 +170,9 @@ pub(crate) enum Gating {
     /// A softmax over all experts; the most probable are chosen and weigh
     /// by their probabilities (Qwen, Mixtral).
     Softmax,
+    /// Each score's sigmoid; the highest are chosen and weigh by it
+    /// (GLM-4.5, DeepSeek V3).
+    Sigmoid,
     /// The best-scored are chosen and weigh by a softmax over their scores
     /// alone (gpt-oss).
     SoftmaxOfChosen,

@@ -482,3 +482,19 @@ fn an_mxfp4_gpt_oss_matches_llama_cpp_until_a_near_tie() {
 fn gpt_oss_tokenizes_as_llama_server() {
     tokenizes_as_llama_server("gpt-oss");
 }
+
+/// The first layer dense, the others experts chosen by sigmoid scores plus
+/// a selection bias from the best 2 of 4 groups, renormalized, scaled by
+/// 2.5, with an ungated shared expert; NEOX RoPE over half of each head.
+#[test]
+fn glm4moe_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("glm4moe");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// The published GLM-4.6 template: `[gMASK]<sop>`, an earlier answer with
+/// an empty think block.
+#[test]
+fn glm4moe_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("glm4moe");
+}

@@ -18,7 +18,7 @@ use sluice_kernels::backend::Backend;
 use super::pass::{ExpertRows, LayerTensors, Pass, Residual, Scratch};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
-use crate::layer::{ExpertMlp, Experts, Gating, LayerKind};
+use crate::layer::{ExpertMlp, Experts, Gating, LayerKind, Shared};
 use crate::weights::{LoadError, Weight, tensor_problem};
 
 /// Experts are multiplied together, not one by one, while they have fewer
@@ -33,6 +33,8 @@ pub(super) struct ExpertsBlock<B: Backend> {
     norm: Option<B::Vector>,
     router: Weight<B>,
     router_bias: Option<Vec<f32>>,
+    /// Added to the scores for choosing only.
+    selection_bias: Option<Vec<f32>>,
     experts: Vec<Expert<B>>,
     shared: Option<SharedExpert<B>>,
     spec: Experts,
@@ -53,8 +55,9 @@ struct Expert<B: Backend> {
 }
 
 struct SharedExpert<B: Backend> {
-    /// One row: the expert's gate score for each input row.
-    gate: Weight<B>,
+    /// One row: the expert's gate score for each input row, where its
+    /// output is gated.
+    gate: Option<Weight<B>>,
     mlp: Expert<B>,
 }
 
@@ -109,9 +112,9 @@ impl<B: Backend> ExpertsBlock<B> {
             .collect::<Result<_, LoadError>>()?;
         let shared = spec
             .shared
-            .map(|width| -> Result<_, LoadError> {
+            .map(|Shared { width, gated }| -> Result<_, LoadError> {
                 Ok(SharedExpert {
-                    gate: tensors.weight("ffn_gate_inp_shexp.weight", n_embd, 1)?,
+                    gate: gated.then(|| tensors.weight("ffn_gate_inp_shexp.weight", n_embd, 1)).transpose()?,
                     mlp: Expert {
                         gate: tensors.weight("ffn_gate_shexp.weight", n_embd, width)?,
                         up: tensors.weight("ffn_up_shexp.weight", n_embd, width)?,
@@ -125,6 +128,7 @@ impl<B: Backend> ExpertsBlock<B> {
             norm: layer.pre_norms.then(|| tensors.vector(layer.ffn_norm, n_embd)).transpose()?,
             router: tensors.weight("ffn_gate_inp.weight", n_embd, count)?,
             router_bias: spec.biases.then(|| tensors.host("ffn_gate_inp.bias", count)).transpose()?,
+            selection_bias: spec.selection_bias.then(|| tensors.host("exp_probs_b.bias", count)).transpose()?,
             experts,
             shared,
             spec,
@@ -150,7 +154,7 @@ impl<B: Backend> ExpertsBlock<B> {
         if let Some(bias) = &self.router_bias {
             logits.chunks_exact_mut(bias.len()).for_each(|row| row.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
         }
-        let routes = route(&logits, self.spec);
+        let routes = route(&logits, self.spec, self.selection_bias.as_deref());
         // Each expert's slots (row · used + k), rows in order.
         let mut groups = vec![Vec::new(); self.spec.count];
         for (slot, &(expert, _)) in routes.iter().enumerate() {
@@ -195,11 +199,13 @@ impl<B: Backend> ExpertsBlock<B> {
         }
         let weights: Vec<f32> = routes.iter().map(|&(_, weight)| weight).collect();
         b.weighted_sum(&s.slots, &weights, used, &mut s.ffn)?;
-        if let Some(shared) = &self.shared {
-            b.matmul(&shared.gate.matrix, input, pass.rows, &mut s.gate);
-            let factors: Vec<f32> = b.download(&s.gate)?.into_iter().map(sigmoid).collect();
+        if self.shared.is_some() {
             let out = &mut s.experts[per_batch].out;
-            b.scale_rows(out, &factors)?;
+            if let Some(gate) = self.shared.as_ref().and_then(|shared| shared.gate.as_ref()) {
+                b.matmul(&gate.matrix, input, pass.rows, &mut s.gate);
+                let factors: Vec<f32> = b.download(&s.gate)?.into_iter().map(sigmoid).collect();
+                b.scale_rows(out, &factors)?;
+            }
             b.add(&mut s.ffn, out);
         }
         self.residual.add(pass, &mut s.ffn, &mut s.x)?;
@@ -271,20 +277,29 @@ fn sigmoid(x: f32) -> f32 {
 
 /// Each row's chosen experts and their weights, `spec.used` per row in
 /// the order they are summed, from the router's scores (`spec.count` per
-/// row).
-fn route(logits: &[f32], spec: Experts) -> Vec<(usize, f32)> {
-    let mut routes = Vec::with_capacity(logits.len() / spec.count.max(1) * spec.used);
-    let mut probs = vec![0.0; spec.count];
-    let mut order = Vec::with_capacity(spec.count);
+/// row) and the bias added to them for choosing only.
+fn route(logits: &[f32], spec: Experts, selection_bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let count = spec.count.max(1);
+    let mut routes = Vec::with_capacity(logits.len() / count * spec.used);
+    let (mut probs, mut selection) = (vec![0.0; count], vec![0.0; count]);
+    let mut order = Vec::with_capacity(count);
     let (mut chosen_scores, mut weights) = (vec![0.0; spec.used], vec![0.0; spec.used]);
-    for scores in logits.chunks_exact(spec.count.max(1)) {
+    for scores in logits.chunks_exact(count) {
         match spec.gating {
             Gating::Softmax => softmax(scores, &mut probs),
+            Gating::Sigmoid => probs.iter_mut().zip(scores).for_each(|(p, &x)| *p = 1.0 / (1.0 + (-x).exp())),
             Gating::SoftmaxOfChosen => probs.copy_from_slice(scores),
         }
+        selection.copy_from_slice(&probs);
+        if let Some(bias) = selection_bias {
+            selection.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+        }
+        if let Some((n_groups, used_groups)) = spec.groups {
+            keep_best_groups(&mut selection, n_groups, used_groups);
+        }
         order.clear();
-        order.extend(0..spec.count);
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        order.extend(0..count);
+        order.sort_by(|&a, &b| selection[b].total_cmp(&selection[a]).then(a.cmp(&b)));
         let chosen = &order[..spec.used];
         if spec.gating == Gating::SoftmaxOfChosen {
             chosen_scores.iter_mut().zip(chosen).for_each(|(score, &e)| *score = scores[e]);
@@ -296,9 +311,37 @@ fn route(logits: &[f32], spec: Experts) -> Vec<(usize, f32)> {
             true => (chosen.iter().map(|&e| f64::from(probs[e])).sum::<f64>() as f32).max(MIN_WEIGHT_SUM),
             false => 1.0,
         };
-        routes.extend(chosen.iter().map(|&e| (e, if spec.normalized { probs[e] / divisor } else { probs[e] })));
+        routes.extend(chosen.iter().map(|&e| {
+            let weight = if spec.normalized { probs[e] / divisor } else { probs[e] };
+            (e, spec.scale.map_or(weight, |scale| weight * scale))
+        }));
     }
     routes
+}
+
+/// DeepSeek V3's group limit: the experts fall in `n_groups` groups of
+/// equal size, each scored by its two best scores' sum (in double, then
+/// f32, as ggml sums rows); all but the `used_groups` best groups (a tie
+/// to the lower index) are removed from the choice.
+fn keep_best_groups(selection: &mut [f32], n_groups: usize, used_groups: usize) {
+    let per_group = selection.len() / n_groups.max(1);
+    let best_two = |group: &[f32]| {
+        let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &x in group {
+            if x.total_cmp(&first).is_gt() {
+                (first, second) = (x, first);
+            } else if x.total_cmp(&second).is_gt() {
+                second = x;
+            }
+        }
+        (f64::from(first) + f64::from(second)) as f32
+    };
+    let scores: Vec<f32> = selection.chunks_exact(per_group.max(1)).map(best_two).collect();
+    let mut groups: Vec<usize> = (0..scores.len()).collect();
+    groups.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    for &group in &groups[used_groups.min(groups.len())..] {
+        selection[group * per_group..(group + 1) * per_group].fill(f32::NEG_INFINITY);
+    }
 }
 
 /// ggml's CPU softmax of one row: `exp(x - max)`, summed in double, each
@@ -324,7 +367,10 @@ mod tests {
         used: 2,
         n_ff: 8,
         gating: Gating::Softmax,
+        selection_bias: false,
+        groups: None,
         normalized: false,
+        scale: None,
         shared: None,
         mlp: ExpertMlp::SwiGlu,
         biases: false,
@@ -334,7 +380,7 @@ mod tests {
     fn rows_choose_their_most_probable_experts_most_probable_first() {
         // exp(2) : exp(1) : exp(0) : exp(0), softmax in f64 for reference.
         let logits = [0.0, 2.0, 1.0, 0.0, /* row 2 */ 5.0, 5.0, -1.0, 4.0];
-        let routes = route(&logits, FOUR);
+        let routes = route(&logits, FOUR, None);
         let chosen: Vec<usize> = routes.iter().map(|&(expert, _)| expert).collect();
         // Row 2's tie goes to the lower index.
         assert_eq!(chosen, [1, 2, 0, 1]);
@@ -342,7 +388,7 @@ mod tests {
         assert!((f64::from(routes[0].1) - 2f64.exp() / z).abs() < 1e-6);
         assert!((f64::from(routes[1].1) - 1f64.exp() / z).abs() < 1e-6);
         assert_eq!(routes[2].1, routes[3].1);
-        let normalized = route(&logits, Experts { normalized: true, ..FOUR });
+        let normalized = route(&logits, Experts { normalized: true, ..FOUR }, None);
         let e = 1f64.exp();
         assert!((f64::from(normalized[0].1) - e / (e + 1.0)).abs() < 1e-6);
         assert!((f64::from(normalized[1].1) - 1.0 / (e + 1.0)).abs() < 1e-6);
@@ -352,7 +398,7 @@ mod tests {
     #[test]
     fn a_softmax_of_the_chosen_weighs_the_best_scored_experts_by_their_scores_alone() {
         let logits = [0.0, 2.0, 1.0, -1.0, /* row 2 */ 3.0, 3.0, 9.0, 3.0];
-        let routes = route(&logits, Experts { gating: Gating::SoftmaxOfChosen, ..FOUR });
+        let routes = route(&logits, Experts { gating: Gating::SoftmaxOfChosen, ..FOUR }, None);
         let chosen: Vec<usize> = routes.iter().map(|&(expert, _)| expert).collect();
         assert_eq!(chosen, [1, 2, 2, 0]);
         let e = 1f64.exp();
@@ -362,10 +408,31 @@ mod tests {
     }
 
     #[test]
+    fn sigmoid_scores_choose_with_their_bias_within_the_best_groups_and_weigh_without_it() {
+        let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let logits = [0.0, 2.0, 1.0, -1.0];
+        let spec = Experts { gating: Gating::Sigmoid, ..FOUR };
+        // The bias lifts expert 3 above expert 2 for choosing only.
+        let routes = route(&logits, spec, Some(&[0.0, 0.0, 0.0, 0.5]));
+        assert_eq!(routes.iter().map(|&(e, _)| e).collect::<Vec<_>>(), [1, 3]);
+        assert!((f64::from(routes[1].1) - sigmoid(-1.0)).abs() < 1e-6, "{routes:?}");
+        // Normalized, then scaled.
+        let scaled = route(&logits, Experts { normalized: true, scale: Some(2.5), ..spec }, None);
+        let (a, b) = (sigmoid(2.0), sigmoid(1.0));
+        assert!((f64::from(scaled[0].1) - 2.5 * a / (a + b)).abs() < 1e-6, "{scaled:?}");
+        // Groups {0, 1} (best two sum 2) and {2, 3} (0.5 + 3 = 3.5): only the
+        // second group is chosen from, though expert 1 scores second best.
+        let selection = [1.0, 1.0, 3.0, 0.5];
+        let grouped = route(&selection, Experts { groups: Some((2, 1)), ..spec }, None);
+        assert_eq!(grouped.iter().map(|&(e, _)| e).collect::<Vec<_>>(), [2, 3]);
+    }
+
+    #[test]
     fn hostile_scores_route_without_panicking() {
-        let routes = route(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0], Experts { normalized: true, ..FOUR });
+        let routes =
+            route(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0], Experts { normalized: true, ..FOUR }, None);
         assert_eq!(routes.len(), 2);
-        assert!(route(&[], FOUR).is_empty());
+        assert!(route(&[], FOUR, None).is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use super::family::Family;
 use crate::gguf::GgufFile;
 use crate::hparams::{HParams, HParamsError, RopeStyle, invalid};
-use crate::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind};
+use crate::layer::{Attention, ExpertMlp, Experts, Ffn, Gating, LayerKind, Shared};
 use crate::weights::LoadError;
 
 /// A family whose every layer is one attention and experts, which its
@@ -101,9 +101,14 @@ pub(super) fn experts(
         true => width("expert_feed_forward_length", hp.n_ff / used)?,
         false => hp.n_ff,
     };
-    let shared = layout.shared.then(|| width("expert_shared_feed_forward_length", hp.n_ff)).transpose()?;
+    let shared = layout
+        .shared
+        .then(|| width("expert_shared_feed_forward_length", hp.n_ff))
+        .transpose()?
+        .map(|width| Shared { width, gated: true });
     let Layout { normalized, gating, mlp, biases, .. } = layout;
-    Ok(Some(Experts { count, used, n_ff, gating, normalized, shared, mlp, biases }))
+    let (selection_bias, groups, scale) = (false, None, None);
+    Ok(Some(Experts { count, used, n_ff, gating, selection_bias, groups, normalized, scale, shared, mlp, biases }))
 }
 
 #[cfg(test)]
@@ -113,7 +118,7 @@ mod tests {
     use super::{Layout, experts};
     use crate::gguf::GgufFile;
     use crate::hparams::HParams;
-    use crate::layer::{ExpertMlp, Experts, Gating};
+    use crate::layer::{ExpertMlp, Experts, Gating, Shared};
 
     const QWEN: Layout = Layout { normalized: true, ..Layout::PLAIN };
 
@@ -135,7 +140,10 @@ mod tests {
             used: 2,
             n_ff: 64,
             gating: Gating::Softmax,
+            selection_bias: false,
+            groups: None,
             normalized: true,
+            scale: None,
             shared: None,
             mlp: ExpertMlp::SwiGlu,
             biases: false,
@@ -148,8 +156,14 @@ mod tests {
         assert_eq!(read(&own, mixtral), Ok(Some(Experts { n_ff: 128, ..expect })));
         let shared = Layout { shared: true, ..Layout::PLAIN };
         let with_shared = [counts[0], counts[1], ("qwen3.expert_shared_feed_forward_length", 40)];
-        assert_eq!(read(&with_shared, shared), Ok(Some(Experts { normalized: false, shared: Some(40), ..expect })));
-        assert_eq!(read(&counts, shared), Ok(Some(Experts { normalized: false, shared: Some(128), ..expect })));
+        assert_eq!(
+            read(&with_shared, shared),
+            Ok(Some(Experts { normalized: false, shared: Some(Shared { width: 40, gated: true }), ..expect }))
+        );
+        assert_eq!(
+            read(&counts, shared),
+            Ok(Some(Experts { normalized: false, shared: Some(Shared { width: 128, gated: true }), ..expect }))
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! | `olmo2.rs` | `olmo2` | NEOX RoPE, post-norms only, Q/K norms over the whole vector, an untied head, optional local layers (OLMo 3) |
 //! | `qwen3moe.rs` | `qwen3moe` | Qwen3's attention, experts with renormalized weights |
 //! | `qwen2moe.rs` | `qwen2moe` | Qwen2's attention, experts and a gated shared expert |
+//! | `glm4moe.rs` | `glm4moe` | NEOX RoPE over part of each head, leading dense layers, experts chosen by sigmoid scores with a selection bias (optionally in groups), renormalized and scaled, ungated shared experts |
 //! | `gpt_oss.rs` | `gpt-oss` | biases everywhere, attention sinks, every other layer local, experts weighed by a softmax over the chosen, clamped SwiGLU |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local;
@@ -37,6 +38,7 @@ mod family;
 mod gemma2;
 mod gemma3;
 mod glm4;
+mod glm4moe;
 mod gpt_oss;
 mod granite;
 mod llama;
@@ -56,7 +58,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 17] = [
+pub(super) static FAMILIES: [&dyn Family; 18] = [
     &llama::Llama,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -74,6 +76,7 @@ pub(super) static FAMILIES: [&dyn Family; 17] = [
     &qwen3moe::QWEN3MOE,
     &qwen2moe::QWEN2MOE,
     &gpt_oss::GptOss,
+    &glm4moe::Glm4Moe,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -119,7 +122,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe)"
         );
     }
 }
