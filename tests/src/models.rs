@@ -124,6 +124,22 @@ const BPE_PIECES: [&str; 16] = [
     "ĠĠ",
 ];
 
+/// GLM's control tokens; GLM-4.5's vocabulary adds the think tags.
+const GLM_CONTROL: [&str; 12] = [
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+];
+
 /// The synthetic GLM-4 model whose llama.cpp outputs are a fixture
 /// (`tests/fixtures/glm4-tiny-llamacpp.json`): four layers run, and a
 /// fifth with random weights that is its multi-token-prediction layer
@@ -133,19 +149,7 @@ const BPE_PIECES: [&str; 16] = [
 /// the published GLM-4-0414 chat template.
 fn tiny_glm4() -> crate::gguf_writer::GgufBuilder {
     use crate::gguf_writer::{Tensor, TinyModel, Value};
-    const CONTROL: [&str; 10] = [
-        "<|endoftext|>",
-        "[MASK]",
-        "[gMASK]",
-        "[sMASK]",
-        "<sop>",
-        "<eop>",
-        "<|system|>",
-        "<|user|>",
-        "<|assistant|>",
-        "<|observation|>",
-    ];
-    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &CONTROL);
+    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &GLM_CONTROL[..10]);
     let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).unwrap_or(0) as u32);
     let (end, gmask, user) = (id("<|endoftext|>"), id("[gMASK]"), id("<|user|>"));
     let shape =
@@ -183,21 +187,7 @@ fn tiny_glm4() -> crate::gguf_writer::GgufBuilder {
 /// GLM-4.6 chat template.
 fn tiny_glm4moe() -> crate::gguf_writer::GgufBuilder {
     use crate::gguf_writer::{Rng, Tensor, TinyExperts, TinyModel, Value};
-    const CONTROL: [&str; 12] = [
-        "<|endoftext|>",
-        "[MASK]",
-        "[gMASK]",
-        "[sMASK]",
-        "<sop>",
-        "<eop>",
-        "<|system|>",
-        "<|user|>",
-        "<|assistant|>",
-        "<|observation|>",
-        "<think>",
-        "</think>",
-    ];
-    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &CONTROL);
+    let (tokens, vocabulary) = crate::vocab::ascii_bpe_vocabulary("glm4", &BPE_PIECES, &GLM_CONTROL);
     let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).unwrap_or(0) as u32);
     let experts = TinyExperts { count: 8, used: 2, n_ff: 32, shared: None };
     let shape = TinyModel {
@@ -227,10 +217,7 @@ fn tiny_glm4moe() -> crate::gguf_writer::GgufBuilder {
     let matrix = |n_in: u64, n_out: u64, rng: &mut Rng| rng.vec((n_in * n_out) as usize, 1.0 / (n_in as f32).sqrt());
     for layer in 0..shape.n_layer {
         let name = |suffix: &str| format!("blk.{layer}.{suffix}");
-        let norm = model.tensors.iter().find(|t| t.name == name("ffn_norm.weight")).expect("a pre-norm").clone();
-        model = model
-            .without_tensor(&norm.name)
-            .tensor(crate::gguf_writer::Tensor { name: name("post_attention_norm.weight"), ..norm });
+        model = ffn_norm_as_post_attention(model, layer);
         if layer == 0 {
             let n_ff = shape.n_ff as u64;
             for suffix in ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]
@@ -304,6 +291,18 @@ fn tiny_phi3() -> crate::gguf_writer::GgufBuilder {
         model = fuse(model, &name("ffn_up.weight"), &[name("ffn_gate.weight"), name("ffn_up.weight")]);
     }
     model
+}
+
+/// `builder` with layer `layer`'s FFN pre-norm named as GLM-4.5's and
+/// gpt-oss's converters name it, `post_attention_norm`.
+fn ffn_norm_as_post_attention(
+    builder: crate::gguf_writer::GgufBuilder,
+    layer: usize,
+) -> crate::gguf_writer::GgufBuilder {
+    let name = format!("blk.{layer}.ffn_norm.weight");
+    let norm = builder.tensors.iter().find(|t| t.name == name).expect("a pre-norm").clone();
+    let renamed = crate::gguf_writer::Tensor { name: format!("blk.{layer}.post_attention_norm.weight"), ..norm };
+    builder.without_tensor(&name).tensor(renamed)
 }
 
 /// `builder` with the f32 matrices `parts` replaced by one tensor `name`
@@ -508,10 +507,7 @@ pub fn gpt_oss(
         .meta("gpt-oss.rope.scaling.original_context_length", Value::U32(64));
     for layer in 0..shape.n_layer {
         let name = |suffix: &str| format!("blk.{layer}.{suffix}");
-        let norm = model.tensors.iter().find(|t| t.name == name("ffn_norm.weight")).expect("a pre-norm").clone();
-        model = model
-            .without_tensor(&norm.name)
-            .tensor(crate::gguf_writer::Tensor { name: name("post_attention_norm.weight"), ..norm });
+        model = ffn_norm_as_post_attention(model, layer);
         let biases: [(&str, &[u64]); 8] = [
             ("attn_q.bias", &[e]),
             ("attn_k.bias", &[kv]),

@@ -2,18 +2,20 @@
 //! gpt-oss parser reads them. A reply is a run of messages, each a header
 //! and a body (`<|channel|>analysis<|message|>…<|end|>`), the next opened
 //! by `<|start|>assistant`; the prompt has already opened the first. The
-//! `analysis` channel is reasoning; `final`, and `commentary` addressed to
-//! no one (a preamble), are the answer; a message addressed
-//! `to=functions.NAME` (in its role or its channel header) is a call whose
-//! body is the arguments. The reply's last message ends with generation
-//! (`<|return|>` and `<|call|>` end it and are not part of the text).
-//! Messages to other recipients (built-in tools sluice does not run) are
-//! dropped, as llama-server drops them; text that is not Harmony at all is
-//! the answer as it stands.
+//! `analysis` channel is reasoning; `final` is the answer, and so is
+//! `commentary` addressed to no one (a preamble said before acting); a
+//! message addressed `to=functions.NAME` (in its role or its channel
+//! header) is a call whose body is the arguments. The reply's last message
+//! ends with generation (`<|return|>` and `<|call|>` end it and are not
+//! part of the text). Messages to other recipients (built-in tools sluice
+//! does not run) are dropped, as llama-server drops them; text that is not
+//! Harmony at all is the answer as it stands.
 //!
 //! The parser is fed the reply piece by piece and gives out reasoning and
 //! answer text as soon as it cannot be the start of a marker; a call comes
 //! out whole when its message ends.
+
+use super::reasoning::partial_tag;
 
 const START: &str = "<|start|>assistant";
 const END: &str = "<|end|>";
@@ -35,7 +37,10 @@ pub enum Piece {
     Reasoning(String),
     /// The end of an `analysis` message.
     ReasoningEnd,
+    /// Text of the `final` message, or text that is not Harmony.
     Answer(String),
+    /// Text of a `commentary` message to no one.
+    Preamble(String),
     Call {
         name: String,
         arguments: String,
@@ -47,6 +52,7 @@ pub enum Piece {
 enum Body {
     Analysis,
     Answer,
+    Preamble,
     Call(String),
     /// A message for a recipient other than a function: dropped.
     Dropped,
@@ -69,11 +75,14 @@ enum State {
 pub struct HarmonyParser {
     state: State,
     held: String,
+    /// A message was read: a header the reply ends in was cut off by the
+    /// token limit, and is not text.
+    read_one: bool,
 }
 
 impl Default for HarmonyParser {
     fn default() -> Self {
-        HarmonyParser { state: State::Header, held: String::new() }
+        HarmonyParser { state: State::Header, held: String::new(), read_one: false }
     }
 }
 
@@ -87,6 +96,7 @@ impl HarmonyParser {
                     Some(at) if is_header(&self.held[..at]) => {
                         self.state = State::Body(body(&self.held[..at]));
                         self.held.drain(..at + MESSAGE.len());
+                        self.read_one = true;
                     }
                     Some(_) => self.state = State::Text,
                     None if could_open_header(&self.held) => return out,
@@ -94,14 +104,11 @@ impl HarmonyParser {
                 },
                 State::Body(body) => {
                     let end = self.held.find(END);
-                    let ready = end.unwrap_or(self.held.len() - partial(&self.held, END));
-                    match body {
-                        Body::Analysis if ready > 0 => out.push(Piece::Reasoning(self.held[..ready].to_owned())),
-                        Body::Answer if ready > 0 => out.push(Piece::Answer(self.held[..ready].to_owned())),
-                        _ => {}
-                    }
+                    let ready = end.unwrap_or(self.held.len() - partial_tag(&self.held, END));
+                    out.extend(text_of(body, &self.held[..ready]));
                     let Some(end) = end else {
-                        if matches!(body, Body::Analysis | Body::Answer) {
+                        // A call's body waits whole for its end.
+                        if !matches!(body, Body::Call(_)) {
                             self.held.drain(..ready);
                         }
                         return out;
@@ -132,31 +139,34 @@ impl HarmonyParser {
     /// The end of the reply: the last message ends with it.
     pub fn finish(&mut self) -> Vec<Piece> {
         let held = std::mem::take(&mut self.held);
-        let state = std::mem::replace(&mut self.state, State::Text);
-        match state {
-            // An unfinished header, or text that only looked like one.
-            State::Header | State::Text if !held.is_empty() => vec![Piece::Answer(held)],
-            State::Body(body) => {
-                let mut out = match body {
-                    Body::Analysis if !held.is_empty() => vec![Piece::Reasoning(held.clone())],
-                    Body::Answer if !held.is_empty() => vec![Piece::Answer(held.clone())],
-                    _ => Vec::new(),
-                };
-                out.extend(close(&body, &held));
-                out
-            }
-            _ => Vec::new(),
+        match std::mem::replace(&mut self.state, State::Text) {
+            State::Text => text_of(&Body::Answer, &held).into_iter().collect(),
+            // Text that only looked like a header.
+            State::Header if !self.read_one => text_of(&Body::Answer, &held).into_iter().collect(),
+            State::Body(body) => text_of(&body, &held).into_iter().chain(close(&body, &held)).collect(),
+            State::Header | State::Between => Vec::new(),
         }
     }
 }
 
-/// What ends with a message: its whole `text` (for a call) or the last of
-/// it.
+/// The text a message of this kind gives out as it comes (none when
+/// `text` is empty, or for a call or a dropped message).
+fn text_of(body: &Body, text: &str) -> Option<Piece> {
+    match body {
+        _ if text.is_empty() => None,
+        Body::Analysis => Some(Piece::Reasoning(text.to_owned())),
+        Body::Answer => Some(Piece::Answer(text.to_owned())),
+        Body::Preamble => Some(Piece::Preamble(text.to_owned())),
+        Body::Call(_) | Body::Dropped => None,
+    }
+}
+
+/// What ends with a message: its whole `text` (for a call).
 fn close(body: &Body, text: &str) -> Option<Piece> {
     match body {
         Body::Analysis => Some(Piece::ReasoningEnd),
         Body::Call(name) => Some(Piece::Call { name: name.clone(), arguments: text.trim().to_owned() }),
-        Body::Answer | Body::Dropped => None,
+        Body::Answer | Body::Preamble | Body::Dropped => None,
     }
 }
 
@@ -174,25 +184,24 @@ fn could_open_header(text: &str) -> bool {
 
 /// What a message with this header holds.
 fn body(header: &str) -> Body {
-    let word = |after: &str| -> Option<&str> {
-        let at = header.find(after)? + after.len();
-        let rest = &header[at..];
-        Some(&rest[..rest.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(rest.len())])
-    };
-    match word(RECIPIENT) {
+    let recipient = header.find(RECIPIENT).map(|at| word_at(&header[at + RECIPIENT.len()..]));
+    match recipient {
         Some(recipient) if recipient.starts_with(FUNCTIONS) => Body::Call(recipient[FUNCTIONS.len()..].to_owned()),
         // gpt-oss-20b sometimes addresses a message to itself.
         Some(recipient) if recipient != "assistant" => Body::Dropped,
-        _ => match word(CHANNEL) {
+        // The last channel counts: gpt-oss-20b sometimes writes a stray
+        // `<|channel|>commentary` before the real one.
+        _ => match header.rfind(CHANNEL).map(|at| word_at(&header[at + CHANNEL.len()..])) {
             Some("analysis") => Body::Analysis,
+            Some("commentary") => Body::Preamble,
             _ => Body::Answer,
         },
     }
 }
 
-/// The length of the longest end of `text` that begins `marker`.
-fn partial(text: &str, marker: &str) -> usize {
-    (1..marker.len()).rev().find(|&len| text.ends_with(&marker[..len])).unwrap_or(0)
+/// The word `text` starts with, up to a blank or a marker.
+fn word_at(text: &str) -> &str {
+    &text[..text.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(text.len())]
 }
 
 #[cfg(test)]
@@ -212,7 +221,8 @@ mod tests {
         for piece in pieces {
             match (joined.last_mut(), piece) {
                 (Some(Piece::Reasoning(text)), Piece::Reasoning(more))
-                | (Some(Piece::Answer(text)), Piece::Answer(more)) => text.push_str(&more),
+                | (Some(Piece::Answer(text)), Piece::Answer(more))
+                | (Some(Piece::Preamble(text)), Piece::Preamble(more)) => text.push_str(&more),
                 (_, piece) => joined.push(piece),
             }
         }
@@ -271,7 +281,12 @@ mod tests {
                      <|channel|>analysis to=browser.search code<|message|>{\"query\":\"x\"}<|end|>\
                      <|start|>assistant<|channel|>commentary to=assistant<|message|>Done.<|end|>\
                      <|start|>assistant<|channel|>final<|message|>Sunny.";
-        assert_eq!(every_split(reply), [answer("Checking the weather.Done.Sunny.")]);
+        let preamble = |text: &str| Piece::Preamble(text.into());
+        assert_eq!(every_split(reply), [preamble("Checking the weather.Done."), answer("Sunny.")]);
+        // A stray commentary channel before the real one.
+        let stray = "<|channel|>commentary to=assistant<|channel|>analysis<|message|>think<|end|>\
+                     <|start|>assistant<|channel|>commentary<|channel|>final<|message|>hi";
+        assert_eq!(every_split(stray), [reasoning("think"), Piece::ReasoningEnd, answer("hi")]);
     }
 
     #[test]
@@ -280,12 +295,13 @@ mod tests {
         assert_eq!(every_split("<|chan"), [answer("<|chan")]);
         assert_eq!(every_split("{\"a\": 1}"), [answer("{\"a\": 1}")]);
         assert_eq!(every_split(""), []);
-        // A reply cut short inside a header or between messages.
+        // A reply cut short inside a header (text, as no message was read)
+        // or between messages or in a later header (dropped).
         assert_eq!(every_split("<|channel|>final"), [answer("<|channel|>final")]);
-        assert_eq!(
-            every_split("<|channel|>analysis<|message|>hm<|end|><|start|>assi"),
-            [reasoning("hm"), Piece::ReasoningEnd]
-        );
+        let thought = [reasoning("hm"), Piece::ReasoningEnd];
+        assert_eq!(every_split("<|channel|>analysis<|message|>hm<|end|><|start|>assi"), thought);
+        assert_eq!(every_split("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>fin"), thought);
+        assert_eq!(every_split("<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.f"), thought);
         // An unfinished end marker is the body's.
         assert_eq!(every_split("<|channel|>final<|message|>a <|en"), [answer("a <|en")]);
     }

@@ -94,7 +94,14 @@ impl Reasoning {
             (_, true) => State::Thinking { said: false },
             (_, false) => State::Start,
         };
-        let harmony = self.harmony.map(|harmony| (harmony, HarmonyParser::default()));
+        let harmony = self.harmony.map(|Harmony { calls }| HarmonySplit {
+            calls,
+            inline: self.route == Route::Inline,
+            parser: HarmonyParser::default(),
+            analysis_open: false,
+            answered: false,
+            held: String::new(),
+        });
         Splitter { route: self.route, state, held: String::new(), harmony }
     }
 
@@ -144,14 +151,14 @@ pub struct Splitter {
     /// Text not given out yet: what may still be a tag, or leading
     /// whitespace whose place is not decided.
     held: String,
-    harmony: Option<(Harmony, HarmonyParser)>,
+    harmony: Option<HarmonySplit>,
 }
 
 impl Splitter {
     pub fn push(&mut self, text: &str) -> Parts {
-        if let Some((harmony, parser)) = &mut self.harmony {
-            let pieces = parser.push(text);
-            return harmony_parts(*harmony, self.route, &mut self.state, pieces);
+        if let Some(harmony) = &mut self.harmony {
+            let pieces = harmony.parser.push(text);
+            return harmony.parts(pieces, false);
         }
         let mut out = Parts::default();
         self.held.push_str(text);
@@ -217,9 +224,9 @@ impl Splitter {
     /// nothing follows (a partial tag is text; an unclosed block's tail is
     /// reasoning).
     pub fn finish(&mut self) -> Parts {
-        if let Some((harmony, parser)) = &mut self.harmony {
-            let pieces = parser.finish();
-            return harmony_parts(*harmony, self.route, &mut self.state, pieces);
+        if let Some(harmony) = &mut self.harmony {
+            let pieces = harmony.parser.finish();
+            return harmony.parts(pieces, true);
         }
         let mut out = Parts::default();
         let held = std::mem::take(&mut self.held);
@@ -250,50 +257,79 @@ impl Splitter {
     }
 }
 
-/// Where a Harmony reply's pieces go. Reasoning left inline is written as
-/// llama-server writes it then, `<|channel|>analysis<|message|>…<|end|>`;
-/// `state` says whether an analysis message is open.
-fn harmony_parts(harmony: Harmony, route: Route, state: &mut State, pieces: Vec<Piece>) -> Parts {
-    const OPEN_ANALYSIS: &str = "<|channel|>analysis<|message|>";
-    let mut out = Parts::default();
-    for piece in pieces {
-        match piece {
-            Piece::Reasoning(text) if route == Route::Inline => {
-                if *state != (State::Thinking { said: true }) {
-                    out.content.push_str(OPEN_ANALYSIS);
-                    *state = State::Thinking { said: true };
-                }
-                out.content.push_str(&text);
-            }
-            Piece::Reasoning(text) => out.reasoning.push_str(&text),
-            Piece::ReasoningEnd => {
-                if route == Route::Inline {
-                    if *state != (State::Thinking { said: true }) {
+/// A Harmony reply's splitter: its parser, and where its pieces go.
+#[derive(Debug, Clone)]
+struct HarmonySplit {
+    /// The request has tools: calls become Hermes blocks of the content.
+    calls: bool,
+    /// Reasoning stays in the content, written as llama-server writes it
+    /// then, `<|channel|>analysis<|message|>…<|end|>` (`none`).
+    inline: bool,
+    parser: HarmonyParser,
+    /// An analysis message's opening was written inline.
+    analysis_open: bool,
+    /// The answer began: later reasoning (a message after `final`, which
+    /// ends the reply in practice) joins it, so that no API's stream sees
+    /// reasoning follow content.
+    answered: bool,
+    /// Preambles and calls, which wait for the answer or the end of the
+    /// reply, so that reasoning after a preamble still comes before any
+    /// content.
+    held: String,
+}
+
+impl HarmonySplit {
+    fn parts(&mut self, pieces: Vec<Piece>, end: bool) -> Parts {
+        const OPEN_ANALYSIS: &str = "<|channel|>analysis<|message|>";
+        let mut out = Parts::default();
+        for piece in pieces {
+            match piece {
+                Piece::Reasoning(text) if self.inline => {
+                    if !self.analysis_open {
                         out.content.push_str(OPEN_ANALYSIS);
+                        self.analysis_open = true;
                     }
-                    out.content.push_str("<|end|>");
+                    out.content.push_str(&text);
                 }
-                *state = State::Answer;
-            }
-            Piece::Answer(text) => out.content.push_str(&text),
-            // A call whose arguments are not a JSON object (cut short by the
-            // token limit) is dropped, as calls are without tools.
-            Piece::Call { name, arguments } if harmony.calls => {
-                if let Ok(arguments @ serde_json::Value::Object(_)) = serde_json::from_str(&arguments) {
-                    let call = serde_json::json!({ "name": name, "arguments": arguments });
-                    out.content.push_str(&format!("\n<tool_call>\n{call}\n</tool_call>\n"));
+                Piece::Reasoning(text) if self.answered => out.content.push_str(&text),
+                Piece::Reasoning(text) => out.reasoning.push_str(&text),
+                Piece::ReasoningEnd => {
+                    if self.inline {
+                        if !self.analysis_open {
+                            out.content.push_str(OPEN_ANALYSIS);
+                        }
+                        out.content.push_str("<|end|>");
+                    }
+                    self.analysis_open = false;
                 }
+                Piece::Preamble(text) => self.held.push_str(&text),
+                Piece::Answer(text) => {
+                    out.content.push_str(&std::mem::take(&mut self.held));
+                    out.content.push_str(&text);
+                    self.answered = true;
+                }
+                // A call whose arguments are not a JSON object (cut short by
+                // the token limit) is dropped, as calls are without tools.
+                Piece::Call { name, arguments } if self.calls => {
+                    if let Ok(arguments @ serde_json::Value::Object(_)) = serde_json::from_str(&arguments) {
+                        let call = serde_json::json!({ "name": name, "arguments": arguments });
+                        self.held.push_str(&format!("\n<tool_call>\n{call}\n</tool_call>\n"));
+                    }
+                }
+                Piece::Call { .. } => {}
             }
-            Piece::Call { .. } => {}
         }
+        if end {
+            out.content.push_str(&std::mem::take(&mut self.held));
+        }
+        out
     }
-    out
 }
 
 /// The length of the longest end of `text` that begins `tag` (a tag cut
 /// off by the end of a piece). Tags are ASCII, so the cut is a character
 /// boundary.
-fn partial_tag(text: &str, tag: &str) -> usize {
+pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
     (1..tag.len()).rev().find(|&len| text.ends_with(&tag[..len])).unwrap_or(0)
 }
 
@@ -449,5 +485,25 @@ mod tests {
         assert!(opens_thinking("Assistant:<think>"));
         assert!(!opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
         assert!(!opens_thinking("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn harmony_replies_split_by_channel_reasoning_first() {
+        let reply = "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant\
+                     <|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant\
+                     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+        let pieces: Vec<&str> = reply.as_bytes().chunks(7).map(|c| std::str::from_utf8(c).expect("ASCII")).collect();
+        let with_tools = feed(apart(false).harmony(true), &pieces);
+        assert_eq!(with_tools.reasoning, "Use the tool.");
+        assert_eq!(
+            with_tools.content,
+            "Let me check.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>\n"
+        );
+        // Without tools a call is dropped.
+        assert_eq!(feed(apart(false).harmony(false), &pieces), parts("Use the tool.", "Let me check."));
+        // `none` leaves the analysis in the content as llama-server writes it.
+        let inline = reasoning(ReasoningFormat::None, false, false).harmony(false);
+        let thought = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi.";
+        assert_eq!(inline.split(thought), parts("", "<|channel|>analysis<|message|>Hm.<|end|>Hi."));
     }
 }

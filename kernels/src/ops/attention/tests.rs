@@ -434,26 +434,9 @@ fn soft_capped_scores_match_f64() {
         attend(&q, cache.kv(), n, shape, scores, &mut out, &mut Vec::new()).unwrap();
         out
     });
-    let (hd, group) = (shape.head_dim(), shape.n_head() / shape.n_kv_head());
-    let (k16, v16) = (stored(&k, KvType::F16), stored(&v, KvType::F16));
-    for h in 0..shape.n_head() {
-        let q: Vec<f64> = q[h * hd..][..hd].iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
-        let at = |rows: &[f32], i: usize| rows[i * shape.kv_len() + h / group * hd..][..hd].to_vec();
-        let capped: Vec<f64> = (0..n)
-            .map(|i| {
-                let dot: f64 = at(&k16, i).iter().zip(&q).map(|(&k, q)| f64::from(k) * q).sum();
-                f64::from(cap) * (dot * f64::from(scale) / f64::from(cap)).tanh()
-            })
-            .collect();
-        let max = capped.iter().copied().fold(f64::MIN, f64::max);
-        let weights: Vec<f64> = capped.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = weights.iter().sum();
-        for d in 0..hd {
-            let want: f64 = weights.iter().enumerate().map(|(i, w)| w / total * f64::from(at(&v16, i)[d])).sum();
-            let got = f64::from(got[h * hd + d]);
-            assert!((got - want).abs() < 1e-2, "head {h} [{d}]: {got} vs {want}");
-        }
-    }
+    let (cap64, scale64) = (f64::from(cap), f64::from(scale));
+    let want = in_f64(&q, (&k, &v), n, shape, |dot| cap64 * (dot * scale64 / cap64).tanh(), None);
+    close_to(&got, &want, shape);
     // Uncapped, these scores (|q·k| up to ~30) weigh positions differently.
     let mut plain = vec![0.0; shape.q_len()];
     attend(&q, cache.kv(), n, shape, scale, &mut plain, &mut Vec::new()).unwrap();
@@ -476,24 +459,9 @@ fn sinks_weigh_in_as_a_score_whose_values_are_zeros() {
         attend(&q, cache.kv(), n, shape, scores, &mut out, &mut Vec::new()).unwrap();
         out
     });
-    let (hd, group) = (shape.head_dim(), shape.n_head() / shape.n_kv_head());
-    let (k16, v16) = (stored(&k, KvType::F16), stored(&v, KvType::F16));
-    for h in 0..shape.n_head() {
-        let q: Vec<f64> = q[h * hd..][..hd].iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
-        let at = |rows: &[f32], i: usize| rows[i * shape.kv_len() + h / group * hd..][..hd].to_vec();
-        let scores: Vec<f64> = (0..n)
-            .map(|i| at(&k16, i).iter().zip(&q).map(|(&k, q)| f64::from(k) * q).sum::<f64>() * f64::from(scale))
-            .collect();
-        let sink = f64::from(sinks[h]);
-        let max = scores.iter().copied().fold(sink, f64::max);
-        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = weights.iter().sum::<f64>() + (sink - max).exp();
-        for d in 0..hd {
-            let want: f64 = weights.iter().enumerate().map(|(i, w)| w / total * f64::from(at(&v16, i)[d])).sum();
-            let got = f64::from(got[h * hd + d]);
-            assert!((got - want).abs() < 1e-2, "head {h} [{d}]: {got} vs {want}");
-        }
-    }
+    let want = in_f64(&q, (&k, &v), n, shape, |dot| dot * f64::from(scale), Some(&sinks));
+    close_to(&got, &want, shape);
+    let hd = shape.head_dim();
     // A sink far above every score leaves almost nothing of the values.
     assert!(got[3 * hd..4 * hd].iter().all(|x| x.abs() < 1e-6));
     // A sink of -inf is no sink; a selection of KV heads reads its own heads' sinks.
@@ -506,4 +474,43 @@ fn sinks_weigh_in_as_a_score_whose_values_are_zeros() {
     let short = Scores { sinks: Some(&sinks[..4]), ..scores };
     let error = attend(&q, cache.kv(), n, shape, short, &mut plain, &mut Vec::new()).unwrap_err();
     assert_eq!(error.to_string(), "invalid attention inputs: 4 attention sinks for 8 query heads");
+}
+
+/// One query row's attention over positions `0..n` of `k` and `v` (rows
+/// of `kv_len`, stored as f16), in f64 from q rounded to f16: `score` of
+/// each dot product, with a sink score per head where given.
+fn in_f64(
+    q: &[f32],
+    (k, v): (&[f32], &[f32]),
+    n: usize,
+    shape: HeadShape,
+    score: impl Fn(f64) -> f64,
+    sinks: Option<&[f32]>,
+) -> Vec<f64> {
+    let (hd, group) = (shape.head_dim(), shape.n_head() / shape.n_kv_head());
+    let (k16, v16) = (stored(k, KvType::F16), stored(v, KvType::F16));
+    let mut out = Vec::with_capacity(shape.q_len());
+    for h in 0..shape.n_head() {
+        let q: Vec<f64> = q[h * hd..][..hd].iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
+        let at = |rows: &[f32], i: usize| rows[i * shape.kv_len() + h / group * hd..][..hd].to_vec();
+        let scores: Vec<f64> =
+            (0..n).map(|i| score(at(&k16, i).iter().zip(&q).map(|(&k, q)| f64::from(k) * q).sum())).collect();
+        let sink = sinks.map_or(f64::NEG_INFINITY, |sinks| f64::from(sinks[h]));
+        let max = scores.iter().copied().fold(sink, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum::<f64>() + (sink - max).exp();
+        out.extend(
+            (0..hd)
+                .map(|d| weights.iter().enumerate().map(|(i, w)| w / total * f64::from(at(&v16, i)[d])).sum::<f64>()),
+        );
+    }
+    out
+}
+
+/// Every value of `got` within 0.01 of `want`.
+fn close_to(got: &[f32], want: &[f64], shape: HeadShape) {
+    for (i, (&got, &want)) in got.iter().zip(want).enumerate() {
+        let (h, d) = (i / shape.head_dim(), i % shape.head_dim());
+        assert!((f64::from(got) - want).abs() < 1e-2, "head {h} [{d}]: {got} vs {want}");
+    }
 }

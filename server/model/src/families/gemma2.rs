@@ -37,10 +37,7 @@ impl Family for Gemma2 {
         Ok(windowed
             .into_iter()
             .map(|local| {
-                let attention = match local {
-                    true => Attention { window: Some(window), own_rope: local_rope, ..attention },
-                    false => attention,
-                };
+                let attention = sliding::layer_attention(attention, local, window, local_rope);
                 LayerKind { ffn: Ffn::GeGlu, post_norms: true, ..LayerKind::plain(attention) }
             })
             .collect())

@@ -51,10 +51,7 @@ impl Family for GptOss {
         Ok(windowed
             .into_iter()
             .map(|local| {
-                let attention = match local {
-                    true => Attention { window: Some(window), own_rope: local_rope, ..attention },
-                    false => attention,
-                };
+                let attention = sliding::layer_attention(attention, local, window, local_rope);
                 LayerKind {
                     ffn: Ffn::Experts(experts),
                     ffn_norm: "post_attention_norm.weight",

@@ -6,6 +6,7 @@
 
 use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::hparams::{HParamsError, invalid};
+use crate::layer::{Attention, OwnRope};
 
 /// Whether each of `n_layer` layers is windowed; `period` when the file
 /// names no pattern.
@@ -25,6 +26,15 @@ pub(super) fn windowed_layers(
         None => period,
     };
     Ok((0..n_layer).map(|layer| period == 0 || layer as u64 % u64::from(period) < u64::from(period) - 1).collect())
+}
+
+/// `attention` as a layer of `windowed_layers` has it: through a window of
+/// `window` positions with its own RoPE (where it has one) if it is local.
+pub(super) fn layer_attention(attention: Attention, local: bool, window: usize, rope: Option<OwnRope>) -> Attention {
+    match local {
+        true => Attention { window: Some(window), own_rope: rope, ..attention },
+        false => attention,
+    }
 }
 
 /// `<arch>.attention.sliding_window`: the window's positions, or `None`

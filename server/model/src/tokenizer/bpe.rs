@@ -186,8 +186,9 @@ mod tests {
     use super::super::testing::bpe_entries;
     use super::*;
 
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 13] = [
         "default",
+        "gpt-4o",
         "llama3",
         "dbrx",
         "qwen2",
