@@ -15,8 +15,6 @@
 //! answer text as soon as it cannot be the start of a marker; a call comes
 //! out whole when its message ends.
 
-use super::reasoning::partial_tag;
-
 const START: &str = "<|start|>assistant";
 const END: &str = "<|end|>";
 const MESSAGE: &str = "<|message|>";
@@ -202,6 +200,13 @@ fn body(header: &str) -> Body {
 /// The word `text` starts with, up to a blank or a marker.
 fn word_at(text: &str) -> &str {
     &text[..text.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(text.len())]
+}
+
+/// The length of the longest end of `text` that begins `tag` (a tag cut
+/// off by the end of a piece). Tags are ASCII, so the cut is a character
+/// boundary.
+pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
+    (1..tag.len()).rev().find(|&len| text.ends_with(&tag[..len])).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 
 use super::error::Error;
 use super::fields::Fields;
-use super::harmony::{HarmonyParser, Piece};
+use super::harmony::{HarmonyParser, Piece, partial_tag};
 use crate::config::ReasoningFormat;
 
 const OPEN: &str = "<think>";
@@ -324,13 +324,6 @@ impl HarmonySplit {
         }
         out
     }
-}
-
-/// The length of the longest end of `text` that begins `tag` (a tag cut
-/// off by the end of a piece). Tags are ASCII, so the cut is a character
-/// boundary.
-pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&len| text.ends_with(&tag[..len])).unwrap_or(0)
 }
 
 #[cfg(test)]
