@@ -46,7 +46,7 @@ pub struct ShapeExperts {
 }
 
 /// The shapes `write-model --shape` knows, by name.
-pub const NAMED: [(&str, Shape); 7] = [
+pub const NAMED: [(&str, Shape); 8] = [
     (
         "smollm2-135m",
         Shape {
@@ -178,6 +178,27 @@ pub const NAMED: [(&str, Shape); 7] = [
             experts: Some(ShapeExperts { count: 128, used: 8, n_ff: 768 }),
         },
     ),
+    (
+        // gpt-oss-20b (32 experts of 2880, 4 used, with biases; 64 heads of
+        // 64 with sinks, every other layer windowed to 128; YaRN) cut to 6
+        // of its 24 layers.
+        "gpt-oss-20b-6l",
+        Shape {
+            arch: "gpt-oss",
+            n_vocab: 201088,
+            n_embd: 2880,
+            n_layer: 6,
+            n_head: 64,
+            n_head_kv: 8,
+            n_ff: 2880,
+            n_ctx: 131072,
+            rope_base: 150000.0,
+            tied: false,
+            head_dim: Some(64),
+            window: Some(128),
+            experts: Some(ShapeExperts { count: 32, used: 4, n_ff: 2880 }),
+        },
+    ),
 ];
 
 const F32: u32 = 0;
@@ -278,10 +299,15 @@ impl Shape {
                 plan.push(matrix(name("attn_k.weight"), e, kv));
                 plan.push(matrix(name("attn_v.weight"), e, kv));
             }
-            if self.arch == "qwen2" {
+            let gpt_oss = self.arch == "gpt-oss";
+            if self.arch == "qwen2" || gpt_oss {
                 plan.push(vector(name("attn_q.bias"), q, Fill::Uniform(0.1)));
                 plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
                 plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
+            }
+            if gpt_oss {
+                plan.push(vector(name("attn_output.bias"), e, Fill::Uniform(0.1)));
+                plan.push(vector(name("attn_sinks.weight"), self.n_head as u64, Fill::Uniform(1.0)));
             }
             if matches!(self.arch, "gemma3" | "qwen3moe") {
                 plan.push(vector(name("attn_q_norm.weight"), head_dim, Fill::NearOne));
@@ -292,7 +318,8 @@ impl Shape {
                 plan.push(vector(name("post_ffw_norm.weight"), e, Fill::NearOne));
             }
             plan.push(matrix(name("attn_output.weight"), q, e));
-            plan.push(vector(name("ffn_norm.weight"), e, Fill::NearOne));
+            let ffn_norm = if gpt_oss { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+            plan.push(vector(name(ffn_norm), e, Fill::NearOne));
             if let Some(experts) = self.experts {
                 let (count, f) = (experts.count as u64, experts.n_ff as u64);
                 // Converters and llama-quantize keep the router in F32.
@@ -304,8 +331,21 @@ impl Shape {
                     fill: router,
                 });
                 for (suffix, n_in, n_out) in [("ffn_gate_exps", e, f), ("ffn_up_exps", e, f), ("ffn_down_exps", f, e)] {
-                    let Planned { name, dims, type_id, fill } = matrix(name(&format!("{suffix}.weight")), n_in, n_out);
-                    plan.push(Planned { name, dims: [dims, vec![count]].concat(), type_id, fill });
+                    let Planned { name: tensor, dims, type_id, fill } =
+                        matrix(name(&format!("{suffix}.weight")), n_in, n_out);
+                    plan.push(Planned { name: tensor, dims: [dims, vec![count]].concat(), type_id, fill });
+                    if gpt_oss {
+                        let bias = name(&format!("{suffix}.bias"));
+                        plan.push(Planned {
+                            name: bias,
+                            dims: vec![n_out, count],
+                            type_id: F32,
+                            fill: Fill::Uniform(0.1),
+                        });
+                    }
+                }
+                if gpt_oss {
+                    plan.push(vector(name("ffn_gate_inp.bias"), count, Fill::Uniform(0.1)));
                 }
                 continue;
             }
@@ -353,6 +393,12 @@ impl Shape {
             metadata.push((key("expert_count"), Value::U32(experts.count as u32)));
             metadata.push((key("expert_used_count"), Value::U32(experts.used as u32)));
             metadata.push((key("expert_feed_forward_length"), Value::U32(experts.n_ff as u32)));
+        }
+        if arch == "gpt-oss" {
+            // The published files' YaRN.
+            metadata.push((key("rope.scaling.type"), Value::Str("yarn".into())));
+            metadata.push((key("rope.scaling.factor"), Value::F32(32.0)));
+            metadata.push((key("rope.scaling.original_context_length"), Value::U32(4096)));
         }
         metadata
     }
@@ -452,9 +498,10 @@ mod tests {
     fn named_shapes_are_consistent_and_k_quantizable_where_wide_enough() {
         for (name, shape) in &NAMED {
             assert_eq!(shape.check(Matrices::F16), Ok(()), "{name}");
-            // A 576- or 1152-wide model cannot use K-quants everywhere
-            // (llama-quantize falls back too); every other shape can.
-            let k_quantizable = !matches!(*name, "smollm2-135m" | "gemma-3-1b");
+            // A 576-, 1152- or 2880-wide model cannot use K-quants
+            // everywhere (llama-quantize falls back too); every other shape
+            // can.
+            let k_quantizable = !matches!(*name, "smollm2-135m" | "gemma-3-1b" | "gpt-oss-20b-6l");
             assert_eq!(shape.check(Matrices::Q4K).is_ok(), k_quantizable, "{name}");
             assert_eq!(Shape::named(name).as_ref(), Some(shape));
         }
@@ -474,6 +521,9 @@ mod tests {
         // Qwen3-30B-A3B's 8 layers: 604 million expert weights and 19
         // million of attention each, and its two 311-million tables.
         assert_eq!(count("qwen3-30b-a3b-8l") / 10_000_000, 560);
+        // gpt-oss-20b's 6 layers: 796 million expert weights and 27 million
+        // of attention each, and its two 579-million tables.
+        assert_eq!(count("gpt-oss-20b-6l") / 10_000_000, 609);
         assert!(Shape::named("gpt-5").is_none());
     }
 
