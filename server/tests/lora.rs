@@ -97,6 +97,38 @@ fn unmerged_deltas_match_weights_merged_offline() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// On a mixture of experts (the synthetic Qwen3-MoE), adapters of the
+/// attention tensors compute what the weights merged offline compute, and
+/// an adapter of an expert tensor is refused naming it.
+#[test]
+fn adapters_on_a_mixture_of_experts_adapt_its_attention() {
+    let dir = scratch("moe");
+    let base = sluice_tests::models::tiny_family("qwen3moe").expect("a tiny MoE model");
+    let targets: Vec<Target> =
+        layer_targets(4, 64, 32, 128).into_iter().filter(|target| target.name.contains("attn_")).collect();
+    let spec = LoraSpec::new("qwen3moe", 9, 0.2);
+    let scale = 0.8;
+    let base_path = write(&dir.join("base.gguf"), base.build());
+    let adapter = write(&dir.join("adapter.gguf"), spec.build(&targets).build());
+    let merged = write(&dir.join("merged.gguf"), spec.merged(&base, &targets, scale).build());
+    let adapted = load_model(&base_path, Device::Cpu, 2, &[adapter]).expect("base and adapter load");
+    let merged = load_model(&merged, Device::Cpu, 2, &[]).expect("merged model loads");
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 250).collect();
+    let unmerged = &logits(&adapted, &[(&prompt, vec![(0, scale)])])[0];
+    let reference = &logits(&merged, &[(&prompt, Vec::new())])[0];
+    let base_logits = &logits(&adapted, &[(&prompt, Vec::new())])[0];
+    let largest = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let (off, moved) = (largest(unmerged, reference), largest(base_logits, reference));
+    let range = reference.iter().fold(0.0f32, |max, value| max.max(value.abs()));
+    assert!(off <= 1e-3 * range.max(1.0), "unmerged vs merged: {off} (logits up to {range})");
+    assert!(moved > 20.0 * off.max(1e-6), "the adapter moves the logits by {moved}, the error is {off}");
+    let expert = [Target { name: "blk.1.ffn_gate_exps.weight".into(), n_in: 64, n_out: 32 }];
+    let refused = write(&dir.join("expert.gguf"), spec.build(&expert).build());
+    let error = load_model(&base_path, Device::Cpu, 2, &[refused]).err().expect("refused").to_string();
+    assert!(error.contains("blk.1.ffn_gate_exps.weight"), "{error}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A three-layer synthetic llama written to `dir`, and its adapter targets.
 fn tiny_base(dir: &Path) -> (PathBuf, Vec<Target>) {
     let tiny = TinyModel::llama(3);
