@@ -40,6 +40,7 @@
 //!   row's quants `4s..4s+4`.
 //! - Q4_0, 144 bytes: the eight `d`; then for `h` in 0..4, each row's bytes
 //!   `qs[4h..4h+4]` (low nibbles: elements 4h+k; high: 16+4h+k).
+//! - MXFP4, 144 bytes: as Q4_0, each `d` the bf16 of the block's scale.
 //! - Q5_0, 176 bytes: as Q4_0, then each row's four bytes of fifth bits
 //!   rearranged so that bit `i` of byte `k` is element 4i+k's.
 //! - Q2_K, 800 bytes: the eight `d`, the eight `dmin`; the sixteen 4-bit
@@ -86,10 +87,11 @@
 //! kernels', so the bits are theirs.
 
 use super::blocks::{
-    BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockQ8_0, blocks, k_scales,
+    BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockQ8_0, blocks,
+    k_scales,
 };
 use super::low_k::q3_k_scales;
-use super::lut4::iq4_xs_scale;
+use super::lut4::{e8m0_half, iq4_xs_scale};
 use super::pages::WeightBytes;
 use super::{DType, scalar};
 use crate::pool::ThreadPool;
@@ -136,6 +138,7 @@ impl PackedRows {
             DType::Q2_K => |rows, b, out| pack_q2_k(rows.map(|row| &blocks::<BlockQ2K>(row)[b]), out),
             DType::Q3_K => |rows, b, out| pack_q3_k(rows.map(|row| &blocks::<BlockQ3K>(row)[b]), out),
             DType::IQ4_XS => |rows, b, out| pack_iq4_xs(rows.map(|row| &blocks::<BlockIQ4XS>(row)[b]), out),
+            DType::MXFP4 => |rows, b, out| pack_mxfp4(rows.map(|row| &blocks::<BlockMXFP4>(row)[b]), out),
             _ => return None,
         };
         let header = packed_header_bytes(dtype)?;
@@ -218,7 +221,7 @@ pub(crate) fn packed_block_bytes(dtype: DType) -> Option<usize> {
         DType::Q4_K => Some(Q4_K_BLOCK),
         DType::Q6_K => Some(Q6_K_BLOCK),
         DType::Q8_0 => Some(Q8_0_BLOCK),
-        DType::Q4_0 => Some(Q4_0_BLOCK),
+        DType::Q4_0 | DType::MXFP4 => Some(Q4_0_BLOCK),
         DType::Q5_0 => Some(Q5_0_BLOCK),
         DType::Q5_K => Some(Q5_K_BLOCK),
         DType::Q2_K => Some(Q2_K_BLOCK),
@@ -233,7 +236,7 @@ fn packed_header_bytes(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q4_K | DType::Q5_K => Some(Q4_K_QS),
         DType::Q6_K => Some(Q6_K_QS),
-        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => Some(LEGACY_QS),
+        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::MXFP4 => Some(LEGACY_QS),
         DType::Q2_K => Some(Q2_K_QS),
         DType::Q3_K => Some(Q3_K_HMASK),
         DType::IQ4_XS => Some(IQ4_XS_QS),
@@ -417,6 +420,12 @@ fn pack_legacy(rows: [([u8; 2], &[u8]); GROUP_ROWS], out: &mut [u8]) {
         interleave(out, LEGACY_D, r, 2, d);
         interleave(out, LEGACY_QS, r, 4, bytes);
     }
+}
+
+/// MXFP4 rows as Q4_0's, each block's E8M0 scale (its value halved, see
+/// `lut4::e8m0_half`) as the bf16 of that power of two in place of `d`.
+fn pack_mxfp4(rows: [&BlockMXFP4; GROUP_ROWS], out: &mut [u8]) {
+    pack_legacy(rows.map(|x| (half::bf16::from_f32(e8m0_half(x.e)).to_le_bytes(), &x.qs[..])), out);
 }
 
 fn pack_q5_0(rows: [&BlockQ5_0; GROUP_ROWS], out: &mut [u8]) {

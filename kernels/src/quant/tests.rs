@@ -615,6 +615,7 @@ fn packed_kernels_equal_the_reference_for_every_row_and_activation_row() {
             DType::Q2_K,
             DType::Q3_K,
             DType::IQ4_XS,
+            DType::MXFP4,
         ] {
             let dot = kernels.dot(dtype);
             assert!(dot.packs(), "{level:?} {dtype}");

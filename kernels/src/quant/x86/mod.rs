@@ -706,7 +706,7 @@ macro_rules! dot_kernels {
                     DType::IQ4_XS => {
                         row_major(one_iq4_xs, four_iq4_xs, Some(packed!(packed_iq4_xs, wide!(widen_iq4_xs, 32, false))))
                     }
-                    DType::MXFP4 => row_major(one_mxfp4, four_mxfp4, None),
+                    DType::MXFP4 => row_major(one_mxfp4, four_mxfp4, Some(packed!(packed_mxfp4))),
                     DType::Q2_K => {
                         kquant!(one_q2_k, four_q2_k, two_pairs_q2_k, four_by_eight_q2_k, Some(packed!(packed_q2_k)))
                     }

@@ -253,10 +253,11 @@ macro_rules! packed_kernels {
             let acts = acts.map(blocks::<BlockQ8_0S>);
             let mut acc = [pk::zero_f(); A];
             let bias = match FORMAT {
-                packed::Q8_0 => pk::SIGNED_BIAS,
+                packed::Q8_0 | packed::MXFP4 => pk::SIGNED_BIAS,
                 packed::Q4_0 => 8,
                 _ => 16,
             };
+            let table = pk::table16(&crate::quant::lut4::FP4_VALUES);
             let blocks = packed::call_blocks(groups, BLOCK, pk::GROUPS, &acts);
             for (b, w) in blocks.enumerate() {
                 let a = acts.map(|row| &row[b]);
@@ -266,6 +267,18 @@ macro_rules! packed_kernels {
                         let q = pk::load(w, layout::LEGACY_QS + 32 * s);
                         for i in 0..A {
                             isum[i] = pk::signed_dot(isum[i], q, pk::splat4(&a[i].qs, s));
+                        }
+                    }
+                } else if FORMAT == packed::MXFP4 {
+                    // Each nibble indexes the doubled E2M1 values, signed
+                    // bytes dotted as Q8_0's quants are.
+                    for h in 0..4 {
+                        let v = pk::load(w, layout::LEGACY_QS + 32 * h);
+                        let low = pk::lookup(table, pk::and_bytes(v, 0xF));
+                        let high = pk::lookup(table, pk::and_bytes(pk::shr16::<4>(v), 0xF));
+                        for i in 0..A {
+                            isum[i] = pk::signed_dot(isum[i], low, pk::splat4(&a[i].qs, h));
+                            isum[i] = pk::signed_dot(isum[i], high, pk::splat4(&a[i].qs, 4 + h));
                         }
                     }
                 } else {
@@ -279,7 +292,13 @@ macro_rules! packed_kernels {
                         isum[i] = pk::widen_add(pk::widen_add(isum[i], low[i]), high[i]);
                     }
                 }
-                let d = pk::halves(w, layout::LEGACY_D);
+                // MXFP4's power-of-two scales are packed as bf16, which
+                // holds every one of them exactly.
+                let d = if FORMAT == packed::MXFP4 {
+                    pk::bf16s(w, layout::LEGACY_D)
+                } else {
+                    pk::halves(w, layout::LEGACY_D)
+                };
                 for i in 0..A {
                     let d_a = pk::splat_f(scalar::half_to_f32(a[i].d));
                     acc[i] = pk::fma_f(acc[i], pk::mul_f(d, d_a), pk::to_f(isum[i]));
@@ -301,6 +320,11 @@ macro_rules! packed_kernels {
         #[target_feature(enable = $features)]
         fn packed_q5_0<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
             packed_symmetric::<A, { packed::Q5_0 }, { layout::Q5_0_BLOCK }>(groups, acts)
+        }
+
+        #[target_feature(enable = $features)]
+        fn packed_mxfp4<const A: usize>(groups: &[u8], acts: [&[u8]; A]) -> [[f32; 16]; A] {
+            packed_symmetric::<A, { packed::MXFP4 }, { layout::Q4_0_BLOCK }>(groups, acts)
         }
 
         /// The packed Q6_K groups in `groups`, as [`packed_q4_k`] takes them.
@@ -336,6 +360,7 @@ pub(super) use packed_kernels;
 pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
 pub(super) const Q5_0: u8 = 2;
+pub(super) const MXFP4: u8 = 3;
 
 /// The blocks of the call's groups in `groups` (`per_call` of them: one
 /// call block holds their blocks, see `place_block`) that the activation

@@ -201,6 +201,13 @@ pub(super) mod avx2_ops {
         _mm256_cvtph_ps(load_u8x16(load16(w, at)))
     }
 
+    /// The eight bf16 at `at`, as floats (exactly: their bits moved up).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn bf16s(w: &[u8], at: usize) -> F {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(load_u8x16(load16(w, at)))))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn zero_f() -> F {
@@ -471,6 +478,14 @@ pub(super) mod avx512_ops {
     #[inline]
     pub(crate) fn halves(w: &[u8], at: usize) -> F {
         _mm512_cvtph_ps(bytes16(w, at))
+    }
+
+    /// Each group's eight bf16 at `at`, as floats (exactly: their bits
+    /// moved up).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    pub(crate) fn bf16s(w: &[u8], at: usize) -> F {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bytes16(w, at))))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
