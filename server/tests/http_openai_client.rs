@@ -124,6 +124,54 @@ print("round trip", after.choices[0].finish_reason)
 print("ok")
 "#;
 
+/// gpt-oss through the client (its synthetic model and the published
+/// Harmony template): `reasoning_effort` reaches the prompt, a required
+/// call comes back as `tool_calls` with `reasoning_content` beside it, and
+/// the call, its reasoning and its result go back as the next request's
+/// history.
+const GPT_OSS_SCRIPT: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="sk-sluice-test", max_retries=0, timeout=120)
+weather = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}},
+           "required": ["city"], "additionalProperties": False}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": weather}}]
+messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+efforts = {}
+for effort in ("low", "high"):
+    reply = client.chat.completions.create(model="sluice", messages=messages, max_tokens=1, temperature=0,
+                                           reasoning_effort=effort)
+    efforts[effort] = reply.usage.prompt_tokens
+# "Reasoning: low" and "Reasoning: high" are spelled with different tokens.
+assert efforts["low"] != efforts["high"], efforts
+print("efforts", efforts)
+
+reply = client.chat.completions.create(model="sluice", messages=messages, tools=tools, tool_choice="required",
+                                       max_tokens=400, temperature=0)
+choice = reply.choices[0]
+assert choice.finish_reason == "tool_calls", choice
+call = choice.message.tool_calls[0]
+assert call.function.name == "get_weather" and call.id.startswith("call_"), call
+args = json.loads(call.function.arguments)
+assert set(args) == {"city"} and isinstance(args["city"], str), args
+reasoning = (choice.message.model_extra or {}).get("reasoning_content")
+print("call", call.function.arguments, "reasoning", repr(reasoning))
+
+history = messages + [
+    {"role": "assistant", "content": None, "reasoning_content": reasoning or "Look it up.",
+     "tool_calls": [{"id": call.id, "type": "function",
+                     "function": {"name": "get_weather", "arguments": call.function.arguments}}]},
+    {"role": "tool", "tool_call_id": call.id, "content": "{\"sky\": \"clear\"}"},
+]
+after = client.chat.completions.create(model="sluice", messages=history, tools=tools, max_tokens=8, temperature=0)
+# The call (its arguments, its reasoning) and the result reach the prompt.
+assert after.usage.prompt_tokens > reply.usage.prompt_tokens + 40, (after.usage, reply.usage)
+print("round trip", after.choices[0].finish_reason)
+print("ok")
+"#;
+
 /// A Python with `openai`, installed on first use (once per test binary:
 /// its tests run in parallel).
 fn python_with_openai() -> PathBuf {
@@ -170,9 +218,24 @@ fn the_openai_python_client_calls_tools() {
     run_script(TOOLS_SCRIPT);
 }
 
+#[test]
+fn the_openai_python_client_reasons_and_calls_tools_with_gpt_oss() {
+    let path = std::env::temp_dir().join(format!("sluice-client-gpt-oss-{}.gguf", std::process::id()));
+    // The published template's system prompt alone is ~400 byte-level
+    // tokens: the model gets a longer context than the fixtures' 512.
+    let model = sluice_tests::models::tiny_family("gpt-oss").expect("a tiny gpt-oss model");
+    let model = model.meta("gpt-oss.context_length", sluice_tests::gguf_writer::Value::U32(2048));
+    std::fs::write(&path, model.build()).expect("write the model");
+    run_script_on(GPT_OSS_SCRIPT, Server::start_model(&path, &["--api-key", "sk-sluice-test"], &[]));
+    std::fs::remove_file(&path).expect("clean up");
+}
+
 fn run_script(script: &str) {
+    run_script_on(script, Server::start(&["--api-key", "sk-sluice-test"]));
+}
+
+fn run_script_on(script: &str, server: Server) {
     let python = python_with_openai();
-    let server = Server::start(&["--api-key", "sk-sluice-test"]);
     let output = Command::new(python).args(["-c", script, &server.url("")]).output().expect("the client script runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
