@@ -25,11 +25,7 @@ fn ok(server: &Server, path: &str, body: &Value) -> Value {
 #[test]
 fn gpt_oss_reasons_and_calls_through_the_openai_api() {
     let path = std::env::temp_dir().join(format!("sluice-gpt-oss-{}.gguf", std::process::id()));
-    // The published template's system prompt alone is ~400 byte-level
-    // tokens: the model gets a longer context than the fixtures' 512.
-    let model = sluice_tests::models::tiny_family("gpt-oss").expect("a tiny gpt-oss model");
-    let model = model.meta("gpt-oss.context_length", sluice_tests::gguf_writer::Value::U32(2048));
-    std::fs::write(&path, model.build()).expect("write the model");
+    std::fs::write(&path, sluice_tests::models::gpt_oss_for_chat().build()).expect("write the model");
     let server = Server::start_model(&path, &["-np", "1"], &[]);
 
     let user = json!({"role": "user", "content": "What is the weather in Paris?"});

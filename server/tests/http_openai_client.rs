@@ -221,11 +221,7 @@ fn the_openai_python_client_calls_tools() {
 #[test]
 fn the_openai_python_client_reasons_and_calls_tools_with_gpt_oss() {
     let path = std::env::temp_dir().join(format!("sluice-client-gpt-oss-{}.gguf", std::process::id()));
-    // The published template's system prompt alone is ~400 byte-level
-    // tokens: the model gets a longer context than the fixtures' 512.
-    let model = sluice_tests::models::tiny_family("gpt-oss").expect("a tiny gpt-oss model");
-    let model = model.meta("gpt-oss.context_length", sluice_tests::gguf_writer::Value::U32(2048));
-    std::fs::write(&path, model.build()).expect("write the model");
+    std::fs::write(&path, sluice_tests::models::gpt_oss_for_chat().build()).expect("write the model");
     run_script_on(GPT_OSS_SCRIPT, Server::start_model(&path, &["--api-key", "sk-sluice-test"], &[]));
     std::fs::remove_file(&path).expect("clean up");
 }

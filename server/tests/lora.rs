@@ -74,18 +74,30 @@ fn bits(values: &[f32]) -> Vec<u32> {
 fn unmerged_deltas_match_weights_merged_offline() {
     let dir = scratch("merged");
     let (tiny, targets) = wide_model();
-    let base = tiny.build();
-    let spec = LoraSpec::new("llama", 5, 0.2);
-    let scale = 0.7;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 96).collect();
+    matches_merged(&dir, &tiny.build(), &targets, &LoraSpec::new("llama", 5, 0.2), 0.7, &prompt);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `base` under `spec`'s adapter of `targets` at `scale` gives, on
+/// `prompt`, the logits of the weights merged offline, to 1e-3 of their
+/// range, while the adapter moves them by far more. Returns the base's file.
+fn matches_merged(
+    dir: &Path,
+    base: &sluice_tests::gguf_writer::GgufBuilder,
+    targets: &[Target],
+    spec: &LoraSpec,
+    scale: f32,
+    prompt: &[u32],
+) -> PathBuf {
     let base_path = write(&dir.join("base.gguf"), base.build());
-    let adapter = write(&dir.join("adapter.gguf"), spec.build(&targets).build());
-    let merged = write(&dir.join("merged.gguf"), spec.merged(&base, &targets, scale).build());
+    let adapter = write(&dir.join("adapter.gguf"), spec.build(targets).build());
+    let merged = write(&dir.join("merged.gguf"), spec.merged(base, targets, scale).build());
     let adapted = load_model(&base_path, Device::Cpu, 2, &[adapter]).expect("base and adapter load");
     let merged = load_model(&merged, Device::Cpu, 2, &[]).expect("merged model loads");
-    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 96).collect();
-    let unmerged = &logits(&adapted, &[(&prompt, vec![(0, scale)])])[0];
-    let reference = &logits(&merged, &[(&prompt, Vec::new())])[0];
-    let base_logits = &logits(&adapted, &[(&prompt, Vec::new())])[0];
+    let unmerged = &logits(&adapted, &[(prompt, vec![(0, scale)])])[0];
+    let reference = &logits(&merged, &[(prompt, Vec::new())])[0];
+    let base_logits = &logits(&adapted, &[(prompt, Vec::new())])[0];
     let largest = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
     let (off, moved) = (largest(unmerged, reference), largest(base_logits, reference));
     // The two compute keys and values that differ in their last bits, and
@@ -94,7 +106,7 @@ fn unmerged_deltas_match_weights_merged_offline() {
     let range = reference.iter().fold(0.0f32, |max, value| max.max(value.abs()));
     assert!(off <= 1e-3 * range.max(1.0), "unmerged vs merged: {off} (logits up to {range})");
     assert!(moved > 20.0 * off.max(1e-6), "the adapter moves the logits by {moved}, the error is {off}");
-    let _ = std::fs::remove_dir_all(dir);
+    base_path
 }
 
 /// On a mixture of experts (the synthetic Qwen3-MoE), adapters of the
@@ -107,21 +119,8 @@ fn adapters_on_a_mixture_of_experts_adapt_its_attention() {
     let targets: Vec<Target> =
         layer_targets(4, 64, 32, 128).into_iter().filter(|target| target.name.contains("attn_")).collect();
     let spec = LoraSpec::new("qwen3moe", 9, 0.2);
-    let scale = 0.8;
-    let base_path = write(&dir.join("base.gguf"), base.build());
-    let adapter = write(&dir.join("adapter.gguf"), spec.build(&targets).build());
-    let merged = write(&dir.join("merged.gguf"), spec.merged(&base, &targets, scale).build());
-    let adapted = load_model(&base_path, Device::Cpu, 2, &[adapter]).expect("base and adapter load");
-    let merged = load_model(&merged, Device::Cpu, 2, &[]).expect("merged model loads");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 250).collect();
-    let unmerged = &logits(&adapted, &[(&prompt, vec![(0, scale)])])[0];
-    let reference = &logits(&merged, &[(&prompt, Vec::new())])[0];
-    let base_logits = &logits(&adapted, &[(&prompt, Vec::new())])[0];
-    let largest = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-    let (off, moved) = (largest(unmerged, reference), largest(base_logits, reference));
-    let range = reference.iter().fold(0.0f32, |max, value| max.max(value.abs()));
-    assert!(off <= 1e-3 * range.max(1.0), "unmerged vs merged: {off} (logits up to {range})");
-    assert!(moved > 20.0 * off.max(1e-6), "the adapter moves the logits by {moved}, the error is {off}");
+    let base_path = matches_merged(&dir, &base, &targets, &spec, 0.8, &prompt);
     let expert = [Target { name: "blk.1.ffn_gate_exps.weight".into(), n_in: 64, n_out: 32 }];
     let refused = write(&dir.join("expert.gguf"), spec.build(&expert).build());
     let error = load_model(&base_path, Device::Cpu, 2, &[refused]).err().expect("refused").to_string();

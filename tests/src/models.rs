@@ -32,6 +32,13 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
     }
 }
 
+/// The synthetic gpt-oss model with a context of 2048 positions, for
+/// chats: the published template's system prompt alone is ~400 of its
+/// byte-level tokens, more than the fixtures' 512 leave room for.
+pub fn gpt_oss_for_chat() -> crate::gguf_writer::GgufBuilder {
+    tiny_bpe("gpt-oss").meta("gpt-oss.context_length", crate::gguf_writer::Value::U32(2048))
+}
+
 /// The synthetic Gemma models (`arch` `gemma2` or `gemma3`) whose
 /// llama.cpp outputs are fixtures (`tests/fixtures/<arch>-tiny-llamacpp.json`):
 /// seven layers of the family's default pattern of local and global
