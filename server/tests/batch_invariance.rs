@@ -34,8 +34,11 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
         Arc::clone(&model).context(n_seqs * blocks_per_seq, BLOCK_TOKENS, config.kv_types).expect("a context");
     let mut tables: Vec<Vec<u32>> =
         (0..n_seqs).map(|seq| ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()).collect();
+    // A sequence's recurrent state slot (models with recurrent layers).
+    let mut states: Vec<u32> = (0..n_seqs as u32).collect();
     if config.reversed_blocks {
         tables.reverse();
+        states.reverse();
     }
     let mut done = vec![0usize; n_seqs];
     let mut last_token: Vec<u32> = vec![0; n_seqs];
@@ -69,7 +72,7 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
             }
             done[seq] = end;
         }
-        let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
+        let batch = Batch { rows, block_tables: tables.clone(), states: states.clone(), ..Batch::default() };
         step_outputs(batch, &mut context, &mut out, &mut last_token);
     }
     for step in 0..DECODE_STEPS {
@@ -85,7 +88,7 @@ fn run(path: &Path, config: Run) -> Vec<Vec<Vec<u32>>> {
                 }
             })
             .collect();
-        let batch = Batch { rows, block_tables: tables.clone(), ..Batch::default() };
+        let batch = Batch { rows, block_tables: tables.clone(), states: states.clone(), ..Batch::default() };
         step_outputs(batch, &mut context, &mut out, &mut last_token);
     }
     out
@@ -109,6 +112,18 @@ fn logits_do_not_depend_on_batch_chunking_threads_or_blocks_with_a_q8_0_kv_cache
 fn an_moe_model_s_logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
     let path = std::env::temp_dir().join(format!("sluice-moe-invariance-{}.gguf", std::process::id()));
     let model = sluice_tests::models::tiny_family("qwen2moe").expect("a tiny MoE model");
+    std::fs::write(&path, model.build()).expect("written");
+    invariant_on(&path, 300, KvTypes::default());
+    std::fs::remove_file(&path).expect("removed");
+}
+
+/// A hybrid model (Qwen3.5-MoE's layout: Gated DeltaNet layers, a gated
+/// attention layer every fourth, experts): each sequence's recurrent state
+/// goes on from pass to pass whatever else shares them.
+#[test]
+fn a_hybrid_model_s_logits_do_not_depend_on_batch_chunking_threads_or_blocks() {
+    let path = std::env::temp_dir().join(format!("sluice-hybrid-invariance-{}.gguf", std::process::id()));
+    let model = sluice_tests::models::tiny_family("qwen35moe").expect("a tiny hybrid model");
     std::fs::write(&path, model.build()).expect("written");
     invariant_on(&path, 300, KvTypes::default());
     std::fs::remove_file(&path).expect("removed");

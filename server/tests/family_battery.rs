@@ -1,10 +1,10 @@
 //! The hostile-client battery (`sluice_tests::battery`) on every family
-//! that issues P and Q added, each served from its synthetic model: the
+//! that issues P, Q and R added, each served from its synthetic model: the
 //! malformed bodies, wrong field values and named hostile requests of
 //! `bad_inputs`, then what only these families bring: chat templates that
 //! refuse conversations they do not take (Gemma's alternation rule),
 //! sliding windows (prompts many windows long, slot files refused without
-//! `--swa-full`), vocabularies smaller than the probabilities asked for,
+//! `--swa-full`), recurrent layers (slot files refused), vocabularies smaller than the probabilities asked for,
 //! and token ids past the vocabulary.
 
 use std::path::PathBuf;
@@ -14,9 +14,22 @@ use sluice_tests::battery::{self, Expect, Report, Target};
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
-const FAMILIES: [&str; 13] = [
-    "gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "glm4", "olmo2", "qwen3moe", "qwen2moe", "mixtral",
-    "gpt-oss", "glm4moe",
+const FAMILIES: [&str; 15] = [
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mistral3",
+    "smollm3",
+    "granite",
+    "glm4",
+    "olmo2",
+    "qwen3moe",
+    "qwen2moe",
+    "mixtral",
+    "gpt-oss",
+    "glm4moe",
+    "qwen35",
+    "qwen35moe",
 ];
 const KEY: &str = "family-battery-key";
 

@@ -8,6 +8,7 @@ pub mod binary;
 pub mod fuzz;
 pub mod gguf_writer;
 pub mod http;
+pub mod hybrid;
 pub mod loadtest;
 pub mod lora;
 pub mod models;

@@ -28,6 +28,8 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "qwen2moe" => Some(tiny_bpe("qwen2moe")),
         "mixtral" => Some(tiny_bpe("mixtral")),
         "gpt-oss" => Some(tiny_bpe("gpt-oss")),
+        "qwen35" => Some(tiny_bpe("qwen35")),
+        "qwen35moe" => Some(tiny_bpe("qwen35moe")),
         _ => None,
     }
 }
@@ -391,6 +393,12 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             include_str!("../fixtures/chatml-chat-template.jinja"),
             if arch == "qwen3moe" { 35 } else { 36 },
         ),
+        "qwen35" | "qwen35moe" => (
+            &["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+            "qwen35",
+            include_str!("../fixtures/qwen35-chat-template.jinja"),
+            if arch == "qwen35" { 39 } else { 40 },
+        ),
         "mixtral" => (&["<s>", "</s>"], "llama-bpe", include_str!("../fixtures/mixtral-chat-template.jinja"), 37),
         "gpt-oss" => (
             &[
@@ -412,7 +420,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let experts = |count, shared| crate::gguf_writer::TinyExperts { count, used: 2, n_ff: 32, shared };
     let (file_arch, experts) = match arch {
         "qwen3moe" => (arch, Some(experts(8, None))),
-        "qwen2moe" => (arch, Some(experts(8, Some(48)))),
+        "qwen2moe" | "qwen35moe" => (arch, Some(experts(8, Some(48)))),
         // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
         "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
         "gpt-oss" => (arch, Some(crate::gguf_writer::TinyExperts { used: 4, ..experts(8, None) })),
@@ -469,6 +477,11 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("granite.attention.scale", Value::F32(0.0625))
             .meta("granite.logit_scale", Value::F32(8.0))
             .meta("granite.rope.freq_base", Value::F32(1e6)),
+        "qwen35" | "qwen35moe" => crate::hybrid::qwen35(&shape, model)
+            .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
+            .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
+            .meta("tokenizer.ggml.add_bos_token", Value::Bool(false)),
         "qwen3moe" | "qwen2moe" => model
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))

@@ -396,6 +396,16 @@ pub trait Backend: Send + Sync + 'static {
         ops::swiglu_oai(&gate, &up, &mut values);
         self.upload(&values, out)
     }
+    /// `x *= σ(gate)` as [`ops::sigmoid_gate`] computes it (Qwen3.5's
+    /// attention output gate).
+    fn sigmoid_gate(&self, x: &mut Self::Rows, gate: &Self::Rows) -> Result<(), BackendError> {
+        let (mut values, gate) = (self.download(x)?, self.download(gate)?);
+        if values.len() != gate.len() {
+            return Err(BackendError::Input(format!("{} values gated by {}", values.len(), gate.len())));
+        }
+        ops::sigmoid_gate(&mut values, &gate);
+        self.upload(&values, x)
+    }
     /// `x *= factor` element-wise (Gemma's embedding scale and pre-scaled
     /// queries).
     fn scale(&self, x: &mut Self::Rows, factor: f32) -> Result<(), BackendError> {

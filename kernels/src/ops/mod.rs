@@ -21,6 +21,7 @@
 //! has.
 
 mod attention;
+mod delta_net;
 mod dense_attention;
 mod error;
 mod experts;
@@ -36,6 +37,7 @@ pub(crate) mod simd;
 mod testing;
 
 pub use attention::{HeadShape, KvPages, PageTable, Scores, attend, attend_heads};
+pub use delta_net::{DeltaRow, DeltaShape, DeltaState, DeltaWeights, delta_step};
 pub use dense_attention::attend_within;
 pub use error::OpsError;
 pub use experts::{scatter_rows, weighted_sum};
@@ -45,8 +47,8 @@ pub use low_rank::LowRank;
 pub use rope::{Rope, RopeAngles, RopeKind, RopePos};
 pub use rope_scaling::{RopeScaling, Yarn};
 pub use row::{
-    Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, silu,
-    softmax_in_place, swiglu, swiglu_oai,
+    Gelu, add_in_place, f32_to_f16_row, geglu_f16, gelu, layer_norm, rms_norm, rms_norm_in_place, scale, sigmoid_gate,
+    silu, softmax_in_place, swiglu, swiglu_oai,
 };
 #[cfg(test)]
 pub(crate) use testing::noise;

@@ -97,6 +97,17 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     dispatch!(s => update(s, out, [gate, up], #[inline(always)] |_, [g, u]| s.mul(silu_v(s, g), u)))
 }
 
+/// `x *= σ(gate)` element-wise, the sigmoid as ggml's CPU backend takes it
+/// (`1 / (1 + e^-g)` with the C library's `exp`): an attention output gate
+/// (Qwen3.5).
+///
+/// # Panics
+/// If `gate` is not as long as `x`.
+pub fn sigmoid_gate(x: &mut [f32], gate: &[f32]) {
+    assert_same_len("sigmoid_gate gate", x.len(), gate.len());
+    x.iter_mut().zip(gate).for_each(|(x, &g)| *x *= 1.0 / (1.0 + (-g).exp()));
+}
+
 /// gpt-oss's clamp of its experts' gate (above) and up projection (on
 /// both sides), and its sigmoid's slope (llama.cpp's constants).
 const OAI_LIMIT: f32 = 7.0;

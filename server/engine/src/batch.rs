@@ -72,6 +72,8 @@ pub(super) fn assemble(work: &[Work], slots: &[Option<Active>], taps: &[usize], 
         batch.block_tables.push(active.blocks.table.clone());
         batch.window_tables.push(active.blocks.window_table().to_vec());
         batch.adapters.push(active.request.lora.clone());
+        // A slot's sequence carries its recurrent state in the slot's own.
+        batch.states.push(item.slot() as u32);
         for (offset, token) in inputs.into_iter().enumerate() {
             let cell = start + offset;
             let image_row = (token & IMAGE_ROW != 0).then(|| active.request.image_row(cell, n_embd)).flatten();

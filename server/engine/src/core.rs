@@ -147,6 +147,16 @@ impl Engine {
                 BlockManager::new(n_blocks, block_tokens),
             ),
         };
+        if let Some(bytes) = model.recurrent_state_bytes() {
+            blocks = blocks.without_prefix_cache();
+            tracing::info!(
+                "recurrent state: {:.2} MiB per slot, {:.2} MiB for {} slots; prompts are computed whole \
+                 (no prefix cache for recurrent layers yet)",
+                bytes as f64 / (1 << 20) as f64,
+                (bytes * config.slots) as f64 / (1 << 20) as f64,
+                config.slots,
+            );
+        }
         // `--cache-ram` in blocks of this store.
         if let Some(mib) = config.cache_mib {
             let bytes = usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
@@ -690,6 +700,9 @@ impl Engine {
         Metrics::set(&metrics.kv_window_blocks_used, window_used as u64);
         let window_free = self.blocks.window_blocks().unwrap_or(0) - window_used;
         Metrics::set(&metrics.kv_window_blocks_free, window_free as u64);
+        let running = self.slots.iter().flatten().count();
+        let state = self.model.recurrent_state_bytes().unwrap_or(0);
+        Metrics::set(&metrics.recurrent_state_bytes, (running * state) as u64);
         Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
         let infos = self
             .slots

@@ -20,6 +20,10 @@
 //! computed whole (llama.cpp without `--swa-full` re-processes prompts the
 //! same way). `--swa-full` keeps every window cell with the paged ones
 //! instead, and the prefix cache with them.
+//!
+//! A model with recurrent layers keeps no prefix cache either
+//! ([`BlockManager::without_prefix_cache`]): a cached prefix's KV would come
+//! without the recurrent state at its end.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -136,6 +140,8 @@ pub struct BlockManager {
     hits: u64,
     /// The window layers' own blocks, if they have a store of their own.
     window: Option<WindowPool>,
+    /// Prompts may borrow cached blocks and sequences offer theirs.
+    prefix_cache: bool,
 }
 
 fn chain(previous: u64, tokens: &[u32]) -> u64 {
@@ -164,13 +170,20 @@ impl BlockManager {
             clock: 0,
             hits: 0,
             window: None,
+            prefix_cache: true,
         }
     }
 
     /// A manager whose sequences also take window blocks from `pool`, and
     /// which keeps no prefix cache (see the module's doc).
     pub fn with_window(self, pool: WindowPool) -> Self {
-        BlockManager { window: Some(pool), ..self }
+        BlockManager { window: Some(pool), prefix_cache: false, ..self }
+    }
+
+    /// A manager that neither serves prompts from the prefix cache nor
+    /// offers sequences' blocks to it (a model with recurrent layers).
+    pub fn without_prefix_cache(self) -> Self {
+        BlockManager { prefix_cache: false, ..self }
     }
 
     /// Whether window layers' old cells are freed (and prompts are never
@@ -277,7 +290,7 @@ impl BlockManager {
     /// configuration keyed `root`, borrowing its longest cached prefix when
     /// `use_cache`.
     pub fn admit(&mut self, root: u64, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
-        let use_cache = use_cache && self.window.is_none();
+        let use_cache = use_cache && self.prefix_cache;
         let mut blocks = SeqBlocks { cacheable: use_cache, root, ..SeqBlocks::default() };
         let matched =
             if use_cache { self.matching_blocks(root, prompt) } else { Matched { whole: Vec::new(), partial: None } };

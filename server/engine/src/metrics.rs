@@ -30,6 +30,9 @@ pub struct Metrics {
     /// The sliding-window layers' own store (0 and 0 without one).
     pub kv_window_blocks_used: AtomicU64,
     pub kv_window_blocks_free: AtomicU64,
+    /// Recurrent layers' state held by running requests (0 without such
+    /// layers).
+    pub recurrent_state_bytes: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub policy_fallbacks_total: AtomicU64,
     /// Steps the trace writer was too far behind to take.

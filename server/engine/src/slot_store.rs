@@ -306,6 +306,11 @@ pub enum SlotActionError {
          start with --swa-full (engine.swa_full) to save and restore slots"
     )]
     Window,
+    #[error(
+        "slot files hold the prefix cache's KV, which this model's recurrent layers cannot resume from: \
+         their state is not in the KV blocks"
+    )]
+    Recurrent,
     #[error("{n_tokens} tokens with {len} bytes of KV blocks: not what this store holds")]
     Malformed { n_tokens: usize, len: usize },
     #[error("the KV store refused the slot's blocks")]

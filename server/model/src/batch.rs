@@ -135,6 +135,10 @@ pub struct Batch {
     /// Per sequence (absent = none): the LoRA adapters its rows use, as
     /// (adapter id, scale).
     pub adapters: Vec<Vec<(u32, f32)>>,
+    /// Per sequence, in a context of a model with recurrent layers: the
+    /// state slot that carries its recurrent state from pass to pass
+    /// (see [`crate::recurrent`]).
+    pub states: Vec<u32>,
 }
 
 /// A model's KV store and working buffers.
@@ -208,6 +212,7 @@ pub fn forward_in_parts(
             bidirectional: false,
             hidden: batch.hidden.clone(),
             adapters: batch.adapters.clone(),
+            states: batch.states.clone(),
         };
         let ForwardOutput { logits, logit_rows, taps } = context.forward(&part)?;
         output.logits.extend(logits);
@@ -284,6 +289,12 @@ pub enum ForwardError {
     Adapter { row: usize, id: u32, n_adapters: usize },
     #[error("row {row}: the scale of LoRA adapter {id} is not finite")]
     AdapterScale { row: usize, id: u32 },
+    #[error("row {row}: sequence {seq} has no recurrent state slot")]
+    State { row: usize, seq: usize },
+    #[error("row {row}: cell {cell} does not follow its recurrent state, which holds cells 0..{expected}")]
+    StateCell { row: usize, cell: u32, expected: u32 },
+    #[error("row {row}: recurrent state slot {slot} is named by two sequences of the pass")]
+    SharedState { row: usize, slot: usize },
     #[error("kernel: {0}")]
     Kernel(String),
 }

@@ -19,6 +19,7 @@ use super::blocks::{CacheLayout, Pass, Scratch, Stores};
 use super::gguf::GgufFile;
 use super::hparams::HParams;
 use super::lora::{AdapterInfo, PassAdapters};
+use super::recurrent::{RecurrentStore, Run};
 use super::transformer::Transformer;
 use super::vision::{Encoder, Projector};
 use super::weights::LoadError;
@@ -40,6 +41,8 @@ struct TransformerContext<B: Backend> {
     /// The pass's query factors, where the model scales queries by
     /// position.
     q_temperature: Vec<f32>,
+    /// The recurrent layers' states, in a model that has them.
+    recurrent: Option<RecurrentStore>,
 }
 
 /// The window layers' own store and the pass's layout of its cells.
@@ -75,6 +78,14 @@ impl<B: Backend> TransformerContext<B> {
             None => None,
         };
         log_stores(&shape, window.as_ref().map(|window| &window.shape), caches)?;
+        let recurrent = (!caches.recurrent.is_empty()).then(|| {
+            tracing::info!(
+                "recurrent state: {} layers, {:.2} MiB per sequence",
+                caches.recurrent.len(),
+                RecurrentStore::bytes_per_sequence(&caches.recurrent) as f64 / (1 << 20) as f64,
+            );
+            RecurrentStore::new(caches.recurrent.clone())
+        });
         Ok(TransformerContext {
             model,
             shape,
@@ -84,6 +95,7 @@ impl<B: Backend> TransformerContext<B> {
             pass: B::Pass::default(),
             local_pass: B::Pass::default(),
             q_temperature: Vec::new(),
+            recurrent,
         })
     }
 
@@ -174,6 +186,7 @@ impl<B: Backend> Context for TransformerContext<B> {
         if rows.is_empty() {
             return Ok(output);
         }
+        let runs = self.recurrent.as_ref().map(|store| store.plan(batch)).transpose()?.unwrap_or_default();
         self.prepare(batch, &rows)?;
         let model = &*self.model;
         let (b, hp) = (&*model.backend, &model.hparams);
@@ -187,8 +200,13 @@ impl<B: Backend> Context for TransformerContext<B> {
             b.scale(&mut s.x, factor)?;
         }
         let lora = PassAdapters::new(batch.rows.iter().map(|row| row.seq), &batch.adapters, model.adapters.len())?;
-        let (mut kv, window_layout) = stores(&mut self.kv, &mut self.window, model.caches.paged);
-        let pass = model.pass(&self.pass, &self.local_pass, window_layout, &self.q_temperature, n, &lora);
+        if let Some(store) = &mut self.recurrent {
+            store.begin(&runs);
+        }
+        let (mut kv, window_layout) =
+            stores(&mut self.kv, &mut self.window, self.recurrent.as_mut(), model.caches.paged);
+        let layouts = Layouts { layout: &self.pass, local: &self.local_pass, window: window_layout };
+        let pass = model.pass(layouts, &self.q_temperature, n, &lora, &runs);
         b.begin_layers(&self.pass);
         // The bracket is closed whatever the layers return: a device
         // backend must not be left recording.
@@ -202,6 +220,9 @@ impl<B: Backend> Context for TransformerContext<B> {
         let ended = b.end_layers(&self.pass);
         layers?;
         ended?;
+        if let Some(store) = &mut self.recurrent {
+            store.commit(&runs);
+        }
         tap(b, batch, hp.n_layer, &s.x, &mut output.taps)?;
 
         output.logit_rows =
@@ -238,6 +259,9 @@ impl<B: Backend> Context for TransformerContext<B> {
         {
             return Err(ForwardError::Embedding { row, index: row });
         }
+        if self.recurrent.is_some() {
+            return Err(ForwardError::NoFusion);
+        }
         self.prepare(batch, &rows)?;
         let model = &*self.model;
         let (b, hp) = (&*model.backend, &model.hparams);
@@ -246,8 +270,9 @@ impl<B: Backend> Context for TransformerContext<B> {
         b.upload(&batch.embeddings[..n * hp.n_embd], &mut s.x)?;
         // No adapter applies to context rows.
         let lora = PassAdapters::new(std::iter::empty(), &[], model.adapters.len())?;
-        let (mut kv, window_layout) = stores(&mut self.kv, &mut self.window, model.caches.paged);
-        let pass = model.pass(&self.pass, &self.local_pass, window_layout, &self.q_temperature, n, &lora);
+        let (mut kv, window) = stores(&mut self.kv, &mut self.window, None, model.caches.paged);
+        let layouts = Layouts { layout: &self.pass, local: &self.local_pass, window };
+        let pass = model.pass(layouts, &self.q_temperature, n, &lora, &[]);
         for layer in &model.layers {
             layer.inject(&pass, &mut kv, s);
         }
@@ -301,6 +326,11 @@ impl<B: Backend> Model for Transformer<B> {
         (self.caches.window > 0).then_some(self.caches.window_len)
     }
 
+    fn recurrent_state_bytes(&self) -> Option<usize> {
+        let shapes = &self.caches.recurrent;
+        (!shapes.is_empty()).then(|| RecurrentStore::bytes_per_sequence(shapes))
+    }
+
     fn windowed_context(
         self: Arc<Self>,
         n_blocks: usize,
@@ -332,22 +362,29 @@ impl<B: Backend> Model for Transformer<B> {
     }
 }
 
+/// A pass's layouts of its rows: in the paged store (and with the local
+/// RoPE's angles), and in the window store if there is one.
+struct Layouts<'a, B: Backend> {
+    layout: &'a B::Pass,
+    local: &'a B::Pass,
+    window: Option<&'a B::Pass>,
+}
+
 impl<B: Backend> Transformer<B> {
-    /// What the blocks of a pass over `rows` rows laid out as `layout`
-    /// (and as `local`, with the local RoPE's angles) read.
+    /// What the blocks of a pass over `rows` rows laid out as `layouts`
+    /// say, its sequences' recurrent `runs`, read.
     fn pass<'a>(
         &'a self,
-        layout: &'a B::Pass,
-        local: &'a B::Pass,
-        window_layout: Option<&'a B::Pass>,
+        Layouts { layout, local, window }: Layouts<'a, B>,
         q_temperature: &'a [f32],
         rows: usize,
         lora: &'a PassAdapters,
+        runs: &'a [Run],
     ) -> Pass<'a, B> {
         Pass {
             backend: &self.backend,
             layout,
-            window_layout,
+            window_layout: window,
             rows,
             rms_eps: self.hparams.rms_eps,
             rope: &self.rope,
@@ -356,6 +393,7 @@ impl<B: Backend> Transformer<B> {
             q_temperature,
             lora,
             adapters: &self.adapters,
+            runs,
         }
     }
 }
@@ -375,15 +413,16 @@ fn query_temperature(pos: u32, floor: f32, scale: f32) -> f32 {
     (((pos as f32 / floor).floor() as f64 + 1.0).ln() * scale as f64 + 1.0) as f32
 }
 
-/// A pass's KV stores, and its layout of the window store if there is one.
+/// A pass's stores, and its layout of the window store if there is one.
 fn stores<'a, B: Backend>(
     paged: &'a mut B::Kv,
     window: &'a mut Option<WindowStore<B>>,
+    recurrent: Option<&'a mut RecurrentStore>,
     n_paged: usize,
 ) -> (Stores<'a, B>, Option<&'a B::Pass>) {
     match window {
-        Some(WindowStore { kv, pass, .. }) => (Stores { paged, window: Some(kv), n_paged }, Some(&*pass)),
-        None => (Stores { paged, window: None, n_paged }, None),
+        Some(WindowStore { kv, pass, .. }) => (Stores { paged, window: Some(kv), n_paged, recurrent }, Some(&*pass)),
+        None => (Stores { paged, window: None, n_paged, recurrent }, None),
     }
 }
 

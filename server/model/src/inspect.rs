@@ -67,6 +67,7 @@ impl fmt::Display for LayerKind {
                 own_rope,
                 output_bias,
                 sinks,
+                output_gate,
             }) => {
                 match window {
                     Some(window) => write!(f, "sliding-window attention ({window} positions)")?,
@@ -82,6 +83,7 @@ impl fmt::Display for LayerKind {
                     qk_norm,
                     (!rotary, "no RoPE"),
                     (sinks, "sinks"),
+                    (output_gate, "an output gate"),
                 ]
                 .into_iter()
                 .filter(|&(set, _)| set)
@@ -95,6 +97,11 @@ impl fmt::Display for LayerKind {
                     write!(f, " with {}", extras.join(" and "))?;
                 }
             }
+            Mixer::DeltaNet(shape) => write!(
+                f,
+                "Gated DeltaNet ({} key and {} value heads of {}, convolution over {} positions)",
+                shape.k_heads, shape.v_heads, shape.head, shape.conv
+            )?,
         }
         match self.ffn {
             Ffn::SwiGlu => f.write_str(", SwiGLU feed-forward")?,

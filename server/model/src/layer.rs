@@ -3,10 +3,10 @@
 //! between passes. The loader composes blocks from these declarations and
 //! the KV store is sized by asking each layer's [`Mixer::cache`].
 //!
-//! Today every family's layers are causal attention (over the whole
-//! sequence or a sliding window of it) with a gated MLP or a mixture of
-//! gated experts. Recurrent mixers join as variants here, each with the
-//! block that runs it.
+//! A layer mixes positions by causal attention (over the whole sequence or
+//! a sliding window of it) or by a recurrence (Gated DeltaNet, whose state
+//! a sequence carries from pass to pass), then runs a gated MLP or a
+//! mixture of gated experts.
 
 /// One layer's kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,6 +46,10 @@ impl LayerKind {
 pub(crate) enum Mixer {
     /// Softmax attention over earlier positions of the sequence.
     Attention(Attention),
+    /// Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): a short
+    /// causal convolution and a delta-rule state per head, carried by each
+    /// sequence ([`sluice_kernels::ops::delta_step`]).
+    DeltaNet(sluice_kernels::ops::DeltaShape),
 }
 
 /// The shape of an attention mixer. A flag says what the file must carry;
@@ -85,6 +89,10 @@ pub(crate) struct Attention {
     /// A learned sink score per query head (`attn_sinks.weight`: gpt-oss),
     /// see [`sluice_kernels::ops::Scores::sinks`].
     pub sinks: bool,
+    /// The query projection is twice as wide, each head's query followed by
+    /// its output gate; the attention's output is multiplied by the gate's
+    /// sigmoid before the output projection (Qwen3.5, Qwen3-Next).
+    pub output_gate: bool,
 }
 
 /// A layer's RoPE base and frequency scale (its pairing is the model's).
@@ -109,6 +117,7 @@ impl Attention {
             own_rope: None,
             output_bias: false,
             sinks: false,
+            output_gate: false,
         }
     }
 }
@@ -198,13 +207,26 @@ pub(crate) enum Cache {
     /// cells are never read again, so their blocks may go back to a pool
     /// of their own as the sequence grows (sliding-window attention).
     Window(usize),
+    /// A fixed-size state that each pass carries forward; it cannot be
+    /// rolled back to an earlier position.
+    Recurrent,
 }
 
 impl Mixer {
+    /// Its attention's shape, if it attends.
+    #[cfg(test)]
+    pub(crate) fn attention(self) -> Option<Attention> {
+        match self {
+            Mixer::Attention(attention) => Some(attention),
+            Mixer::DeltaNet(_) => None,
+        }
+    }
+
     pub(crate) fn cache(self) -> Cache {
         match self {
             Mixer::Attention(Attention { window: Some(n), .. }) => Cache::Window(n),
             Mixer::Attention(_) => Cache::Paged,
+            Mixer::DeltaNet(_) => Cache::Recurrent,
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod inspect;
 mod layer;
 mod lora;
 mod model;
+mod recurrent;
 mod rope;
 pub mod session;
 pub mod tokenizer;

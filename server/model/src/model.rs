@@ -42,6 +42,14 @@ pub trait Model: Send + Sync {
         None
     }
 
+    /// Bytes of one sequence's recurrent state (every recurrent layer's),
+    /// or `None` when no layer carries one: a context keeps a state per
+    /// state slot its batches name (`Batch::states`), which cannot be
+    /// rolled back to an earlier cell.
+    fn recurrent_state_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// [`Model::context`] whose window layers (if any) keep their cells in
     /// a store of `window_blocks` blocks of their own, addressed by each
     /// batch's `window_tables` (see [`crate::window`]); a model without

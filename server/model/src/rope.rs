@@ -62,6 +62,7 @@ fn llama3_factors(file: &GgufFile, hp: &HParams) -> Result<Vec<f32>, LoadError> 
 pub(crate) fn local_rope(file: &GgufFile, kinds: &[LayerKind], hp: &HParams) -> Result<Option<Rope>, LoadError> {
     let mut own = kinds.iter().filter_map(|kind| match kind.mixer {
         Mixer::Attention(attention) => attention.own_rope,
+        Mixer::DeltaNet(_) => None,
     });
     let Some(rope) = own.next() else { return Ok(None) };
     if let Some(other) = own.find(|other| *other != rope) {

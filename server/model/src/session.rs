@@ -176,6 +176,9 @@ impl Session {
             block_tables: self.sequences.iter().map(|sequence| sequence.table.clone()).collect(),
             window_tables: self.sequences.iter().map(|sequence| sequence.window.table.clone()).collect(),
             embeddings,
+            // Each sequence carries its recurrent state in the slot of its
+            // own index.
+            states: (0..self.sequences.len() as u32).collect(),
             ..Batch::default()
         }
     }

@@ -214,7 +214,7 @@ mod tests {
             "qwen3moe" => TinyModel { experts: Some(experts(None)), ..model }.build(),
             "qwen2moe" => TinyModel { experts: Some(experts(Some(24))), ..model }.build(),
             // Its dense first layer and experts after, as the fixture has them.
-            "glm4moe" => tiny_family("glm4moe").expect("a tiny GLM-4.5"),
+            "glm4moe" | "qwen35" | "qwen35moe" => tiny_family(name).expect("the fixture's tiny model"),
             "gpt-oss" => {
                 let model = TinyModel { experts: Some(experts(None)), ..model };
                 sluice_tests::models::gpt_oss(&model, model.build())
@@ -237,7 +237,12 @@ mod tests {
             let paged = kinds.iter().filter(|kind| kind.mixer.cache() == Cache::Paged).count();
             let window = kinds.iter().filter(|kind| matches!(kind.mixer.cache(), Cache::Window(_))).count();
             assert_eq!((model.caches.paged, model.caches.window), (paged, window), "{}", family.name());
-            assert!(kinds.iter().all(|kind| matches!(kind.mixer, Mixer::Attention(_))));
+            let recurrent: Vec<_> = kinds
+                .iter()
+                .filter_map(|kind| if let Mixer::DeltaNet(shape) = kind.mixer { Some(shape) } else { None })
+                .collect();
+            assert_eq!(model.caches.recurrent, recurrent, "{}", family.name());
+            assert_eq!(paged + window + model.caches.recurrent.len(), kinds.len(), "{}", family.name());
         }
     }
 

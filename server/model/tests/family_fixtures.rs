@@ -498,3 +498,31 @@ fn glm4moe_matches_llama_cpp_until_a_near_tie() {
 fn glm4moe_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("glm4moe");
 }
+
+/// Gated DeltaNet layers (2 key and 4 value heads, a convolution over 4
+/// positions) with a gated full-attention layer every fourth; prompts
+/// prefilled in chunks of 4, so every recurrent state goes on from one
+/// pass to the next.
+#[test]
+fn qwen35_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen35");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+/// [`qwen35_matches_llama_cpp_until_a_near_tie`] with experts (2 of 8,
+/// renormalized) and a gated shared expert.
+#[test]
+fn qwen35moe_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen35moe");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+#[test]
+fn qwen35_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("qwen35");
+}
+
+#[test]
+fn qwen35_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("qwen35");
+}

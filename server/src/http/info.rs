@@ -448,6 +448,11 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
             format!("Free blocks of {window} (0 without such a store)."),
             &metrics.kv_window_blocks_free,
         ),
+        (
+            "sluice_recurrent_state_bytes",
+            "Bytes of recurrent-layer state held by running requests (0 without such layers).".into(),
+            &metrics.recurrent_state_bytes,
+        ),
     ] {
         out.one(name, "gauge", &help, get(gauge));
     }

@@ -154,6 +154,13 @@ pub fn pair(
     requested: Option<DraftKind>,
     fixups: &[WasmFixup],
 ) -> Result<PairedDraft, PairingError> {
+    if target.recurrent_state_bytes().is_some() {
+        return Err(mismatch(format!(
+            "the target ({}) has recurrent layers: verifying drafts would roll their state back past rejected \
+             tokens, which sluice does not do yet",
+            target.hparams().arch.name()
+        )));
+    }
     let arch = draft.str("general.architecture")?.to_owned();
     let kind = if arch == dflash::ARCHITECTURE { DraftKind::Dflash } else { DraftKind::Simple };
     if let Some(requested) = requested.filter(|requested| *requested != kind) {

@@ -242,6 +242,14 @@ pub fn serve_model(
     let template = chat_template(config.model.chat_template.as_deref(), model.as_ref(), &tokenizer)?;
     let vision = config.model.mmproj.as_deref().map(|path| load_projector(path, model.as_ref())).transpose()?;
     let engine_config = engine_config(config, model.hparams().n_ctx_train);
+    if engine_config.context_shift && model.recurrent_state_bytes().is_some() {
+        let error = format!(
+            "engine.context_shift (--context-shift) is on, but this model's ({}) recurrent layers cannot drop \
+             their oldest positions: their state holds every position at once",
+            model.hparams().arch.name()
+        );
+        return Err(StartError::Model { path, error });
+    }
     let speculation = load_speculation(&config.speculative, host, config.policy.limits(), &model, &engine_config)
         .map_err(|(path, error)| StartError::Draft { path, error })?;
     let engine = EngineHandle::start(

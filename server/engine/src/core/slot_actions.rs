@@ -65,11 +65,21 @@ impl Engine {
         !self.deferred_slot_actions.is_empty()
     }
 
-    /// The slot's tokens still in the prefix cache, and their blocks' bytes.
-    fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
+    /// Whether a slot file (the prefix cache's KV blocks) holds all a
+    /// sequence of this model keeps.
+    fn slot_files_hold_state(&self) -> Result<(), SlotActionError> {
         if self.blocks.frees_window_cells() {
             return Err(SlotActionError::Window);
         }
+        if self.model.recurrent_state_bytes().is_some() {
+            return Err(SlotActionError::Recurrent);
+        }
+        Ok(())
+    }
+
+    /// The slot's tokens still in the prefix cache, and their blocks' bytes.
+    fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
+        self.slot_files_hold_state()?;
         let (root, tokens) = &self.slot_tokens[slot];
         let (blocks, n_tokens) = self.blocks.cached_run(*root, tokens);
         let mut bytes = Vec::with_capacity(blocks.len() * self.context.block_format().bytes);
@@ -91,9 +101,7 @@ impl Engine {
         if !self.config.prefix_cache {
             return Err(SlotActionError::NoPrefixCache);
         }
-        if self.blocks.frees_window_cells() {
-            return Err(SlotActionError::Window);
-        }
+        self.slot_files_hold_state()?;
         let SlotFile { root, tokens, blocks: bytes } = file;
         let block_bytes = self.context.block_format().bytes;
         let n_blocks = tokens.len().div_ceil(self.blocks.block_tokens());

@@ -4,7 +4,8 @@
 //! model's or the layer's own, or none), then every row's K/V is stored
 //! before any row attends, so rows of one sequence in a pass see each other
 //! causally, over the whole sequence or a sliding window, with learned
-//! sinks where the layer has them. The output projection (with its bias,
+//! sinks where the layer has them; an output gate (its sigmoid) where the
+//! query projection carries one. The output projection (with its bias,
 //! where it has one) may be RMS-normed and scaled before the residual add.
 
 use sluice_kernels::backend::Backend;
@@ -47,6 +48,9 @@ pub(super) struct AttentionBlock<B: Backend> {
     local_rope: bool,
     /// Its layer of the KV stores.
     cache: KvPlace,
+    /// The query projection carries each head's output gate after its
+    /// query.
+    output_gate: bool,
 }
 
 impl<B: Backend> AttentionBlock<B> {
@@ -67,12 +71,13 @@ impl<B: Backend> AttentionBlock<B> {
             true => (q_dim, kv_dim),
             false => (hp.head_dim, hp.head_dim),
         };
-        let widths = [q_dim, kv_dim, kv_dim];
+        let q_width = if kind.output_gate { 2 * q_dim } else { q_dim };
+        let widths = [q_width, kv_dim, kv_dim];
         let fused_qkv = tensors.has(FUSED_QKV);
         let [q, k, v] = match fused_qkv {
             true => tensors.fused(FUSED_QKV, n_embd, widths)?,
             false => [
-                tensors.weight("attn_q.weight", n_embd, q_dim)?,
+                tensors.weight("attn_q.weight", n_embd, q_width)?,
                 tensors.weight("attn_k.weight", n_embd, kv_dim)?,
                 tensors.weight("attn_v.weight", n_embd, kv_dim)?,
             ],
@@ -81,7 +86,7 @@ impl<B: Backend> AttentionBlock<B> {
         let [q_bias, k_bias, v_bias] = match fused_qkv && tensors.has("attn_qkv.bias") {
             true => tensors.fused_vector("attn_qkv.bias", widths)?.map(Some),
             false => [
-                tensors.optional("attn_q.bias", q_dim, kind.qkv_bias)?,
+                tensors.optional("attn_q.bias", q_width, kind.qkv_bias)?,
                 tensors.optional("attn_k.bias", kv_dim, kind.qkv_bias)?,
                 tensors.optional("attn_v.bias", kv_dim, kind.qkv_bias)?,
             ],
@@ -106,6 +111,7 @@ impl<B: Backend> AttentionBlock<B> {
             sinks: kind.sinks.then(|| tensors.host("attn_sinks.weight", hp.n_head)).transpose()?,
             local_rope: kind.own_rope.is_some(),
             cache,
+            output_gate: kind.output_gate,
         })
     }
 
@@ -137,6 +143,15 @@ impl<B: Backend> AttentionBlock<B> {
                 b.add_bias(values, bias);
             }
         }
+        if self.output_gate {
+            // Each head's query, then its gate: the queries to `s.q`, the
+            // gates to `s.up`.
+            let parts = pass.rows * pass.heads.n_head();
+            let (queries, gates): (Vec<usize>, Vec<usize>) = (0..parts).map(|part| (2 * part, 2 * part + 1)).unzip();
+            b.gather(&s.q, &queries, pass.heads.head_dim(), &mut s.gate);
+            b.gather(&s.q, &gates, pass.heads.head_dim(), &mut s.up);
+            std::mem::swap(&mut s.q, &mut s.gate);
+        }
         for (values, norm) in [(&mut s.q, &self.q_norm), (&mut s.k, &self.k_norm)] {
             if let Some(norm) = norm {
                 b.rms_norm_in_place(values, norm, pass.rms_eps);
@@ -157,6 +172,9 @@ impl<B: Backend> AttentionBlock<B> {
         b.store_kv(kv, cache, &s.k, &s.v, layout);
         let scores = Scores { sinks: self.sinks.as_deref(), ..self.scores };
         b.attend(kv, cache, &s.q, layout, pass.heads, scores, &mut s.attn)?;
+        if self.output_gate {
+            b.sigmoid_gate(&mut s.attn, &s.up)?;
+        }
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
         pass.adapted(layer, Site::Output, &s.attn, &mut s.h);
         if let Some(bias) = &self.output_bias {

@@ -11,12 +11,15 @@
 //!   pre-norm, post-norm and residual scale;
 //! - `experts.rs`: a mixture of SwiGLU experts, each row routed to its
 //!   own, rows grouped by expert, and an optional gated shared expert;
+//! - `delta_net.rs`: Gated DeltaNet linear attention, each sequence's rows
+//!   through its recurrent state;
 //! - `pass.rs`: what they share (the pass, its buffers, a layer's tensors).
 //!
 //! [`Layer`] composes a layer's blocks from its declared
 //! [`LayerKind`](super::layer::LayerKind).
 
 mod attention;
+mod delta_net;
 mod experts;
 mod mlp;
 mod pass;
@@ -30,6 +33,7 @@ use super::layer::{Cache, Ffn, LayerKind, Mixer};
 use super::lora::Site;
 use super::weights::{LoadError, Weight};
 use attention::AttentionBlock;
+use delta_net::DeltaNetBlock;
 use experts::ExpertsBlock;
 use mlp::Mlp;
 use pass::LayerTensors;
@@ -43,6 +47,7 @@ pub(crate) struct Layer<B: Backend> {
 
 enum MixerBlock<B: Backend> {
     Attention(AttentionBlock<B>),
+    DeltaNet(DeltaNetBlock<B>),
 }
 
 enum FfnBlock<B: Backend> {
@@ -61,6 +66,9 @@ pub(crate) struct CacheLayout {
     /// The longest window among them: the cells a window store keeps per
     /// sequence.
     pub(crate) window_len: usize,
+    /// The shapes of the layers that carry a recurrent state
+    /// ([`Cache::Recurrent`]), in layer order.
+    pub(crate) recurrent: Vec<sluice_kernels::ops::DeltaShape>,
 }
 
 impl<B: Backend> Layer<B> {
@@ -75,19 +83,26 @@ impl<B: Backend> Layer<B> {
         caches: &mut CacheLayout,
     ) -> Result<Self, LoadError> {
         let tensors = LayerTensors { backend, file, index };
-        let place = match kind.mixer.cache() {
-            Cache::Paged => {
-                caches.paged += 1;
-                KvPlace::Paged(caches.paged - 1)
+        let mixer = match kind.mixer {
+            Mixer::Attention(attention) => {
+                let place = match kind.mixer.cache() {
+                    Cache::Window(n) => {
+                        caches.window += 1;
+                        caches.window_len = caches.window_len.max(n);
+                        KvPlace::Window(caches.window - 1)
+                    }
+                    Cache::Paged | Cache::Recurrent => {
+                        caches.paged += 1;
+                        KvPlace::Paged(caches.paged - 1)
+                    }
+                };
+                MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, place)?)
             }
-            Cache::Window(n) => {
-                caches.window += 1;
-                caches.window_len = caches.window_len.max(n);
-                KvPlace::Window(caches.window - 1)
+            Mixer::DeltaNet(shape) => {
+                caches.recurrent.push(shape);
+                MixerBlock::DeltaNet(DeltaNetBlock::load(&tensors, shape, kind, hp, caches.recurrent.len() - 1)?)
             }
         };
-        let Mixer::Attention(attention) = kind.mixer;
-        let mixer = MixerBlock::Attention(AttentionBlock::load(&tensors, attention, kind, hp, place)?);
         let ffn = match kind.ffn {
             Ffn::Experts(experts) => FfnBlock::Experts(ExpertsBlock::load(&tensors, kind, experts, hp)?),
             Ffn::SwiGlu | Ffn::GeGlu => FfnBlock::Gated(Mlp::load(&tensors, kind, hp)?),
@@ -105,6 +120,7 @@ impl<B: Backend> Layer<B> {
     ) -> Result<(), ForwardError> {
         match &self.mixer {
             MixerBlock::Attention(attention) => attention.run(pass, layer, kv, scratch)?,
+            MixerBlock::DeltaNet(delta_net) => delta_net.run(pass, kv, scratch)?,
         }
         match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.run(pass, layer, scratch),
@@ -117,13 +133,19 @@ impl<B: Backend> Layer<B> {
     pub(crate) fn inject(&self, pass: &Pass<'_, B>, kv: &mut Stores<'_, B>, scratch: &mut Scratch<B>) {
         match &self.mixer {
             MixerBlock::Attention(attention) => attention.inject(pass, kv, scratch),
+            // DFlash drafts have no recurrent layers (checked at load).
+            MixerBlock::DeltaNet(_) => {}
         }
     }
 
-    /// The weight at `site`, for an adapter (experts have none).
+    /// The weight at `site`, for an adapter (experts and recurrent layers
+    /// have none).
     pub(crate) fn weight(&self, site: Site) -> Option<&Weight<B>> {
-        let MixerBlock::Attention(attention) = &self.mixer;
-        attention.weight(site).or_else(|| match &self.ffn {
+        let mixer = match &self.mixer {
+            MixerBlock::Attention(attention) => attention.weight(site),
+            MixerBlock::DeltaNet(_) => None,
+        };
+        mixer.or_else(|| match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.weight(site),
             FfnBlock::Experts(_) => None,
         })
@@ -132,8 +154,11 @@ impl<B: Backend> Layer<B> {
     /// The fused tensor (its suffix) the weight at `site` is a part of,
     /// which adapters cannot target.
     pub(crate) fn fused(&self, site: Site) -> Option<&'static str> {
-        let MixerBlock::Attention(attention) = &self.mixer;
-        attention.fused(site).or_else(|| match &self.ffn {
+        let mixer = match &self.mixer {
+            MixerBlock::Attention(attention) => attention.fused(site),
+            MixerBlock::DeltaNet(_) => None,
+        };
+        mixer.or_else(|| match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.fused(site),
             FfnBlock::Experts(_) => None,
         })

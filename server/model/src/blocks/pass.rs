@@ -7,6 +7,7 @@ use sluice_kernels::ops::{HeadShape, Rope};
 use crate::gguf::GgufFile;
 use crate::layer::LayerKind;
 use crate::lora::{Adapter, PassAdapters, Site};
+use crate::recurrent::{RecurrentStore, Run};
 use crate::weights::{LoadError, Weight, experts, fused, host_vector, tensor_problem, vector, weight};
 
 /// What every block of one forward pass reads.
@@ -28,6 +29,8 @@ pub(crate) struct Pass<'a, B: Backend> {
     pub(crate) q_temperature: &'a [f32],
     pub(crate) lora: &'a PassAdapters,
     pub(crate) adapters: &'a [Adapter<B>],
+    /// Each sequence's rows in cell order, for the recurrent layers.
+    pub(crate) runs: &'a [Run],
 }
 
 impl<B: Backend> Pass<'_, B> {
@@ -88,6 +91,8 @@ pub(crate) struct Stores<'a, B: Backend> {
     /// Paged layers in the model (where window layers start in `paged`
     /// when they have no store of their own).
     pub(crate) n_paged: usize,
+    /// The recurrent layers' states, in a model that has them.
+    pub(crate) recurrent: Option<&'a mut RecurrentStore>,
 }
 
 /// The buffers of a pass: the residual stream `x` and the blocks' working

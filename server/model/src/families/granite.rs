@@ -73,7 +73,6 @@ mod tests {
     use crate::families::family::Family;
     use crate::gguf::GgufFile;
     use crate::hparams::HParams;
-    use crate::layer::Mixer;
 
     /// The layers and outer parts `builder`'s file declares, or why not.
     fn declared(builder: &GgufBuilder) -> Result<(super::LayerKind, super::Outer), String> {
@@ -93,12 +92,12 @@ mod tests {
             .meta("granite.attention.scale", Value::F32(0.0))
             .meta("granite.logit_scale", Value::F32(16.0));
         let (layer, outer) = declared(&granite).expect("declared");
-        let Mixer::Attention(attention) = layer.mixer;
+        let attention = layer.mixer.attention().expect("attention");
         assert_eq!((layer.residual_scale, attention.score_scale, attention.rotary), (Some(0.22), None, true));
         assert_eq!((outer.embed_scale, outer.logit_scale), (Some(12.0), Some(1.0 / 16.0)));
         let unrotated = granite.meta("granite.rope.scaling.finetuned", Value::Bool(false));
         let (layer, _) = declared(&unrotated).expect("declared");
-        let Mixer::Attention(attention) = layer.mixer;
+        let attention = layer.mixer.attention().expect("attention");
         assert!(!attention.rotary);
     }
 

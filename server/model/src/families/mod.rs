@@ -28,6 +28,7 @@
 //! | `qwen2moe.rs` | `qwen2moe` | Qwen2's attention, experts and a gated shared expert |
 //! | `glm4moe.rs` | `glm4moe` | NEOX RoPE over part of each head, leading dense layers, experts chosen by sigmoid scores with a selection bias (optionally in groups), renormalized and scaled, ungated shared experts |
 //! | `gpt_oss.rs` | `gpt-oss` | biases everywhere, attention sinks, every other layer local, experts weighed by a softmax over the chosen, clamped SwiGLU |
+//! | `qwen35.rs` | `qwen35`, `qwen35moe` | Gated DeltaNet layers with a gated full-attention layer every fourth (Q/K norms, interleaved M-RoPE over part of each head); `qwen35moe`: experts and a gated shared expert |
 //!
 //! `sliding.rs` reads which layers of a sliding-window family are local;
 //! `experts.rs` reads a mixture-of-experts family's expert counts and widths.
@@ -49,6 +50,7 @@ mod qwen2;
 mod qwen2moe;
 mod qwen2vl;
 mod qwen3;
+mod qwen35;
 mod qwen3moe;
 mod qwen3vl;
 mod sliding;
@@ -58,7 +60,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 18] = [
+pub(super) static FAMILIES: [&dyn Family; 20] = [
     &llama::Llama,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -77,6 +79,8 @@ pub(super) static FAMILIES: [&dyn Family; 18] = [
     &qwen2moe::QWEN2MOE,
     &gpt_oss::GptOss,
     &glm4moe::Glm4Moe,
+    &qwen35::QWEN35,
+    &qwen35::QWEN35MOE,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -122,7 +126,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe, qwen35, qwen35moe)"
         );
     }
 }

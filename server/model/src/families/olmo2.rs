@@ -67,7 +67,6 @@ mod tests {
     use crate::families::family::Family;
     use crate::gguf::GgufFile;
     use crate::hparams::HParams;
-    use crate::layer::Mixer;
 
     fn windows(builder: &GgufBuilder) -> Result<Vec<Option<usize>>, String> {
         let file = GgufFile::from_bytes(builder.build()).map_err(|error| error.to_string())?;
@@ -77,7 +76,7 @@ mod tests {
         Ok(layers
             .iter()
             .map(|layer| {
-                let Mixer::Attention(attention) = layer.mixer;
+                let attention = layer.mixer.attention().expect("attention");
                 assert!(attention.qk_norm_whole && !layer.pre_norms && layer.post_norms);
                 attention.window
             })

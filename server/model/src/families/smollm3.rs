@@ -41,7 +41,6 @@ mod tests {
     use crate::families::family::Family;
     use crate::gguf::GgufFile;
     use crate::hparams::HParams;
-    use crate::layer::Mixer;
 
     #[test]
     fn every_fourth_layer_has_no_rope() {
@@ -53,7 +52,7 @@ mod tests {
             .expect("declared")
             .iter()
             .map(|layer| {
-                let Mixer::Attention(attention) = layer.mixer;
+                let attention = layer.mixer.attention().expect("attention");
                 attention.rotary
             })
             .collect();

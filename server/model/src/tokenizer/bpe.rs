@@ -18,6 +18,9 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's splits whose words take combining marks with their letters
+/// (Qwen3.5).
+const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's splits with the contractions' case spelled out per letter.
 const GLM4: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
@@ -58,6 +61,7 @@ impl PreTokenizer {
             "chatglm-bpe" => plain(&[GLM4]),
             "glm4" | "glm5" => PreTokenizer { regexes: &[GLM4], ignore_merges: true, add_bos: false },
             "qwen2" | "stablelm2" | "megrez" => plain(&[QWEN2]),
+            "qwen35" => plain(&[QWEN35]),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
                 plain(&[r"\p{N}", GPT2])
             }
@@ -186,7 +190,7 @@ mod tests {
     use super::super::testing::bpe_entries;
     use super::*;
 
-    const NAMES: [&str; 13] = [
+    const NAMES: [&str; 14] = [
         "default",
         "gpt-4o",
         "llama3",
@@ -200,6 +204,7 @@ mod tests {
         "poro-chat",
         "tekken",
         "glm4",
+        "qwen35",
     ];
 
     /// Texts with every kind of character the regexes tell apart, around
@@ -207,7 +212,7 @@ mod tests {
     fn texts() -> Vec<String> {
         let atoms = [
             "a", "Zq", "é", "日本", " ", "  ", "\n", "\r\n", "\t", "1", "234567", ".", ",", "!?", "'s", "'T", "(", "|",
-            "…", "$", "+=", "\u{a0}", "٣", "x y", "ab cd",
+            "…", "$", "+=", "\u{a0}", "٣", "x y", "ab cd", "e\u{301}", "\u{301}",
         ];
         let mut state = 0x9e37_79b9u32;
         let mut next = |bound: usize| {

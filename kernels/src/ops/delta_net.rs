@@ -1,0 +1,340 @@
+//! Gated DeltaNet, the linear attention of Qwen3.5 and Qwen3-Next, one
+//! token of one sequence at a time (the recurrent form, which llama.cpp's
+//! CPU backend also runs for prompts).
+//!
+//! A layer keeps per sequence a short convolution's last inputs and, per
+//! value head, a `head × head` state `S`. A token's projections (`qkv`,
+//! the output gate `z`, and one `beta` and `alpha` per value head) go
+//! through:
+//!
+//! 1. a causal convolution of each `qkv` channel over its last `conv`
+//!    inputs, then SiLU;
+//! 2. the convolved Q and K L2-normalized per key head;
+//! 3. per value head `h` (key head `h mod k_heads`): the state decays by
+//!    `exp(g)` with `g = softplus(alpha + dt_bias) · a`, then takes the
+//!    delta rule's step `S += k ⊗ β(v − Sᵀk)` with `β = σ(beta)`, and the
+//!    head's output is `Sᵀq / √head`;
+//! 4. each head's output RMS-normed (weight `norm`) and multiplied by
+//!    `silu(z)`.
+//!
+//! The state is stored transposed (row `j` holds column `j` of `S`), so
+//! that each output element reads one contiguous row. Every reduction runs
+//! in the fixed 16-lane order of [`super::simd`], so the result is the
+//! same bits on every instruction set level and does not depend on any
+//! other sequence.
+
+use super::row::{rms_norm, silu};
+use super::simd::{LANES, Simd, dispatch, padded};
+
+/// The widths of a Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaShape {
+    /// Query/key heads (`ssm.group_count`).
+    pub k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of `k_heads`.
+    pub v_heads: usize,
+    /// Every head's width (`ssm.state_size`).
+    pub head: usize,
+    /// The convolution's length in positions (`ssm.conv_kernel`).
+    pub conv: usize,
+}
+
+impl DeltaShape {
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head
+    }
+
+    /// Channels of the convolution: Q, K and V.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Values a sequence keeps of the convolution's inputs.
+    pub fn conv_state(&self) -> usize {
+        self.conv_dim() * self.conv.saturating_sub(1)
+    }
+
+    /// Values a sequence keeps of the heads' states.
+    pub fn delta_state(&self) -> usize {
+        self.v_heads * self.head * self.head
+    }
+}
+
+/// A layer's own parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaWeights<'a> {
+    /// `conv` taps per channel, oldest input first.
+    pub conv: &'a [f32],
+    /// Per value head.
+    pub dt_bias: &'a [f32],
+    /// Per value head: `-exp(A_log)`.
+    pub a: &'a [f32],
+    /// The output norm's weight, `head` values.
+    pub norm: &'a [f32],
+    pub eps: f32,
+}
+
+/// One sequence's state in a layer.
+pub struct DeltaState<'a> {
+    /// Per channel, its last `conv - 1` inputs, oldest first.
+    pub conv: &'a mut [f32],
+    /// Per value head, `S` transposed.
+    pub delta: &'a mut [f32],
+}
+
+/// One token's projections.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaRow<'a> {
+    pub qkv: &'a [f32],
+    pub z: &'a [f32],
+    pub beta: &'a [f32],
+    pub alpha: &'a [f32],
+}
+
+/// Run one token through the layer: update `state` and write its
+/// `value_dim` outputs (normed and gated) into `out`. `work` is scratch.
+///
+/// # Panics
+/// If a slice is not as long as `shape` makes it, or `v_heads` is not a
+/// multiple of `k_heads`.
+pub fn delta_step(
+    shape: DeltaShape,
+    weights: DeltaWeights<'_>,
+    state: DeltaState<'_>,
+    row: DeltaRow<'_>,
+    work: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (n, conv_dim, taps) = (shape.head, shape.conv_dim(), shape.conv);
+    assert!(shape.k_heads > 0 && shape.v_heads.is_multiple_of(shape.k_heads), "delta_step: heads");
+    assert_eq!(row.qkv.len(), conv_dim, "delta_step: qkv");
+    assert_eq!(row.z.len(), shape.value_dim(), "delta_step: z");
+    assert!(row.beta.len() == shape.v_heads && row.alpha.len() == shape.v_heads, "delta_step: beta, alpha");
+    assert!(weights.dt_bias.len() == shape.v_heads && weights.a.len() == shape.v_heads, "delta_step: dt, a");
+    assert_eq!(weights.conv.len(), conv_dim * taps, "delta_step: conv weights");
+    assert_eq!(weights.norm.len(), n, "delta_step: norm");
+    assert_eq!(state.conv.len(), shape.conv_state(), "delta_step: conv state");
+    assert_eq!(state.delta.len(), shape.delta_state(), "delta_step: delta state");
+    assert_eq!(out.len(), shape.value_dim(), "delta_step: out");
+
+    // The convolution, each channel's taps summed in order in f32, as
+    // ggml's `ssm_conv` sums them; then the window moves on.
+    work.clear();
+    work.resize(conv_dim + 2 * n, 0.0);
+    let (mixed, rest) = work.split_at_mut(conv_dim);
+    let (o, gate) = rest.split_at_mut(n);
+    let kept = taps - 1;
+    for (channel, value) in mixed.iter_mut().enumerate() {
+        let w = &weights.conv[channel * taps..][..taps];
+        let past = &mut state.conv[channel * kept..][..kept];
+        let mut sum = 0.0f32;
+        for (tap, &x) in past.iter().enumerate() {
+            sum += x * w[tap];
+        }
+        sum += row.qkv[channel] * w[kept];
+        *value = sum;
+        if kept > 0 {
+            past.copy_within(1.., 0);
+            past[kept - 1] = row.qkv[channel];
+        }
+    }
+    silu(mixed);
+    let (q, rest) = mixed.split_at_mut(shape.key_dim());
+    let (k, v) = rest.split_at_mut(shape.key_dim());
+    for head in q.chunks_exact_mut(n).chain(k.chunks_exact_mut(n)) {
+        l2_normalize(head, weights.eps);
+    }
+    let scale = 1.0 / (n as f32).sqrt();
+    for h in 0..shape.v_heads {
+        let kh = h % shape.k_heads;
+        let beta = 1.0 / (1.0 + (-row.beta[h]).exp());
+        let decay = (softplus(row.alpha[h] + weights.dt_bias[h]) * weights.a[h]).exp();
+        let s = &mut state.delta[h * n * n..][..n * n];
+        let (q, k) = (&q[kh * n..][..n], &k[kh * n..][..n]);
+        let v = &v[h * n..][..n];
+        dispatch!(simd => for (j, s_j) in s.chunks_exact_mut(n).enumerate() {
+            o[j] = head_row(simd, s_j, q, k, v[j], decay, beta) * scale;
+        });
+        let out = &mut out[h * n..][..n];
+        rms_norm(o, weights.norm, weights.eps, out);
+        gate.copy_from_slice(&row.z[h * n..][..n]);
+        silu(gate);
+        out.iter_mut().zip(gate.iter()).for_each(|(x, g)| *x *= g);
+    }
+}
+
+/// ggml's `softplus`: `ln(1 + eˣ)`, `x` itself above 20.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+}
+
+/// `x / ‖x‖` as llama.cpp computes it for these layers: an RMS norm with
+/// `eps / n`, then times `1/√n`.
+fn l2_normalize(x: &mut [f32], eps: f32) {
+    let n = x.len() as f32;
+    let sum: f64 = x.iter().fold(0.0, |sum, &v| sum + f64::from(v * v));
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps / n).sqrt();
+    let after = 1.0 / n.sqrt();
+    x.iter_mut().for_each(|v| *v = *v * scale * after);
+}
+
+/// Row `j` of one head's transposed state: decay it, take the delta
+/// rule's step with this token's `v[j]`, and return its dot with `q`.
+#[inline(always)]
+fn head_row<S: Simd>(s: S, row: &mut [f32], q: &[f32], k: &[f32], v: f32, decay: f32, beta: f32) -> f32 {
+    let decay_v = s.splat(decay);
+    let (chunks, tail) = row.as_chunks_mut::<LANES>();
+    let (k_chunks, k_tail) = k.as_chunks::<LANES>();
+    let mut acc = s.splat(0.0);
+    for (r, kc) in chunks.iter_mut().zip(k_chunks) {
+        let decayed = s.mul(s.load(r), decay_v);
+        s.store(decayed, r);
+        acc = s.add(acc, s.mul(decayed, s.load(kc)));
+    }
+    let mut last = padded(tail, 0.0);
+    if !tail.is_empty() {
+        let decayed = s.mul(s.load(&last), decay_v);
+        s.store(decayed, &mut last);
+        acc = s.add(acc, s.mul(decayed, s.load(&padded(k_tail, 0.0))));
+    }
+    let delta = s.splat((v - s.reduce_sum(acc)) * beta);
+    let (q_chunks, q_tail) = q.as_chunks::<LANES>();
+    let mut acc = s.splat(0.0);
+    for ((r, kc), qc) in chunks.iter_mut().zip(k_chunks).zip(q_chunks) {
+        let stepped = s.add(s.load(r), s.mul(s.load(kc), delta));
+        s.store(stepped, r);
+        acc = s.add(acc, s.mul(stepped, s.load(qc)));
+    }
+    if !tail.is_empty() {
+        let stepped = s.add(s.load(&last), s.mul(s.load(&padded(k_tail, 0.0)), delta));
+        s.store(stepped, &mut last);
+        acc = s.add(acc, s.mul(stepped, s.load(&padded(q_tail, 0.0))));
+        let n = tail.len();
+        tail.copy_from_slice(&last[..n]);
+    }
+    s.reduce_sum(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::same_on_every_level;
+    use crate::ops::noise;
+
+    const SHAPE: DeltaShape = DeltaShape { k_heads: 2, v_heads: 4, head: 20, conv: 4 };
+
+    struct Layer {
+        conv: Vec<f32>,
+        dt_bias: Vec<f32>,
+        a: Vec<f32>,
+        norm: Vec<f32>,
+    }
+
+    fn layer() -> Layer {
+        Layer {
+            conv: noise(SHAPE.conv_dim() * SHAPE.conv, 1, 0.5),
+            dt_bias: noise(SHAPE.v_heads, 2, 0.5),
+            a: noise(SHAPE.v_heads, 3, 0.5).iter().map(|x| x - 1.0).collect(),
+            norm: noise(SHAPE.head, 4, 0.2).iter().map(|x| 1.0 + x).collect(),
+        }
+    }
+
+    fn rows(n: usize) -> Vec<[Vec<f32>; 4]> {
+        (0..n as u64)
+            .map(|t| {
+                [
+                    noise(SHAPE.conv_dim(), 10 + t, 1.0),
+                    noise(SHAPE.value_dim(), 100 + t, 1.0),
+                    noise(SHAPE.v_heads, 200 + t, 2.0),
+                    noise(SHAPE.v_heads, 300 + t, 2.0),
+                ]
+            })
+            .collect()
+    }
+
+    /// Every output of `n` tokens run from a zero state.
+    fn run(n: usize) -> Vec<f32> {
+        let layer = layer();
+        let weights =
+            DeltaWeights { conv: &layer.conv, dt_bias: &layer.dt_bias, a: &layer.a, norm: &layer.norm, eps: 1e-6 };
+        let (mut conv, mut delta) = (vec![0.0; SHAPE.conv_state()], vec![0.0; SHAPE.delta_state()]);
+        let mut outputs = Vec::new();
+        let mut work = Vec::new();
+        for [qkv, z, beta, alpha] in rows(n) {
+            let mut out = vec![0.0; SHAPE.value_dim()];
+            let row = DeltaRow { qkv: &qkv, z: &z, beta: &beta, alpha: &alpha };
+            let state = DeltaState { conv: &mut conv, delta: &mut delta };
+            delta_step(SHAPE, weights, state, row, &mut work, &mut out);
+            outputs.extend(out);
+        }
+        outputs
+    }
+
+    /// The layer in f64, straight from its definition.
+    fn reference(n: usize) -> Vec<f64> {
+        let layer = layer();
+        let (d, taps) = (SHAPE.head, SHAPE.conv);
+        let inputs = rows(n);
+        let mut states = vec![vec![vec![0.0f64; d]; d]; SHAPE.v_heads];
+        let mut outputs = Vec::new();
+        for t in 0..n {
+            let mixed: Vec<f64> = (0..SHAPE.conv_dim())
+                .map(|c| {
+                    let x: f64 = (0..taps)
+                        .filter(|i| t + i + 1 >= taps)
+                        .map(|i| inputs[t + i + 1 - taps][0][c] as f64 * layer.conv[c * taps + i] as f64)
+                        .sum();
+                    x / (1.0 + (-x).exp())
+                })
+                .collect();
+            let unit = |v: &[f64]| {
+                let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+                v.iter().map(|x| x / norm).collect::<Vec<_>>()
+            };
+            let [_, z, beta, alpha] = &inputs[t];
+            for h in 0..SHAPE.v_heads {
+                let kh = h % SHAPE.k_heads;
+                let q = unit(&mixed[kh * d..][..d]);
+                let k = unit(&mixed[SHAPE.key_dim() + kh * d..][..d]);
+                let v = &mixed[2 * SHAPE.key_dim() + h * d..][..d];
+                let g = (1.0 + (alpha[h] as f64 + layer.dt_bias[h] as f64).exp()).ln() * layer.a[h] as f64;
+                let b = 1.0 / (1.0 + (-beta[h] as f64).exp());
+                let s = &mut states[h];
+                s.iter_mut().flatten().for_each(|x| *x *= g.exp());
+                let sk: Vec<f64> = (0..d).map(|j| (0..d).map(|i| s[i][j] * k[i]).sum()).collect();
+                for i in 0..d {
+                    for j in 0..d {
+                        s[i][j] += k[i] * b * (v[j] - sk[j]);
+                    }
+                }
+                let o: Vec<f64> =
+                    (0..d).map(|j| (0..d).map(|i| s[i][j] * q[i]).sum::<f64>() / (d as f64).sqrt()).collect();
+                let rms = (o.iter().map(|x| x * x).sum::<f64>() / d as f64 + 1e-6).sqrt();
+                for j in 0..d {
+                    let zj = z[h * d + j] as f64;
+                    outputs.push(o[j] / rms * layer.norm[j] as f64 * zj / (1.0 + (-zj).exp()));
+                }
+            }
+        }
+        outputs
+    }
+
+    #[test]
+    fn tokens_through_the_layer_match_its_definition_in_f64() {
+        let n = 12;
+        let (ours, exact) = (run(n), reference(n));
+        for (index, (a, b)) in ours.iter().zip(&exact).enumerate() {
+            assert!((*a as f64 - b).abs() <= 2e-4 * (1.0 + b.abs()), "output {index}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn every_level_gives_the_same_bits() {
+        same_on_every_level(|| run(6));
+    }
+}
