@@ -13,6 +13,9 @@ use std::path::Path;
 
 use crate::gguf_writer::{Rng, TensorInfo, Value, header};
 
+mod hybrid;
+pub use hybrid::ShapeHybrid;
+
 /// The architecture and sizes of a transformer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
@@ -34,6 +37,8 @@ pub struct Shape {
     pub window: Option<u32>,
     /// A mixture of experts in place of each MLP.
     pub experts: Option<ShapeExperts>,
+    /// Gated DeltaNet layers but every fourth, and a shared expert.
+    pub hybrid: Option<ShapeHybrid>,
 }
 
 /// The experts of a [`Shape`]: `count` of them, `used` per token, each
@@ -46,7 +51,7 @@ pub struct ShapeExperts {
 }
 
 /// The shapes `write-model --shape` knows, by name.
-pub const NAMED: [(&str, Shape); 8] = [
+pub const NAMED: [(&str, Shape); 9] = [
     (
         "smollm2-135m",
         Shape {
@@ -63,6 +68,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: None,
             window: None,
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -81,6 +87,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: None,
             window: None,
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -99,6 +106,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: None,
             window: None,
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -117,6 +125,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: None,
             window: None,
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -137,6 +146,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: Some(256),
             window: Some(512),
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -156,6 +166,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: None,
             window: None,
             experts: None,
+            hybrid: None,
         },
     ),
     (
@@ -176,6 +187,7 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: Some(128),
             window: None,
             experts: Some(ShapeExperts { count: 128, used: 8, n_ff: 768 }),
+            hybrid: None,
         },
     ),
     (
@@ -197,6 +209,38 @@ pub const NAMED: [(&str, Shape); 8] = [
             head_dim: Some(64),
             window: Some(128),
             experts: Some(ShapeExperts { count: 32, used: 4, n_ff: 2880 }),
+            hybrid: None,
+        },
+    ),
+    (
+        // Qwen3.5-35B-A3B (256 experts of 512, 8 used, and a shared one of
+        // 512; Gated DeltaNet layers of 16 key and 32 value heads of 128;
+        // gated attention every fourth layer, 16 heads of 256, 2 KV heads,
+        // interleaved M-RoPE over 64 of each) cut to 8 of its 40 layers.
+        "qwen35-35b-a3b-8l",
+        Shape {
+            arch: "qwen35moe",
+            n_vocab: 248320,
+            n_embd: 2048,
+            n_layer: 8,
+            n_head: 16,
+            n_head_kv: 2,
+            n_ff: 512,
+            n_ctx: 262144,
+            rope_base: 10_000_000.0,
+            tied: false,
+            head_dim: Some(256),
+            window: None,
+            experts: Some(ShapeExperts { count: 256, used: 8, n_ff: 512 }),
+            hybrid: Some(ShapeHybrid {
+                k_heads: 16,
+                v_heads: 32,
+                head: 128,
+                conv: 4,
+                n_rot: 64,
+                sections: [11, 11, 10, 0],
+                shared: 512,
+            }),
         },
     ),
 ];
@@ -232,6 +276,8 @@ enum Fill {
     Uniform(f32),
     /// 1 ± 0.2 (norm weights).
     NearOne,
+    /// -1 ± 0.5 (a Gated DeltaNet layer's `ssm_a`: each step's decay).
+    Decay,
 }
 
 impl Planned {
@@ -292,33 +338,40 @@ impl Shape {
         for layer in 0..self.n_layer {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             plan.push(vector(name("attn_norm.weight"), e, Fill::NearOne));
-            if self.arch == "phi3" {
-                plan.push(matrix(name("attn_qkv.weight"), e, q + 2 * kv));
-            } else {
-                plan.push(matrix(name("attn_q.weight"), e, q));
-                plan.push(matrix(name("attn_k.weight"), e, kv));
-                plan.push(matrix(name("attn_v.weight"), e, kv));
-            }
             let gpt_oss = self.arch == "gpt-oss";
-            if self.arch == "qwen2" || gpt_oss {
-                plan.push(vector(name("attn_q.bias"), q, Fill::Uniform(0.1)));
-                plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
-                plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
+            if let Some(hybrid) = self.hybrid {
+                plan.extend(hybrid.mixer(self, layer, &matrix));
+            } else {
+                if self.arch == "phi3" {
+                    plan.push(matrix(name("attn_qkv.weight"), e, q + 2 * kv));
+                } else {
+                    plan.push(matrix(name("attn_q.weight"), e, q));
+                    plan.push(matrix(name("attn_k.weight"), e, kv));
+                    plan.push(matrix(name("attn_v.weight"), e, kv));
+                }
+                if self.arch == "qwen2" || gpt_oss {
+                    plan.push(vector(name("attn_q.bias"), q, Fill::Uniform(0.1)));
+                    plan.push(vector(name("attn_k.bias"), kv, Fill::Uniform(0.1)));
+                    plan.push(vector(name("attn_v.bias"), kv, Fill::Uniform(0.1)));
+                }
+                if gpt_oss {
+                    plan.push(vector(name("attn_output.bias"), e, Fill::Uniform(0.1)));
+                    plan.push(vector(name("attn_sinks.weight"), self.n_head as u64, Fill::Uniform(1.0)));
+                }
+                if matches!(self.arch, "gemma3" | "qwen3moe") {
+                    plan.push(vector(name("attn_q_norm.weight"), head_dim, Fill::NearOne));
+                    plan.push(vector(name("attn_k_norm.weight"), head_dim, Fill::NearOne));
+                }
+                if self.arch == "gemma3" {
+                    plan.push(vector(name("post_attention_norm.weight"), e, Fill::NearOne));
+                    plan.push(vector(name("post_ffw_norm.weight"), e, Fill::NearOne));
+                }
+                plan.push(matrix(name("attn_output.weight"), q, e));
             }
-            if gpt_oss {
-                plan.push(vector(name("attn_output.bias"), e, Fill::Uniform(0.1)));
-                plan.push(vector(name("attn_sinks.weight"), self.n_head as u64, Fill::Uniform(1.0)));
-            }
-            if matches!(self.arch, "gemma3" | "qwen3moe") {
-                plan.push(vector(name("attn_q_norm.weight"), head_dim, Fill::NearOne));
-                plan.push(vector(name("attn_k_norm.weight"), head_dim, Fill::NearOne));
-            }
-            if self.arch == "gemma3" {
-                plan.push(vector(name("post_attention_norm.weight"), e, Fill::NearOne));
-                plan.push(vector(name("post_ffw_norm.weight"), e, Fill::NearOne));
-            }
-            plan.push(matrix(name("attn_output.weight"), q, e));
-            let ffn_norm = if gpt_oss { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+            let ffn_norm = match gpt_oss || self.hybrid.is_some() {
+                true => "post_attention_norm.weight",
+                false => "ffn_norm.weight",
+            };
             plan.push(vector(name(ffn_norm), e, Fill::NearOne));
             if let Some(experts) = self.experts {
                 let (count, f) = (experts.count as u64, experts.n_ff as u64);
@@ -346,6 +399,9 @@ impl Shape {
                 }
                 if gpt_oss {
                     plan.push(vector(name("ffn_gate_inp.bias"), count, Fill::Uniform(0.1)));
+                }
+                if let Some(hybrid) = self.hybrid {
+                    plan.extend(hybrid.shared(self, layer, &matrix));
                 }
                 continue;
             }
@@ -394,6 +450,9 @@ impl Shape {
             metadata.push((key("expert_used_count"), Value::U32(experts.used as u32)));
             metadata.push((key("expert_feed_forward_length"), Value::U32(experts.n_ff as u32)));
         }
+        if let Some(hybrid) = self.hybrid {
+            metadata.extend(hybrid.metadata(arch));
+        }
         if arch == "gpt-oss" {
             // The published files' YaRN.
             metadata.push((key("rope.scaling.type"), Value::Str("yarn".into())));
@@ -440,6 +499,7 @@ fn stream(out: &mut impl Write, tensor: &Planned, rng: &mut Rng) -> io::Result<(
             let value = match tensor.fill {
                 Fill::Uniform(scale) => rng.uniform(scale),
                 Fill::NearOne => 1.0 + rng.uniform(0.2),
+                Fill::Decay => rng.uniform(0.5) - 1.0,
             };
             if tensor.type_id == F16 {
                 bytes.extend_from_slice(&half::f16::from_f32(value).to_le_bytes());
@@ -524,6 +584,10 @@ mod tests {
         // gpt-oss-20b's 6 layers: 796 million expert weights and 27 million
         // of attention each, and its two 579-million tables.
         assert_eq!(count("gpt-oss-20b-6l") / 10_000_000, 609);
+        // Qwen3.5-35B-A3B's 8 layers: 808 million expert weights (the
+        // shared one included) and 29 to 46 million of mixer each, and its
+        // two 509-million tables.
+        assert_eq!(count("qwen35-35b-a3b-8l") / 10_000_000, 774);
         assert!(Shape::named("gpt-5").is_none());
     }
 

@@ -396,6 +396,19 @@ pub trait Backend: Send + Sync + 'static {
         ops::swiglu_oai(&gate, &up, &mut values);
         self.upload(&values, out)
     }
+    /// One sequence's consecutive `rows` through a Gated DeltaNet layer,
+    /// on the host ([`ops::delta_net`]): a recurrence over the tokens, its
+    /// value heads here on the calling thread.
+    fn delta_net(
+        &self,
+        shape: ops::DeltaShape,
+        weights: ops::DeltaWeights<'_>,
+        state: ops::DeltaState<'_>,
+        rows: ops::DeltaRows<'_>,
+        out: &mut [f32],
+    ) {
+        ops::delta_net(shape, weights, state, rows, out, &ops::Serial)
+    }
     /// `x *= σ(gate)` as [`ops::sigmoid_gate`] computes it (Qwen3.5's
     /// attention output gate).
     fn sigmoid_gate(&self, x: &mut Self::Rows, gate: &Self::Rows) -> Result<(), BackendError> {

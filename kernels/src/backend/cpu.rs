@@ -20,6 +20,15 @@ use crate::gemm;
 use crate::matmul::{Group, QuantMatrix, grouped_matmuls, share};
 use crate::ops::{self, Gelu, HeadShape, KvArena, KvPages, LowRank, PageTable, Rope, RopeAngles, Scores};
 use crate::pool::ThreadPool;
+
+/// A Gated DeltaNet layer's value heads, a share per thread.
+struct PoolHeads<'a>(&'a ThreadPool);
+
+impl ops::SplitHeads for PoolHeads<'_> {
+    fn split(&self, heads: &mut [ops::DeltaHead<'_>], work: &(dyn Fn(&mut [ops::DeltaHead<'_>]) + Sync)) {
+        self.0.split_mut(heads, 1, |_, part| work(part));
+    }
+}
 use crate::quant::PackedRows;
 
 /// Host memory and `n` threads.
@@ -447,6 +456,18 @@ impl Backend for CpuBackend {
     fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
         self.glu(ops::swiglu_oai, gate, up, out);
         Ok(())
+    }
+
+    /// The value heads spread over the pool's threads.
+    fn delta_net(
+        &self,
+        shape: ops::DeltaShape,
+        weights: ops::DeltaWeights<'_>,
+        state: ops::DeltaState<'_>,
+        rows: ops::DeltaRows<'_>,
+        out: &mut [f32],
+    ) {
+        ops::delta_net(shape, weights, state, rows, out, &PoolHeads(&self.pool));
     }
 
     fn scale(&self, x: &mut Vec<f32>, factor: f32) -> Result<(), BackendError> {

@@ -1,6 +1,6 @@
-//! Gated DeltaNet, the linear attention of Qwen3.5 and Qwen3-Next, one
-//! token of one sequence at a time (the recurrent form, which llama.cpp's
-//! CPU backend also runs for prompts).
+//! Gated DeltaNet, the linear attention of Qwen3.5 and Qwen3-Next, over a
+//! sequence's tokens in order (the recurrent form, which llama.cpp's CPU
+//! backend also runs for prompts).
 //!
 //! A layer keeps per sequence a short convolution's last inputs and, per
 //! value head, a `head × head` state `S`. A token's projections (`qkv`,
@@ -16,6 +16,11 @@
 //!    head's output is `Sᵀq / √head`;
 //! 4. each head's output RMS-normed (weight `norm`) and multiplied by
 //!    `silu(z)`.
+//!
+//! A run of a sequence's tokens goes through steps 1–2 and the gates token
+//! by token, then each value head takes all of them in order through its
+//! own state (the heads spread over threads by the caller's
+//! [`SplitHeads`]), then step 4.
 //!
 //! The state is stored transposed (row `j` holds column `j` of `S`), so
 //! that each output element reads one contiguous row. Every reduction runs
@@ -86,84 +91,146 @@ pub struct DeltaState<'a> {
     pub delta: &'a mut [f32],
 }
 
-/// One token's projections.
+/// The projections of a run of one sequence's consecutive tokens, row
+/// after row: `qkv` (`conv_dim` each), `z` (`value_dim`), `beta` and
+/// `alpha` (`v_heads`).
 #[derive(Debug, Clone, Copy)]
-pub struct DeltaRow<'a> {
+pub struct DeltaRows<'a> {
     pub qkv: &'a [f32],
     pub z: &'a [f32],
     pub beta: &'a [f32],
     pub alpha: &'a [f32],
 }
 
-/// Run one token through the layer: update `state` and write its
-/// `value_dim` outputs (normed and gated) into `out`. `work` is scratch.
+/// One value head's share of a run: its state, and its outputs before the
+/// norm (`head` per token).
+pub struct DeltaHead<'a> {
+    index: usize,
+    state: &'a mut [f32],
+    out: Vec<f32>,
+}
+
+/// How a run's value heads are spread over threads: each head's work
+/// depends on its own state alone, so any split gives the same bits.
+pub trait SplitHeads {
+    fn split(&self, heads: &mut [DeltaHead<'_>], work: &(dyn Fn(&mut [DeltaHead<'_>]) + Sync));
+}
+
+/// Every head on the calling thread.
+pub struct Serial;
+
+impl SplitHeads for Serial {
+    fn split(&self, heads: &mut [DeltaHead<'_>], work: &(dyn Fn(&mut [DeltaHead<'_>]) + Sync)) {
+        work(heads)
+    }
+}
+
+/// Run `n` consecutive tokens of one sequence through the layer: update
+/// `state` and write each token's `value_dim` outputs (normed and gated)
+/// into `out`, the value heads spread by `split`. A run gives the bits of
+/// its tokens run one at a time.
 ///
 /// # Panics
-/// If a slice is not as long as `shape` makes it, or `v_heads` is not a
-/// multiple of `k_heads`.
-pub fn delta_step(
+/// If a slice is not as long as `shape` and `n` make it, or `v_heads` is
+/// not a multiple of `k_heads`.
+pub fn delta_net(
     shape: DeltaShape,
     weights: DeltaWeights<'_>,
     state: DeltaState<'_>,
-    row: DeltaRow<'_>,
-    work: &mut Vec<f32>,
+    rows: DeltaRows<'_>,
     out: &mut [f32],
+    split: &dyn SplitHeads,
 ) {
-    let (n, conv_dim, taps) = (shape.head, shape.conv_dim(), shape.conv);
-    assert!(shape.k_heads > 0 && shape.v_heads.is_multiple_of(shape.k_heads), "delta_step: heads");
-    assert_eq!(row.qkv.len(), conv_dim, "delta_step: qkv");
-    assert_eq!(row.z.len(), shape.value_dim(), "delta_step: z");
-    assert!(row.beta.len() == shape.v_heads && row.alpha.len() == shape.v_heads, "delta_step: beta, alpha");
-    assert!(weights.dt_bias.len() == shape.v_heads && weights.a.len() == shape.v_heads, "delta_step: dt, a");
-    assert_eq!(weights.conv.len(), conv_dim * taps, "delta_step: conv weights");
-    assert_eq!(weights.norm.len(), n, "delta_step: norm");
-    assert_eq!(state.conv.len(), shape.conv_state(), "delta_step: conv state");
-    assert_eq!(state.delta.len(), shape.delta_state(), "delta_step: delta state");
-    assert_eq!(out.len(), shape.value_dim(), "delta_step: out");
+    let (head, conv_dim, heads) = (shape.head, shape.conv_dim(), shape.v_heads);
+    let n = rows.qkv.len() / conv_dim.max(1);
+    assert!(shape.k_heads > 0 && heads.is_multiple_of(shape.k_heads), "delta_net: heads");
+    assert_eq!(rows.qkv.len(), n * conv_dim, "delta_net: qkv");
+    assert_eq!(rows.z.len(), n * shape.value_dim(), "delta_net: z");
+    assert!(rows.beta.len() == n * heads && rows.alpha.len() == n * heads, "delta_net: beta, alpha");
+    assert!(weights.dt_bias.len() == heads && weights.a.len() == heads, "delta_net: dt, a");
+    assert_eq!(weights.conv.len(), conv_dim * shape.conv, "delta_net: conv weights");
+    assert_eq!(weights.norm.len(), head, "delta_net: norm");
+    assert_eq!(state.conv.len(), shape.conv_state(), "delta_net: conv state");
+    assert_eq!(state.delta.len(), shape.delta_state(), "delta_net: delta state");
+    assert_eq!(out.len(), n * shape.value_dim(), "delta_net: out");
 
-    // The convolution, each channel's taps summed in order in f32, as
-    // ggml's `ssm_conv` sums them; then the window moves on.
-    work.clear();
-    work.resize(conv_dim + 2 * n, 0.0);
-    let (mixed, rest) = work.split_at_mut(conv_dim);
-    let (o, gate) = rest.split_at_mut(n);
+    let mixed = convolve(shape, weights, state.conv, rows.qkv);
+    // Each token's β and decay per value head.
+    let gates: Vec<(f32, f32)> = (0..n * heads)
+        .map(|at| {
+            let h = at % heads;
+            let beta = 1.0 / (1.0 + (-rows.beta[at]).exp());
+            (beta, (softplus(rows.alpha[at] + weights.dt_bias[h]) * weights.a[h]).exp())
+        })
+        .collect();
+    let mut work: Vec<DeltaHead<'_>> = state
+        .delta
+        .chunks_exact_mut(head * head)
+        .enumerate()
+        .map(|(index, state)| DeltaHead { index, state, out: vec![0.0; n * head] })
+        .collect();
+    split.split(&mut work, &|part: &mut [DeltaHead<'_>]| {
+        for task in part {
+            run_head(shape, &mixed, &gates, task);
+        }
+    });
+    let mut gate = vec![0.0; head];
+    for task in &work {
+        let h = task.index;
+        for t in 0..n {
+            let out = &mut out[t * shape.value_dim() + h * head..][..head];
+            rms_norm(&task.out[t * head..][..head], weights.norm, weights.eps, out);
+            gate.copy_from_slice(&rows.z[t * shape.value_dim() + h * head..][..head]);
+            silu(&mut gate);
+            out.iter_mut().zip(&gate).for_each(|(x, g)| *x *= g);
+        }
+    }
+}
+
+/// Each token's `qkv` through the causal convolution (each channel's taps
+/// summed in order in f32, as ggml's `ssm_conv` sums them) and SiLU, its Q
+/// and K heads L2-normed; the window moves on.
+fn convolve(shape: DeltaShape, weights: DeltaWeights<'_>, past: &mut [f32], qkv: &[f32]) -> Vec<f32> {
+    let (conv_dim, taps) = (shape.conv_dim(), shape.conv);
     let kept = taps - 1;
-    for (channel, value) in mixed.iter_mut().enumerate() {
-        let w = &weights.conv[channel * taps..][..taps];
-        let past = &mut state.conv[channel * kept..][..kept];
-        let mut sum = 0.0f32;
-        for (tap, &x) in past.iter().enumerate() {
-            sum += x * w[tap];
+    let mut mixed = vec![0.0; qkv.len()];
+    for (input, mixed) in qkv.chunks_exact(conv_dim).zip(mixed.chunks_exact_mut(conv_dim)) {
+        for (channel, value) in mixed.iter_mut().enumerate() {
+            let w = &weights.conv[channel * taps..][..taps];
+            let past = &mut past[channel * kept..][..kept];
+            let mut sum = 0.0f32;
+            for (tap, &x) in past.iter().enumerate() {
+                sum += x * w[tap];
+            }
+            sum += input[channel] * w[kept];
+            *value = sum;
+            if kept > 0 {
+                past.copy_within(1.., 0);
+                past[kept - 1] = input[channel];
+            }
         }
-        sum += row.qkv[channel] * w[kept];
-        *value = sum;
-        if kept > 0 {
-            past.copy_within(1.., 0);
-            past[kept - 1] = row.qkv[channel];
+        silu(mixed);
+        for head in mixed[..2 * shape.key_dim()].chunks_exact_mut(shape.head) {
+            l2_normalize(head, weights.eps);
         }
     }
-    silu(mixed);
-    let (q, rest) = mixed.split_at_mut(shape.key_dim());
-    let (k, v) = rest.split_at_mut(shape.key_dim());
-    for head in q.chunks_exact_mut(n).chain(k.chunks_exact_mut(n)) {
-        l2_normalize(head, weights.eps);
-    }
+    mixed
+}
+
+/// A value head's tokens, in order, through its state.
+fn run_head(shape: DeltaShape, mixed: &[f32], gates: &[(f32, f32)], task: &mut DeltaHead<'_>) {
+    let (n, conv_dim, key_dim) = (shape.head, shape.conv_dim(), shape.key_dim());
+    let h = task.index;
+    let kh = h % shape.k_heads;
     let scale = 1.0 / (n as f32).sqrt();
-    for h in 0..shape.v_heads {
-        let kh = h % shape.k_heads;
-        let beta = 1.0 / (1.0 + (-row.beta[h]).exp());
-        let decay = (softplus(row.alpha[h] + weights.dt_bias[h]) * weights.a[h]).exp();
-        let s = &mut state.delta[h * n * n..][..n * n];
-        let (q, k) = (&q[kh * n..][..n], &k[kh * n..][..n]);
-        let v = &v[h * n..][..n];
-        dispatch!(simd => for (j, s_j) in s.chunks_exact_mut(n).enumerate() {
+    for (t, token) in mixed.chunks_exact(conv_dim).enumerate() {
+        let (q, k) = (&token[kh * n..][..n], &token[key_dim + kh * n..][..n]);
+        let v = &token[2 * key_dim + h * n..][..n];
+        let (beta, decay) = gates[t * shape.v_heads + h];
+        let o = &mut task.out[t * n..][..n];
+        dispatch!(simd => for (j, s_j) in task.state.chunks_exact_mut(n).enumerate() {
             o[j] = head_row(simd, s_j, q, k, v[j], decay, beta) * scale;
         });
-        let out = &mut out[h * n..][..n];
-        rms_norm(o, weights.norm, weights.eps, out);
-        gate.copy_from_slice(&row.z[h * n..][..n]);
-        silu(gate);
-        out.iter_mut().zip(gate.iter()).for_each(|(x, g)| *x *= g);
     }
 }
 
@@ -257,22 +324,35 @@ mod tests {
             .collect()
     }
 
-    /// Every output of `n` tokens run from a zero state.
-    fn run(n: usize) -> Vec<f32> {
+    /// Every output of `n` tokens run from a zero state in runs of
+    /// `chunk`, the heads split in two.
+    fn run(n: usize, chunk: usize) -> Vec<f32> {
         let layer = layer();
         let weights =
             DeltaWeights { conv: &layer.conv, dt_bias: &layer.dt_bias, a: &layer.a, norm: &layer.norm, eps: 1e-6 };
         let (mut conv, mut delta) = (vec![0.0; SHAPE.conv_state()], vec![0.0; SHAPE.delta_state()]);
         let mut outputs = Vec::new();
-        let mut work = Vec::new();
-        for [qkv, z, beta, alpha] in rows(n) {
-            let mut out = vec![0.0; SHAPE.value_dim()];
-            let row = DeltaRow { qkv: &qkv, z: &z, beta: &beta, alpha: &alpha };
+        for run in rows(n).chunks(chunk) {
+            let join = |part: usize| run.iter().flat_map(|row| row[part].clone()).collect::<Vec<f32>>();
+            let (qkv, z, beta, alpha) = (join(0), join(1), join(2), join(3));
+            let mut out = vec![0.0; run.len() * SHAPE.value_dim()];
+            let rows = DeltaRows { qkv: &qkv, z: &z, beta: &beta, alpha: &alpha };
             let state = DeltaState { conv: &mut conv, delta: &mut delta };
-            delta_step(SHAPE, weights, state, row, &mut work, &mut out);
+            delta_net(SHAPE, weights, state, rows, &mut out, &Halves);
             outputs.extend(out);
         }
         outputs
+    }
+
+    /// The heads in two halves, the second first.
+    struct Halves;
+
+    impl SplitHeads for Halves {
+        fn split(&self, heads: &mut [DeltaHead<'_>], work: &(dyn Fn(&mut [DeltaHead<'_>]) + Sync)) {
+            let (first, second) = heads.split_at_mut(heads.len() / 2);
+            work(second);
+            work(first);
+        }
     }
 
     /// The layer in f64, straight from its definition.
@@ -327,14 +407,17 @@ mod tests {
     #[test]
     fn tokens_through_the_layer_match_its_definition_in_f64() {
         let n = 12;
-        let (ours, exact) = (run(n), reference(n));
+        let (ours, exact) = (run(n, 1), reference(n));
         for (index, (a, b)) in ours.iter().zip(&exact).enumerate() {
             assert!((*a as f64 - b).abs() <= 2e-4 * (1.0 + b.abs()), "output {index}: {a} vs {b}");
         }
     }
 
     #[test]
-    fn every_level_gives_the_same_bits() {
-        same_on_every_level(|| run(6));
+    fn runs_of_any_length_and_every_level_give_the_same_bits() {
+        let one = same_on_every_level(|| run(7, 1));
+        for chunk in [2, 3, 7] {
+            assert!(run(7, chunk) == one, "runs of {chunk}");
+        }
     }
 }

@@ -37,7 +37,7 @@ pub(crate) mod simd;
 mod testing;
 
 pub use attention::{HeadShape, KvPages, PageTable, Scores, attend, attend_heads};
-pub use delta_net::{DeltaRow, DeltaShape, DeltaState, DeltaWeights, delta_step};
+pub use delta_net::{DeltaHead, DeltaRows, DeltaShape, DeltaState, DeltaWeights, Serial, SplitHeads, delta_net};
 pub use dense_attention::attend_within;
 pub use error::OpsError;
 pub use experts::{scatter_rows, weighted_sum};

@@ -5,11 +5,11 @@
 //! before the residual add.
 //!
 //! The projections are the backend's matrix products; the recurrence runs
-//! on the host over the pass's rows, one sequence after another, each
-//! row's arithmetic fixed by its own sequence alone.
+//! on the host (`Backend::delta_net`) over each sequence's rows of the pass
+//! in turn, its arithmetic fixed by that sequence alone.
 
 use sluice_kernels::backend::Backend;
-use sluice_kernels::ops::{DeltaRow, DeltaShape, DeltaWeights, delta_step};
+use sluice_kernels::ops::{DeltaRows, DeltaShape, DeltaWeights};
 
 use super::pass::{LayerTensors, Pass, Residual, Scratch, Stores};
 use crate::batch::ForwardError;
@@ -97,19 +97,20 @@ impl<B: Backend> DeltaNetBlock<B> {
             DeltaWeights { conv: &self.conv, dt_bias: &self.dt_bias, a: &self.a, norm: &self.out_norm, eps: self.eps };
         let (conv_dim, value_dim, heads) = (shape.conv_dim(), shape.value_dim(), shape.v_heads);
         let mut out = vec![0.0; pass.rows * value_dim];
-        let mut work = Vec::new();
         for run in pass.runs {
-            for &row in &run.rows {
-                let state = store
-                    .state(run.slot, self.state)
-                    .ok_or_else(|| ForwardError::Kernel(format!("recurrent state slot {} is not ready", run.slot)))?;
-                let inputs = DeltaRow {
-                    qkv: &qkv[row * conv_dim..][..conv_dim],
-                    z: &z[row * value_dim..][..value_dim],
-                    beta: &beta[row * heads..][..heads],
-                    alpha: &alpha[row * heads..][..heads],
-                };
-                delta_step(shape, weights, state, inputs, &mut work, &mut out[row * value_dim..][..value_dim]);
+            let state = store
+                .state(run.slot, self.state)
+                .ok_or_else(|| ForwardError::Kernel(format!("recurrent state slot {} is not ready", run.slot)))?;
+            // The run's rows together, in cell order.
+            let gather = |values: &[f32], width: usize| -> Vec<f32> {
+                run.rows.iter().flat_map(|&row| &values[row * width..][..width]).copied().collect()
+            };
+            let rows = (gather(&qkv, conv_dim), gather(&z, value_dim), gather(&beta, heads), gather(&alpha, heads));
+            let mut run_out = vec![0.0; run.rows.len() * value_dim];
+            let inputs = DeltaRows { qkv: &rows.0, z: &rows.1, beta: &rows.2, alpha: &rows.3 };
+            b.delta_net(shape, weights, state, inputs, &mut run_out);
+            for (&row, values) in run.rows.iter().zip(run_out.chunks_exact(value_dim)) {
+                out[row * value_dim..][..value_dim].copy_from_slice(values);
             }
         }
         b.upload(&out, &mut s.attn)?;
