@@ -1,7 +1,7 @@
 //! CPU kernels for everything in a transformer layer but the matrix products:
 //! RMSNorm, softmax, SiLU/SwiGLU, residual add, RoPE, attention over a
-//! paged KV cache of f16 values or Q8_0 blocks, and LoRA adapters' low-rank
-//! deltas.
+//! paged KV cache of f16 values or Q8_0 blocks, Gated DeltaNet's recurrence,
+//! and LoRA adapters' low-rank deltas.
 //!
 //! # Batch invariance
 //!
