@@ -14,7 +14,10 @@ use std::path::Path;
 use crate::gguf_writer::{Rng, TensorInfo, Value, header};
 
 mod hybrid;
+mod plan;
+
 pub use hybrid::ShapeHybrid;
+use plan::{F16, F32, Fill, Planned, Q4_K, Q4_K_BLOCK};
 
 /// The architecture and sizes of a transformer.
 #[derive(Debug, Clone, PartialEq)]
@@ -245,14 +248,6 @@ pub const NAMED: [(&str, Shape); 9] = [
     ),
 ];
 
-const F32: u32 = 0;
-const F16: u32 = 1;
-const Q4_K: u32 = 12;
-
-/// Bytes of a Q4_K block of 256 values: f16 `d` and `dmin`, 12 bytes of
-/// 6-bit scales and mins, 128 bytes of 4-bit quants.
-const Q4_K_BLOCK: u64 = 144;
-
 /// How a model's weight matrices are stored (norms are F32 either way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Matrices {
@@ -260,35 +255,6 @@ pub enum Matrices {
     /// Random Q4_K blocks (not a quantization of anything): the bytes a
     /// Q4_K file of the shape has, for measuring speed.
     Q4K,
-}
-
-/// One tensor of the file: its header entry and how its values are drawn.
-struct Planned {
-    name: String,
-    dims: Vec<u64>,
-    type_id: u32,
-    fill: Fill,
-}
-
-#[derive(Clone, Copy)]
-enum Fill {
-    /// Uniform in ±scale.
-    Uniform(f32),
-    /// 1 ± 0.2 (norm weights).
-    NearOne,
-    /// -1 ± 0.5 (a Gated DeltaNet layer's `ssm_a`: each step's decay).
-    Decay,
-}
-
-impl Planned {
-    fn bytes(&self) -> u64 {
-        let values = self.dims.iter().product::<u64>();
-        match self.type_id {
-            F16 => values * 2,
-            Q4_K => values / 256 * Q4_K_BLOCK,
-            _ => values * 4,
-        }
-    }
 }
 
 impl Shape {
@@ -340,7 +306,7 @@ impl Shape {
             plan.push(vector(name("attn_norm.weight"), e, Fill::NearOne));
             let gpt_oss = self.arch == "gpt-oss";
             if let Some(hybrid) = self.hybrid {
-                plan.extend(hybrid.mixer(self, layer, &matrix));
+                plan.extend(hybrid.mixer(layer, (e, head_dim), (self.n_head as u64, self.n_head_kv as u64), &matrix));
             } else {
                 if self.arch == "phi3" {
                     plan.push(matrix(name("attn_qkv.weight"), e, q + 2 * kv));
@@ -401,7 +367,7 @@ impl Shape {
                     plan.push(vector(name("ffn_gate_inp.bias"), count, Fill::Uniform(0.1)));
                 }
                 if let Some(hybrid) = self.hybrid {
-                    plan.extend(hybrid.shared(self, layer, &matrix));
+                    plan.extend(hybrid.shared(layer, e, &matrix));
                 }
                 continue;
             }

@@ -2,10 +2,11 @@
 //! gated full-attention layer every fourth, and a gated shared expert
 //! beside the experts, as llama.cpp's converter writes them.
 
-use super::{F32, Fill, Planned, Shape, Value};
+use super::plan::{F32, Fill, Planned};
+use crate::gguf_writer::Value;
 
 /// The Gated DeltaNet widths and the attention layers' rotation of a
-/// hybrid [`Shape`].
+/// hybrid [`Shape`](super::Shape).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ShapeHybrid {
     /// Query/key heads and value heads of the linear layers, `head` wide.
@@ -28,10 +29,16 @@ const FULL_INTERVAL: usize = 4;
 type Matrix<'a> = &'a dyn Fn(String, u64, u64) -> Planned;
 
 impl ShapeHybrid {
-    /// Layer `layer`'s mixer tensors (after its `attn_norm`).
-    pub(super) fn mixer(&self, shape: &Shape, layer: usize, matrix: Matrix<'_>) -> Vec<Planned> {
+    /// Layer `layer`'s mixer tensors (after its `attn_norm`) in a model
+    /// `e` wide whose attention has `heads` (query, KV) of `head_dim`.
+    pub(super) fn mixer(
+        &self,
+        layer: usize,
+        (e, head_dim): (u64, u64),
+        heads: (u64, u64),
+        matrix: Matrix<'_>,
+    ) -> Vec<Planned> {
         let name = |suffix: &str| format!("blk.{layer}.{suffix}");
-        let e = shape.n_embd as u64;
         let vector = |suffix: &str, len: usize, fill: Fill| Planned {
             name: name(suffix),
             dims: vec![len as u64],
@@ -39,8 +46,7 @@ impl ShapeHybrid {
             fill,
         };
         if (layer + 1).is_multiple_of(FULL_INTERVAL) {
-            let head_dim = shape.head_dim() as u64;
-            let (q, kv) = (head_dim * shape.n_head as u64, head_dim * shape.n_head_kv as u64);
+            let (q, kv) = (head_dim * heads.0, head_dim * heads.1);
             return vec![
                 matrix(name("attn_q.weight"), e, 2 * q),
                 matrix(name("attn_k.weight"), e, kv),
@@ -71,10 +77,10 @@ impl ShapeHybrid {
         ]
     }
 
-    /// Layer `layer`'s shared expert and its gate.
-    pub(super) fn shared(&self, shape: &Shape, layer: usize, matrix: Matrix<'_>) -> Vec<Planned> {
+    /// Layer `layer`'s shared expert and its gate, in a model `e` wide.
+    pub(super) fn shared(&self, layer: usize, e: u64, matrix: Matrix<'_>) -> Vec<Planned> {
         let name = |suffix: &str| format!("blk.{layer}.{suffix}");
-        let (e, s) = (shape.n_embd as u64, self.shared as u64);
+        let s = self.shared as u64;
         vec![
             Planned {
                 name: name("ffn_gate_inp_shexp.weight"),
