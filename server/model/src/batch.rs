@@ -137,7 +137,7 @@ pub struct Batch {
     pub adapters: Vec<Vec<(u32, f32)>>,
     /// Per sequence, in a context of a model with recurrent layers: the
     /// state slot that carries its recurrent state from pass to pass
-    /// (see [`crate::recurrent`]).
+    /// (see the `recurrent` module).
     pub states: Vec<u32>,
 }
 
