@@ -425,7 +425,7 @@ impl TinyModel {
         }
         builder = builder.tensor(Tensor::f32("output_norm.weight", &[e], &vec![1.0; self.n_embd]));
         let qkv_bias = matches!(arch, "qwen2" | "qwen2vl" | "glm4" | "glm4moe" | "qwen2moe");
-        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3" | "qwen3moe");
+        let qwen3 = matches!(arch, "qwen3" | "qwen3vl" | "dflash" | "gemma3" | "qwen3moe" | "qwen3vlmoe");
         // OLMo 2: no pre-norms, Q/K norms over the whole vectors, post-norms;
         // Granite: its one required multiplier.
         let olmo2 = arch == "olmo2";

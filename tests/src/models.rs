@@ -29,6 +29,7 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "mixtral" => Some(tiny_bpe("mixtral")),
         "gpt-oss" => Some(tiny_bpe("gpt-oss")),
         "qwen35" => Some(tiny_bpe("qwen35")),
+        "qwen3vlmoe" => Some(tiny_bpe("qwen3vlmoe")),
         "qwen35moe" => Some(tiny_bpe("qwen35moe")),
         _ => None,
     }
@@ -387,11 +388,15 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             include_str!("../fixtures/granite-chat-template.jinja"),
             32,
         ),
-        "qwen3moe" | "qwen2moe" => (
+        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" => (
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             "qwen2",
             include_str!("../fixtures/chatml-chat-template.jinja"),
-            if arch == "qwen3moe" { 35 } else { 36 },
+            match arch {
+                "qwen3moe" => 35,
+                "qwen2moe" => 36,
+                _ => 41,
+            },
         ),
         "qwen35" | "qwen35moe" => (
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
@@ -419,7 +424,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     };
     let experts = |count, shared| crate::gguf_writer::TinyExperts { count, used: 2, n_ff: 32, shared };
     let (file_arch, experts) = match arch {
-        "qwen3moe" => (arch, Some(experts(8, None))),
+        "qwen3moe" | "qwen3vlmoe" => (arch, Some(experts(8, None))),
         "qwen2moe" | "qwen35moe" => (arch, Some(experts(8, Some(48)))),
         // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
         "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
@@ -433,8 +438,16 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let (tokens, vocabulary) = crate::vocab::bpe_vocabulary(&[], &bytes, &words, specials);
     let id = |text: &str| Value::U32(tokens.iter().position(|token| token == text).expect("a special token") as u32);
     let (n_vocab, n_layer) = (tokens.len(), if arch == "granite" || experts.is_some() { 4 } else { 8 });
-    let shape =
-        TinyModel { n_layer, n_vocab, tokens: Some(tokens.clone()), experts, ..TinyModel::recipe(file_arch, seed) };
+    // Qwen3-VL's interleaved M-RoPE over all of each head's 8 pairs.
+    let sections = (arch == "qwen3vlmoe").then_some([4, 2, 2, 0]);
+    let shape = TinyModel {
+        n_layer,
+        n_vocab,
+        tokens: Some(tokens.clone()),
+        experts,
+        sections,
+        ..TinyModel::recipe(file_arch, seed)
+    };
     let e = shape.n_embd;
     let mut rng = Rng::new(seed ^ 0x4ead);
     let byte_of: std::collections::HashMap<char, u8> =
@@ -482,7 +495,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
             .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-        "qwen3moe" | "qwen2moe" => model
+        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" => model
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
             .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))

@@ -526,3 +526,11 @@ fn qwen35_template_renders_as_llama_server_renders_it() {
 fn qwen35_tokenizes_as_llama_server() {
     tokenizes_as_llama_server("qwen35");
 }
+
+/// Qwen3-VL-MoE's text path: Qwen3-MoE's layers with interleaved M-RoPE
+/// sections over each head.
+#[test]
+fn qwen3vlmoe_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen3vlmoe");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}

@@ -14,7 +14,7 @@ use crate::weights::LoadError;
 /// files must have (Qwen's MoE families).
 pub(super) struct Moe {
     pub(super) name: &'static str,
-    pub(super) rope: RopeStyle,
+    pub(super) rope: fn(&GgufFile, usize) -> Result<RopeStyle, HParamsError>,
     pub(super) attention: Attention,
     pub(super) layout: Layout,
 }
@@ -24,8 +24,8 @@ impl Family for Moe {
         self.name
     }
 
-    fn rope(&self, _file: &GgufFile, _n_rot: usize) -> Result<RopeStyle, HParamsError> {
-        Ok(self.rope)
+    fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
+        (self.rope)(file, n_rot)
     }
 
     fn layers(&self, file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {

@@ -25,6 +25,7 @@
 //! | `granite.rs` | `granite` | Llama's layers, scaled embeddings, residuals, scores and logits by the file's multipliers |
 //! | `olmo2.rs` | `olmo2` | NEOX RoPE, post-norms only, Q/K norms over the whole vector, an untied head, optional local layers (OLMo 3) |
 //! | `qwen3moe.rs` | `qwen3moe` | Qwen3's attention, experts with renormalized weights |
+//! | `qwen3vlmoe.rs` | `qwen3vlmoe` | Qwen3-MoE's layers with interleaved M-RoPE (Qwen3-VL-MoE's text path) |
 //! | `qwen2moe.rs` | `qwen2moe` | Qwen2's attention, experts and a gated shared expert |
 //! | `glm4moe.rs` | `glm4moe` | NEOX RoPE over part of each head, leading dense layers, experts chosen by sigmoid scores with a selection bias (optionally in groups), renormalized and scaled, ungated shared experts |
 //! | `gpt_oss.rs` | `gpt-oss` | biases everywhere, attention sinks, every other layer local, experts weighed by a softmax over the chosen, clamped SwiGLU |
@@ -53,6 +54,7 @@ mod qwen3;
 mod qwen35;
 mod qwen3moe;
 mod qwen3vl;
+mod qwen3vlmoe;
 mod sliding;
 mod smollm3;
 
@@ -60,7 +62,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 20] = [
+pub(super) static FAMILIES: [&dyn Family; 21] = [
     &llama::Llama,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -81,6 +83,7 @@ pub(super) static FAMILIES: [&dyn Family; 20] = [
     &glm4moe::Glm4Moe,
     &qwen35::QWEN35,
     &qwen35::QWEN35MOE,
+    &qwen3vlmoe::QWEN3VLMOE,
 ];
 
 /// The family of `arch` (every [`Architecture`] names one).
@@ -126,7 +129,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe, qwen35, qwen35moe)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe, qwen35, qwen35moe, qwen3vlmoe)"
         );
     }
 }

@@ -9,7 +9,7 @@ use crate::layer::Attention;
 
 pub(super) const QWEN2MOE: Moe = Moe {
     name: "qwen2moe",
-    rope: RopeStyle::Neox,
+    rope: |_, _| Ok(RopeStyle::Neox),
     attention: Attention::full(true, false),
     layout: Layout { shared: true, ..Layout::PLAIN },
 };

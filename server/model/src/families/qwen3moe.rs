@@ -10,7 +10,7 @@ use crate::layer::Attention;
 
 pub(super) const QWEN3MOE: Moe = Moe {
     name: "qwen3moe",
-    rope: RopeStyle::Neox,
+    rope: |_, _| Ok(RopeStyle::Neox),
     attention: Attention::full(false, true),
     layout: Layout { normalized: true, ..Layout::PLAIN },
 };
