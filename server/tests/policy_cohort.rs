@@ -1,11 +1,13 @@
 //! The cohort barrier through the real engine over HTTP (docs/scheduling.md,
-//! cases (a)–(h); (d) with a synthetic LoRA adapter on the default model).
+//! cases (a)–(h); (d) with a synthetic LoRA adapter on the default model;
+//! (a)–(c), (g) and (h) again on a hybrid model whose slots carry
+//! recurrent states).
 //! Phase transitions come from the engine's phase log (`sluice::phase` at
 //! debug level), so each case asserts the order in which slots prefilled,
 //! became ready, decoded and ended.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -64,12 +66,33 @@ fn step_of(transitions: &[Transition], phase: &str) -> u64 {
         .step
 }
 
+/// What a case runs on: a model (`None`: the default one) and the token
+/// ids its prompts are drawn from (`first`, and `span` after it).
+#[derive(Clone, Copy)]
+struct On<'a> {
+    model: Option<&'a Path>,
+    first: u32,
+    span: u32,
+}
+
+const DEFAULT: On<'static> = On { model: None, first: 1000, span: 9000 };
+
 fn server(policy: &str, name: &str) -> (Server, PathBuf) {
-    server_with(policy, name, |_| Vec::new())
+    server_on(DEFAULT, policy, name, |_| Vec::new())
 }
 
 /// [`server`] with more flags, made from its scratch directory.
 fn server_with(policy: &str, name: &str, extra: impl FnOnce(&std::path::Path) -> Vec<String>) -> (Server, PathBuf) {
+    server_on(DEFAULT, policy, name, extra)
+}
+
+/// [`server_with`] on `on`'s model.
+fn server_on(
+    on: On<'_>,
+    policy: &str,
+    name: &str,
+    extra: impl FnOnce(&std::path::Path) -> Vec<String>,
+) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!("sluice-cohort-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let config = dir.join("sluice.toml");
@@ -78,12 +101,20 @@ fn server_with(policy: &str, name: &str, extra: impl FnOnce(&std::path::Path) ->
     let extra = extra(&dir);
     let mut args = vec!["--config", config.to_str().expect("utf-8 path"), "-np", "4", "-b", "16"];
     args.extend(extra.iter().map(String::as_str));
-    (Server::start(&args), dir)
+    let server = match on.model {
+        Some(model) => Server::start_model(model, &args, &[]),
+        None => Server::start(&args),
+    };
+    (server, dir)
 }
 
 /// Distinct token prompts of exact lengths.
 fn prompt(len: u32, seed: u32) -> Vec<u32> {
-    (0..len).map(|i| 1000 + (i * 37 + seed * 101) % 9000).collect()
+    prompt_on(DEFAULT, len, seed)
+}
+
+fn prompt_on(on: On<'_>, len: u32, seed: u32) -> Vec<u32> {
+    (0..len).map(|i| on.first + (i * 37 + seed * 101) % on.span).collect()
 }
 
 fn body(prompt: &[u32], stream: bool) -> Value {
@@ -202,9 +233,9 @@ fn wait_until(mut ready: impl FnMut() -> bool, what: impl Fn() -> String) {
 
 /// Runs a long prompt, then (once it is prefilling) a medium and a short
 /// one, concurrently; returns each one's tokens and the phase log of the run.
-fn trio(server: &Server, stream: bool) -> (Vec<Vec<u64>>, Run) {
+fn trio(server: &Server, stream: bool, on: On<'_>) -> (Vec<Vec<u64>>, Run) {
     let (before, ends) = (transitions(server).len(), ended(server));
-    let prompts = [prompt(120, 1), prompt(40, 2), prompt(6, 3)];
+    let prompts = [prompt_on(on, 120, 1), prompt_on(on, 40, 2), prompt_on(on, 6, 3)];
     let tokens = std::thread::scope(|scope| {
         let seen = transitions(server).iter().filter(|t| t.phase == "prefilling").count();
         let long = scope.spawn(|| complete(server, &prompts[0], stream));
@@ -230,8 +261,23 @@ fn phase_order(run: &[(u64, Vec<Transition>)]) -> Vec<(usize, String)> {
 
 #[test]
 fn members_hold_until_the_last_prompt_then_decode_together_streaming_or_not() {
-    let (server, dir) = server("cohort", "trio");
-    let (tokens, run) = trio(&server, false);
+    members_hold_then_decode_together(DEFAULT, "trio");
+}
+
+/// The same on a hybrid model (Qwen3.5-MoE's layout): each slot's
+/// sequence carries its recurrent state through the held steps.
+#[test]
+fn on_a_hybrid_model_members_hold_then_decode_together_streaming_or_not() {
+    let path = std::env::temp_dir().join(format!("sluice-cohort-hybrid-{}.gguf", std::process::id()));
+    let model = sluice_tests::models::tiny_family("qwen35moe").expect("a tiny hybrid model");
+    std::fs::write(&path, model.build()).expect("written");
+    members_hold_then_decode_together(On { model: Some(&path), first: 0, span: 250 }, "hybrid");
+    std::fs::remove_file(&path).expect("clean up");
+}
+
+fn members_hold_then_decode_together(on: On<'_>, name: &str) {
+    let (server, dir) = server_on(on, "cohort", name, |_| Vec::new());
+    let (tokens, run) = trio(&server, false, on);
     assert_eq!(run.len(), 3, "three members: {run:?}");
     let ready: Vec<u64> = run.iter().map(|(_, t)| step_of(t, "ready")).collect();
     let decoding: Vec<u64> = run.iter().map(|(_, t)| step_of(t, "decoding")).collect();
@@ -246,19 +292,19 @@ fn members_hold_until_the_last_prompt_then_decode_together_streaming_or_not() {
     assert!(run.iter().all(|(_, t)| t.last().is_some_and(|last| last.phase == "completed")));
 
     // (g) Streaming gives the same tokens and the same phase order.
-    let (streamed, streamed_run) = trio(&server, true);
+    let (streamed, streamed_run) = trio(&server, true, on);
     assert_eq!(streamed, tokens);
     assert_eq!(phase_order(&streamed_run), phase_order(&run));
 
     // (h) A cohort of one behaves like a plain request: same tokens as under
     // `continuous`, prompt → ready → decoding in consecutive steps.
-    let alone = prompt(6, 3);
+    let alone = prompt_on(on, 6, 3);
     let (before, ends) = (transitions(&server).len(), ended(&server));
     assert_eq!(complete(&server, &alone, false), tokens[2], "batch invariance across cohort sizes");
     let solo = by_request(&settled(&server, ends + 1)[before..]);
     let steps: Vec<u64> = ["prefilling", "ready", "decoding"].iter().map(|p| step_of(&solo[0].1, p)).collect();
     assert_eq!(steps[2], steps[1] + 1, "{solo:?}");
-    let (plain, plain_dir) = server_continuous();
+    let (plain, plain_dir) = server_on(on, "continuous", &format!("{name}-plain"), |_| Vec::new());
     assert_eq!(complete(&plain, &alone, false), tokens[2]);
     std::fs::remove_dir_all(&dir).expect("clean up");
     std::fs::remove_dir_all(&plain_dir).expect("clean up");
