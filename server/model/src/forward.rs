@@ -78,14 +78,8 @@ impl<B: Backend> TransformerContext<B> {
             None => None,
         };
         log_stores(&shape, window.as_ref().map(|window| &window.shape), caches)?;
-        let recurrent = (!caches.recurrent.is_empty()).then(|| {
-            tracing::info!(
-                "recurrent state: {} layers, {:.2} MiB per sequence",
-                caches.recurrent.len(),
-                RecurrentStore::bytes_per_sequence(&caches.recurrent) as f64 / (1 << 20) as f64,
-            );
-            RecurrentStore::new(caches.recurrent.clone())
-        });
+        // Its size is in the engine's start log, per slot and for all.
+        let recurrent = (!caches.recurrent.is_empty()).then(|| RecurrentStore::new(caches.recurrent.clone()));
         Ok(TransformerContext {
             model,
             shape,

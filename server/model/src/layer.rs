@@ -48,7 +48,7 @@ pub(crate) enum Mixer {
     Attention(Attention),
     /// Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): a short
     /// causal convolution and a delta-rule state per head, carried by each
-    /// sequence ([`sluice_kernels::ops::delta_step`]).
+    /// sequence ([`sluice_kernels::ops::delta_net`]).
     DeltaNet(sluice_kernels::ops::DeltaShape),
 }
 

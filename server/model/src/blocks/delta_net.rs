@@ -1,7 +1,7 @@
 //! Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): RMSNorm, the
 //! projections `attn_qkv` (Q|K|V, convolved), `attn_gate` (z), `ssm_beta`
 //! and `ssm_alpha`, then each sequence's rows through its recurrent state
-//! in cell order ([`sluice_kernels::ops::delta_step`]), and `ssm_out`
+//! in cell order ([`sluice_kernels::ops::delta_net`]), and `ssm_out`
 //! before the residual add.
 //!
 //! The projections are the backend's matrix products; the recurrence runs

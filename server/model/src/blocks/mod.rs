@@ -133,7 +133,8 @@ impl<B: Backend> Layer<B> {
     pub(crate) fn inject(&self, pass: &Pass<'_, B>, kv: &mut Stores<'_, B>, scratch: &mut Scratch<B>) {
         match &self.mixer {
             MixerBlock::Attention(attention) => attention.inject(pass, kv, scratch),
-            // DFlash drafts have no recurrent layers (checked at load).
+            // Never reached: a context of a model with recurrent layers
+            // refuses injection before any layer runs.
             MixerBlock::DeltaNet(_) => {}
         }
     }
