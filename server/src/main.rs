@@ -62,12 +62,19 @@ enum BenchCommand {
     /// a JSON schema on a running server.
     #[cfg(feature = "lab")]
     Constrained(cli::lab::BenchConstrainedArgs),
+    /// Prefill time of a long prompt uncached, and of it with more after
+    /// it once cached, on a running server.
+    #[cfg(feature = "lab")]
+    Cache(cli::lab::BenchCacheArgs),
     /// Load a running server (needs a build with the cargo feature `lab`).
     #[cfg(not(feature = "lab"))]
     Serve(cli::WithoutLab),
     /// Structured outputs' cost (needs a build with the cargo feature `lab`).
     #[cfg(not(feature = "lab"))]
     Constrained(cli::WithoutLab),
+    /// What the prefix cache saves (needs a build with the cargo feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    Cache(cli::WithoutLab),
     /// Fit the lab's step-cost model (needs a build with the cargo feature `lab`).
     #[cfg(not(feature = "lab"))]
     Calibrate(cli::WithoutLab),
@@ -151,8 +158,15 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Constrained(args)) => {
             cli::lab::bench_constrained(args).map(|()| ExitCode::SUCCESS)
         }
+        #[cfg(feature = "lab")]
+        Command::Bench(BenchCommand::Cache(args)) => cli::lab::bench_cache(args).map(|()| ExitCode::SUCCESS),
         #[cfg(not(feature = "lab"))]
-        Command::Bench(BenchCommand::Serve(args) | BenchCommand::Calibrate(args) | BenchCommand::Constrained(args))
+        Command::Bench(
+            BenchCommand::Serve(args)
+            | BenchCommand::Calibrate(args)
+            | BenchCommand::Constrained(args)
+            | BenchCommand::Cache(args),
+        )
         | Command::Lab(args) => args.refuse().map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Spec(args)) => cli::bench_spec::bench_spec(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Vision(args)) => cli::bench_vision::bench_vision(args).map(|()| ExitCode::SUCCESS),

@@ -198,3 +198,61 @@ fn a_pass_run_in_micro_batches_gives_the_whole_pass_s_logits() {
         assert!(bits(&parts.logits) == bits(&whole.logits), "parts of {max_rows} rows differ from one pass");
     }
 }
+
+/// A hybrid pass that stops for state snapshots gives the whole pass's
+/// logits; each snapshot holds its sequence's rows before the stop, and a
+/// fresh context resumed from one goes on with the same bits.
+#[test]
+fn a_hybrid_pass_stops_for_snapshots_that_resume_bit_exactly() {
+    let path = std::env::temp_dir().join(format!("sluice-hybrid-stops-{}.gguf", std::process::id()));
+    std::fs::write(&path, sluice_tests::models::tiny_family("qwen35").expect("a tiny hybrid model").build())
+        .expect("written");
+    let model: Arc<dyn Model> = Arc::new(Transformer::load(&path, Arc::new(CpuBackend::new(2))).expect("loads"));
+    let n_embd = model.hparams().n_embd;
+    let prompts: [Vec<u32>; 2] =
+        [(0..20).map(|i| (i * 37 + 5) % 300).collect(), (0..13).map(|i| (i * 91 + 3) % 300).collect()];
+    let row = |seq: usize, cell: usize| BatchRow {
+        input: RowInput::Token(prompts[seq][cell]),
+        seq,
+        cell: cell as u32,
+        pos: text_position(cell as u32),
+        logits: true,
+    };
+    // Sequence 0's rows, then sequence 1's, in state slots 3 and 0.
+    let rows: Vec<BatchRow> = (0..20).map(|cell| row(0, cell)).chain((0..13).map(|cell| row(1, cell))).collect();
+    let tables = vec![vec![0, 1], vec![2, 3]];
+    let batch = Batch { rows, block_tables: tables.clone(), states: vec![3, 0], ..Batch::default() };
+    let fresh = || Arc::clone(&model).context(4, BLOCK_TOKENS, KvTypes::default()).expect("a context");
+    let bits = |logits: &[f32]| logits.iter().map(|value| value.to_bits()).collect::<Vec<_>>();
+    let whole = fresh().forward(&batch).expect("forward");
+    let mut snapshots = Vec::new();
+    let mut take = |context: &dyn Context, row: usize| {
+        snapshots.push((row, context.read_state(3).expect("slot 3"), context.read_state(0)));
+    };
+    let stopped = sluice_model::batch::forward_with_stops(&mut *fresh(), &batch, 8, n_embd, &[7, 20, 33], &mut take)
+        .expect("forward with stops");
+    assert!(bits(&stopped.logits) == bits(&whole.logits), "stops changed the logits");
+    assert_eq!(stopped.logit_rows, whole.logit_rows);
+    let cells: Vec<(usize, u32, Option<u32>)> =
+        snapshots.iter().map(|(row, first, second)| (*row, first.cells, second.as_ref().map(|s| s.cells))).collect();
+    assert_eq!(cells, vec![(7, 7, None), (20, 20, None), (33, 20, Some(13))]);
+
+    // Sequence 0 resumed at cell 7 in a fresh context's slot 1, its KV
+    // copied over: the rest of its rows give the whole pass's logits.
+    let source = {
+        let mut context = fresh();
+        let first = Batch { rows: batch.rows[..7].to_vec(), ..batch.clone() };
+        context.forward(&first).expect("first rows");
+        (0..2).map(|block| context.read_block(block).expect("a block")).collect::<Vec<_>>()
+    };
+    let mut resumed = fresh();
+    for (block, bytes) in source.iter().enumerate() {
+        resumed.write_block(block as u32, bytes).expect("written");
+    }
+    resumed.write_state(1, &snapshots[0].1).expect("same shapes");
+    let rest = Batch { rows: batch.rows[7..20].to_vec(), block_tables: tables, states: vec![1, 0], ..Batch::default() };
+    let output = resumed.forward(&rest).expect("resumed");
+    let n_vocab = model.hparams().n_vocab;
+    assert!(bits(&output.logits) == bits(&whole.logits[7 * n_vocab..20 * n_vocab]), "the resumed state differs");
+    std::fs::remove_file(&path).expect("removed");
+}

@@ -4,7 +4,7 @@
 //! `bad_inputs`, then what only these families bring: chat templates that
 //! refuse conversations they do not take (Gemma's alternation rule),
 //! sliding windows (prompts many windows long, slot files refused without
-//! `--swa-full`), recurrent layers (slot files refused), vocabularies smaller than the probabilities asked for,
+//! `--swa-full`), recurrent layers (slot files with their state), vocabularies smaller than the probabilities asked for,
 //! and token ids past the vocabulary.
 
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use sluice_tests::battery::{self, Expect, Report, Target};
 use sluice_tests::http::Server;
 use sluice_tests::models::tiny_family;
 
-const FAMILIES: [&str; 15] = [
+const FAMILIES: [&str; 16] = [
     "gemma2",
     "gemma3",
     "phi3",
@@ -30,6 +30,7 @@ const FAMILIES: [&str; 15] = [
     "glm4moe",
     "qwen35",
     "qwen35moe",
+    "qwen3next",
 ];
 const KEY: &str = "family-battery-key";
 

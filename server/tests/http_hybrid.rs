@@ -2,9 +2,10 @@
 //! recurrent state, a gated attention layer every fourth, experts) over
 //! HTTP, from its synthetic model (`sluice_tests::models::tiny_family`):
 //! what a request gets does not depend on what else runs beside it, on
-//! streaming, on `cache_prompt` or on a slot's earlier requests; what
-//! cannot work with a recurrent state yet (slot files, drafts, context
-//! shift) is refused by name.
+//! streaming, on `cache_prompt` or on a slot's earlier requests; prompts
+//! resume from the prefix cache's state snapshots, and slot files carry
+//! the state, with the bits of an uncached run; what cannot work with a
+//! recurrent state yet (drafts, context shift) is refused by name.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,27 +86,94 @@ fn a_hybrid_model_s_replies_do_not_depend_on_what_runs_beside_them() {
     });
 
     // A continuation of the first reply, as a chat client sends it back:
-    // the slot's sequence is its prefix, but the reply is as uncached.
+    // it resumes where the cached request ended, with an uncached run's
+    // bits.
     let continued = format!("{prompt}{}", alone["content"].as_str().expect("content"));
     let request = |cache: bool| json!({"prompt": continued, "n_predict": 8, "n_probs": 3, "temperature": 0, "cache_prompt": cache});
-    assert_eq!(steps(&complete(&server, &request(true))), steps(&complete(&server, &request(false))));
-    assert!(server.metric("sluice_prefix_cache_hit_tokens_total") == 0.0, "a recurrent model served a cached prefix");
+    let cached = complete(&server, &request(true));
+    assert!(cached["timings"]["cache_n"].as_u64() > Some(0), "{cached}");
+    assert_eq!(steps(&cached), steps(&complete(&server, &request(false))));
+    std::fs::remove_file(&path).expect("removed");
+}
+
+fn cache_n(reply: &Value) -> usize {
+    reply["timings"]["cache_n"].as_u64().expect("cache_n") as usize
+}
+
+fn tokens(server: &Server, text: &str) -> Vec<i64> {
+    let (status, reply) = server.post("/tokenize", &json!({"content": text}));
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    reply["tokens"].as_array().expect("tokens").iter().filter_map(Value::as_i64).collect()
+}
+
+#[test]
+fn hybrid_prompts_resume_from_state_snapshots_and_slot_files_with_uncached_bits() {
+    let path = model("qwen35");
+    let slots = std::env::temp_dir().join(format!("sluice-hybrid-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&slots).expect("a folder");
+    let save_path = slots.to_str().expect("UTF-8");
+    // Snapshots every 32 tokens (two KV blocks), passes of at most 40 rows.
+    let args = ["-np", "2", "-c", "2048", "-cms", "32", "-ub", "40", "--slot-save-path", save_path];
+    let server = Server::start_model(&path, &args, &[]);
+    let sentence = " the dog ran after the cat and the cat sat on the mat";
+    let prompt: String = (0..12).map(|i| format!("{sentence} {i}.")).collect();
+    let n_prompt = tokens(&server, &prompt).len();
+    assert!(n_prompt > 100, "{n_prompt}");
+    let body = |text: &str, cache: bool| json!({"prompt": text, "n_predict": 6, "n_probs": 3, "temperature": 0, "cache_prompt": cache, "id_slot": 0});
+    let uncached = complete(&server, &body(&prompt, false));
+    assert_eq!(cache_n(&uncached), 0);
+    let first = complete(&server, &body(&prompt, true));
+    assert_eq!(steps(&first), steps(&uncached));
+    assert!(server.metric("sluice_recurrent_snapshots") > 0.0);
+    assert!(server.metric("sluice_recurrent_snapshot_bytes") > 0.0);
+
+    // The same prompt again: from the snapshot 4 tokens before its end.
+    let again = complete(&server, &body(&prompt, true));
+    assert_eq!(cache_n(&again), n_prompt - 4, "{again}");
+    assert_eq!(steps(&again), steps(&uncached));
+
+    // A prompt that parts from it after its first sentences: from the last
+    // 32-token snapshot before they part.
+    let parted = format!("{}{sentence} but then", &prompt[..prompt.len() / 2]);
+    let shared = tokens(&server, &prompt).iter().zip(tokens(&server, &parted)).take_while(|(a, b)| **a == *b).count();
+    let reply = complete(&server, &body(&parted, true));
+    assert_eq!(cache_n(&reply), shared / 32 * 32, "{reply}");
+    assert!(cache_n(&reply) > 0);
+    assert_eq!(steps(&reply), steps(&complete(&server, &body(&parted, false))));
+
+    // The first reply continued: from where a request on it ended.
+    let continued = format!("{prompt}{}", first["content"].as_str().expect("content"));
+    let reference = complete(&server, &body(&continued, false));
+    complete(&server, &body(&prompt, true));
+    let reply = complete(&server, &body(&continued, true));
+    assert!(cache_n(&reply) > n_prompt, "{reply}");
+    assert_eq!(steps(&reply), steps(&reference));
+
+    // Slot 0 saved after a request on the prompt, restored into a fresh
+    // server: the continuation resumes from the file's state.
+    complete(&server, &body(&prompt, true));
+    let (status, saved) = server.post("/slots/0?action=save", &json!({"filename": "slot.bin"}));
+    assert_eq!(status, StatusCode::OK, "{saved}");
+    let n_saved = saved["n_saved"].as_u64().expect("n_saved") as usize;
+    assert!(n_saved > n_prompt, "{saved}");
+    drop(server);
+    let server = Server::start_model(&path, &args, &[]);
+    let (status, restored) = server.post("/slots/1?action=restore", &json!({"filename": "slot.bin"}));
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    assert_eq!(restored["n_restored"].as_u64(), Some(n_saved as u64));
+    let mut resumed = body(&continued, true);
+    resumed["id_slot"] = json!(1);
+    let reply = complete(&server, &resumed);
+    assert!(cache_n(&reply) > n_prompt, "{reply}");
+    assert_eq!(steps(&reply), steps(&reference));
+    drop(server);
+    std::fs::remove_dir_all(&slots).expect("removed");
     std::fs::remove_file(&path).expect("removed");
 }
 
 #[test]
-fn slot_files_drafts_and_context_shift_are_refused_by_name() {
+fn drafts_and_context_shift_are_refused_by_name() {
     let path = model("qwen35");
-    let slots = std::env::temp_dir().join(format!("sluice-hybrid-slots-{}", std::process::id()));
-    std::fs::create_dir_all(&slots).expect("a folder");
-    let server = Server::start_model(&path, &["-np", "1", "--slot-save-path", slots.to_str().expect("UTF-8")], &[]);
-    complete(&server, &json!({"prompt": " the cat", "n_predict": 2}));
-    let (status, reply) = server.post("/slots/0?action=save", &json!({"filename": "slot.bin"}));
-    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{reply}");
-    assert!(reply.to_string().contains("recurrent layers"), "{reply}");
-    drop(server);
-    std::fs::remove_dir_all(&slots).expect("removed");
-
     let refused = |args: &[&str], why: &str| {
         let output = Command::new(sluice_binary())
             .args(["serve", "--port", "0", "-m"])

@@ -31,6 +31,7 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
         "qwen35" => Some(tiny_bpe("qwen35")),
         "qwen3vlmoe" => Some(tiny_bpe("qwen3vlmoe")),
         "qwen35moe" => Some(tiny_bpe("qwen35moe")),
+        "qwen3next" => Some(tiny_bpe("qwen3next")),
         _ => None,
     }
 }
@@ -388,13 +389,14 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             include_str!("../fixtures/granite-chat-template.jinja"),
             32,
         ),
-        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" => (
+        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" | "qwen3next" => (
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             "qwen2",
             include_str!("../fixtures/chatml-chat-template.jinja"),
             match arch {
                 "qwen3moe" => 35,
                 "qwen2moe" => 36,
+                "qwen3next" => 42,
                 _ => 41,
             },
         ),
@@ -425,7 +427,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let experts = |count, shared| crate::gguf_writer::TinyExperts { count, used: 2, n_ff: 32, shared };
     let (file_arch, experts) = match arch {
         "qwen3moe" | "qwen3vlmoe" => (arch, Some(experts(8, None))),
-        "qwen2moe" | "qwen35moe" => (arch, Some(experts(8, Some(48)))),
+        "qwen2moe" | "qwen35moe" | "qwen3next" => (arch, Some(experts(8, Some(48)))),
         // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
         "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
         "gpt-oss" => (arch, Some(crate::gguf_writer::TinyExperts { used: 4, ..experts(8, None) })),
@@ -490,7 +492,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("granite.attention.scale", Value::F32(0.0625))
             .meta("granite.logit_scale", Value::F32(8.0))
             .meta("granite.rope.freq_base", Value::F32(1e6)),
-        "qwen35" | "qwen35moe" => crate::hybrid::qwen35(&shape, model)
+        "qwen35" | "qwen35moe" | "qwen3next" => crate::hybrid::qwen35(&shape, model)
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
             .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))

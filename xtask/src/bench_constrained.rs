@@ -2,12 +2,9 @@
 //! outputs cost (see `sluice bench constrained`), on `sluice serve` and,
 //! when given, on llama-server with the same settings.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use anyhow::Context;
-
-use crate::bench_serve::{Server, THREADS, free_port, log_file, split_llama_server};
+use crate::bench_serve::{on_each_server, split_llama_server};
 use crate::models;
 use crate::workspace::{cargo, repo_root, run};
 
@@ -28,25 +25,5 @@ pub fn bench_constrained(args: &[String]) -> anyhow::Result<()> {
         }
         run(command.args(&rest))
     };
-    let mut servers: Vec<(&str, PathBuf)> = vec![("sluice", sluice.clone())];
-    servers.extend(llama_server.map(|binary| ("llama-server", binary)));
-    for (label, binary) in servers {
-        let port = free_port()?;
-        let mut command = Command::new(&binary);
-        if label == "sluice" {
-            command.arg("serve");
-        }
-        let _server = Server(
-            command
-                .arg("-m")
-                .arg(&model)
-                .args(["--port", &port.to_string(), "-np", "1", "-t", THREADS, "-c", "2048"])
-                .stdout(Stdio::null())
-                .stderr(log_file(label)?)
-                .spawn()
-                .with_context(|| format!("starting {}", binary.display()))?,
-        );
-        bench(port, label, label == "sluice")?;
-    }
-    Ok(())
+    on_each_server(&sluice, llama_server, &model, 2048, &mut |port, label| bench(port, label, label == "sluice"))
 }

@@ -119,6 +119,39 @@ pub(crate) fn split_llama_server(args: &[String]) -> anyhow::Result<(Option<Path
 }
 
 /// A port that was free a moment ago (the servers bind it right after).
+/// Start `model` on sluice (`sluice` binary) and then, when given,
+/// llama-server with the same settings (1 slot, 2 threads, a context of
+/// `ctx`), and run `measure` with each one's port and name while it serves.
+pub(crate) fn on_each_server(
+    sluice: &Path,
+    llama_server: Option<PathBuf>,
+    model: &Path,
+    ctx: usize,
+    measure: &mut dyn FnMut(u16, &str) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut servers: Vec<(&str, PathBuf)> = vec![("sluice", sluice.to_path_buf())];
+    servers.extend(llama_server.map(|binary| ("llama-server", binary)));
+    for (label, binary) in servers {
+        let port = free_port()?;
+        let mut command = Command::new(&binary);
+        if label == "sluice" {
+            command.arg("serve");
+        }
+        let _server = Server(
+            command
+                .arg("-m")
+                .arg(model)
+                .args(["--port", &port.to_string(), "-np", "1", "-t", THREADS, "-c", &ctx.to_string()])
+                .stdout(Stdio::null())
+                .stderr(log_file(label)?)
+                .spawn()
+                .with_context(|| format!("starting {}", binary.display()))?,
+        );
+        measure(port, label)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

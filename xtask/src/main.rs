@@ -1,5 +1,6 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod bench_cache;
 mod bench_constrained;
 mod bench_model;
 mod bench_serve;
@@ -65,11 +66,13 @@ enum Task {
     /// `--llama-server BIN` measures llama-server the same way), `spec`
     /// (decode tokens/s without and with a draft, and the accepted length),
     /// `constrained` (structured outputs: mask time per token, decode
-    /// tokens/s with and without a JSON schema; `--llama-server BIN` too)
-    /// or `vision` (encoding a 448 × 448 image at Qwen2-VL-2B's vision
-    /// shapes; `--compare-llama DIR` runs llama-mtmd-cli interleaved).
+    /// tokens/s with and without a JSON schema; `--llama-server BIN` too),
+    /// `cache` (`-m FILE`: prefill of a 4k-token prompt uncached, and of it
+    /// plus 64 tokens once cached; `--llama-server BIN` too) or `vision`
+    /// (encoding a 448 × 448 image at Qwen2-VL-2B's vision shapes;
+    /// `--compare-llama DIR` runs llama-mtmd-cli interleaved).
     Bench {
-        #[arg(value_parser = ["plugins", "model", "serve", "spec", "constrained", "vision"])]
+        #[arg(value_parser = ["plugins", "model", "serve", "spec", "constrained", "cache", "vision"])]
         suite: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -209,6 +212,7 @@ fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
         "model" => bench_model::bench_model(args),
         "serve" => bench_serve::bench_serve(args),
         "constrained" => bench_constrained::bench_constrained(args),
+        "cache" => bench_cache::bench_cache(args),
         "spec" => bench_spec(args),
         "vision" => bench_vision::bench_vision(args),
         other => bail!("unknown benchmark suite `{other}`"),

@@ -10,7 +10,8 @@
 //! 1. a causal convolution of each `qkv` channel over its last `conv`
 //!    inputs, then SiLU;
 //! 2. the convolved Q and K L2-normalized per key head;
-//! 3. per value head `h` (key head `h mod k_heads`): the state decays by
+//! 3. per value head `h` (key head `h mod k_heads`, or `h / (v_heads /
+//!    k_heads)` where the heads are grouped): the state decays by
 //!    `exp(g)` with `g = softplus(alpha + dt_bias) · a`, then takes the
 //!    delta rule's step `S += k ⊗ β(v − Sᵀk)` with `β = σ(beta)`, and the
 //!    head's output is `Sᵀq / √head`;
@@ -42,9 +43,21 @@ pub struct DeltaShape {
     pub head: usize,
     /// The convolution's length in positions (`ssm.conv_kernel`).
     pub conv: usize,
+    /// Value heads read their key heads in groups: `h / (v_heads /
+    /// k_heads)` (Qwen3-Next's files); otherwise in turn, `h mod k_heads`
+    /// (Qwen3.5's, whose converter orders the value heads so).
+    pub grouped: bool,
 }
 
 impl DeltaShape {
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        match self.grouped {
+            true => h / (self.v_heads / self.k_heads).max(1),
+            false => h % self.k_heads,
+        }
+    }
+
     pub fn key_dim(&self) -> usize {
         self.k_heads * self.head
     }
@@ -221,7 +234,7 @@ fn convolve(shape: DeltaShape, weights: DeltaWeights<'_>, past: &mut [f32], qkv:
 fn run_head(shape: DeltaShape, mixed: &[f32], gates: &[(f32, f32)], task: &mut DeltaHead<'_>) {
     let (n, conv_dim, key_dim) = (shape.head, shape.conv_dim(), shape.key_dim());
     let h = task.index;
-    let kh = h % shape.k_heads;
+    let kh = shape.key_head(h);
     let scale = 1.0 / (n as f32).sqrt();
     for (t, token) in mixed.chunks_exact(conv_dim).enumerate() {
         let (q, k) = (&token[kh * n..][..n], &token[key_dim + kh * n..][..n]);
@@ -293,7 +306,8 @@ mod tests {
     use crate::cpu::same_on_every_level;
     use crate::ops::noise;
 
-    const SHAPE: DeltaShape = DeltaShape { k_heads: 2, v_heads: 4, head: 20, conv: 4 };
+    const TILED: DeltaShape = DeltaShape { k_heads: 2, v_heads: 4, head: 20, conv: 4, grouped: false };
+    const GROUPED: DeltaShape = DeltaShape { grouped: true, ..TILED };
 
     struct Layer {
         conv: Vec<f32>,
@@ -302,23 +316,23 @@ mod tests {
         norm: Vec<f32>,
     }
 
-    fn layer() -> Layer {
+    fn layer(shape: DeltaShape) -> Layer {
         Layer {
-            conv: noise(SHAPE.conv_dim() * SHAPE.conv, 1, 0.5),
-            dt_bias: noise(SHAPE.v_heads, 2, 0.5),
-            a: noise(SHAPE.v_heads, 3, 0.5).iter().map(|x| x - 1.0).collect(),
-            norm: noise(SHAPE.head, 4, 0.2).iter().map(|x| 1.0 + x).collect(),
+            conv: noise(shape.conv_dim() * shape.conv, 1, 0.5),
+            dt_bias: noise(shape.v_heads, 2, 0.5),
+            a: noise(shape.v_heads, 3, 0.5).iter().map(|x| x - 1.0).collect(),
+            norm: noise(shape.head, 4, 0.2).iter().map(|x| 1.0 + x).collect(),
         }
     }
 
-    fn rows(n: usize) -> Vec<[Vec<f32>; 4]> {
+    fn rows(shape: DeltaShape, n: usize) -> Vec<[Vec<f32>; 4]> {
         (0..n as u64)
             .map(|t| {
                 [
-                    noise(SHAPE.conv_dim(), 10 + t, 1.0),
-                    noise(SHAPE.value_dim(), 100 + t, 1.0),
-                    noise(SHAPE.v_heads, 200 + t, 2.0),
-                    noise(SHAPE.v_heads, 300 + t, 2.0),
+                    noise(shape.conv_dim(), 10 + t, 1.0),
+                    noise(shape.value_dim(), 100 + t, 1.0),
+                    noise(shape.v_heads, 200 + t, 2.0),
+                    noise(shape.v_heads, 300 + t, 2.0),
                 ]
             })
             .collect()
@@ -326,19 +340,19 @@ mod tests {
 
     /// Every output of `n` tokens run from a zero state in runs of
     /// `chunk`, the heads split in two.
-    fn run(n: usize, chunk: usize) -> Vec<f32> {
-        let layer = layer();
+    fn run(shape: DeltaShape, n: usize, chunk: usize) -> Vec<f32> {
+        let layer = layer(shape);
         let weights =
             DeltaWeights { conv: &layer.conv, dt_bias: &layer.dt_bias, a: &layer.a, norm: &layer.norm, eps: 1e-6 };
-        let (mut conv, mut delta) = (vec![0.0; SHAPE.conv_state()], vec![0.0; SHAPE.delta_state()]);
+        let (mut conv, mut delta) = (vec![0.0; shape.conv_state()], vec![0.0; shape.delta_state()]);
         let mut outputs = Vec::new();
-        for run in rows(n).chunks(chunk) {
+        for run in rows(shape, n).chunks(chunk) {
             let join = |part: usize| run.iter().flat_map(|row| row[part].clone()).collect::<Vec<f32>>();
             let (qkv, z, beta, alpha) = (join(0), join(1), join(2), join(3));
-            let mut out = vec![0.0; run.len() * SHAPE.value_dim()];
+            let mut out = vec![0.0; run.len() * shape.value_dim()];
             let rows = DeltaRows { qkv: &qkv, z: &z, beta: &beta, alpha: &alpha };
             let state = DeltaState { conv: &mut conv, delta: &mut delta };
-            delta_net(SHAPE, weights, state, rows, &mut out, &Halves);
+            delta_net(shape, weights, state, rows, &mut out, &Halves);
             outputs.extend(out);
         }
         outputs
@@ -356,14 +370,14 @@ mod tests {
     }
 
     /// The layer in f64, straight from its definition.
-    fn reference(n: usize) -> Vec<f64> {
-        let layer = layer();
-        let (d, taps) = (SHAPE.head, SHAPE.conv);
-        let inputs = rows(n);
-        let mut states = vec![vec![vec![0.0f64; d]; d]; SHAPE.v_heads];
+    fn reference(shape: DeltaShape, n: usize) -> Vec<f64> {
+        let layer = layer(shape);
+        let (d, taps) = (shape.head, shape.conv);
+        let inputs = rows(shape, n);
+        let mut states = vec![vec![vec![0.0f64; d]; d]; shape.v_heads];
         let mut outputs = Vec::new();
         for t in 0..n {
-            let mixed: Vec<f64> = (0..SHAPE.conv_dim())
+            let mixed: Vec<f64> = (0..shape.conv_dim())
                 .map(|c| {
                     let x: f64 = (0..taps)
                         .filter(|i| t + i + 1 >= taps)
@@ -377,11 +391,11 @@ mod tests {
                 v.iter().map(|x| x / norm).collect::<Vec<_>>()
             };
             let [_, z, beta, alpha] = &inputs[t];
-            for h in 0..SHAPE.v_heads {
-                let kh = h % SHAPE.k_heads;
+            for h in 0..shape.v_heads {
+                let kh = if shape.grouped { h / (shape.v_heads / shape.k_heads) } else { h % shape.k_heads };
                 let q = unit(&mixed[kh * d..][..d]);
-                let k = unit(&mixed[SHAPE.key_dim() + kh * d..][..d]);
-                let v = &mixed[2 * SHAPE.key_dim() + h * d..][..d];
+                let k = unit(&mixed[shape.key_dim() + kh * d..][..d]);
+                let v = &mixed[2 * shape.key_dim() + h * d..][..d];
                 let g = (1.0 + (alpha[h] as f64 + layer.dt_bias[h] as f64).exp()).ln() * layer.a[h] as f64;
                 let b = 1.0 / (1.0 + (-beta[h] as f64).exp());
                 let s = &mut states[h];
@@ -407,17 +421,22 @@ mod tests {
     #[test]
     fn tokens_through_the_layer_match_its_definition_in_f64() {
         let n = 12;
-        let (ours, exact) = (run(n, 1), reference(n));
-        for (index, (a, b)) in ours.iter().zip(&exact).enumerate() {
-            assert!((*a as f64 - b).abs() <= 2e-4 * (1.0 + b.abs()), "output {index}: {a} vs {b}");
+        for shape in [TILED, GROUPED] {
+            let (ours, exact) = (run(shape, n, 1), reference(shape, n));
+            for (index, (a, b)) in ours.iter().zip(&exact).enumerate() {
+                assert!((*a as f64 - b).abs() <= 2e-4 * (1.0 + b.abs()), "{shape:?} output {index}: {a} vs {b}");
+            }
         }
+        assert!(run(TILED, n, 1) != run(GROUPED, n, 1), "the head mapping matters");
     }
 
     #[test]
     fn runs_of_any_length_and_every_level_give_the_same_bits() {
-        let one = same_on_every_level(|| run(7, 1));
-        for chunk in [2, 3, 7] {
-            assert!(run(7, chunk) == one, "runs of {chunk}");
+        for shape in [TILED, GROUPED] {
+            let one = same_on_every_level(|| run(shape, 7, 1));
+            for chunk in [2, 3, 7] {
+                assert!(run(shape, 7, chunk) == one, "runs of {chunk}");
+            }
         }
     }
 }

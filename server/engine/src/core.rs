@@ -5,6 +5,7 @@
 
 mod observe;
 mod slot_actions;
+mod states;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -31,11 +32,12 @@ use super::slot::{Active, Waiting, trace_phase};
 use super::slot_store::SlotAction;
 use super::speculative::{DraftState, Speculation};
 use super::state::{Command, EngineConfig, Shared, SlotInfo};
+use super::state_cache::{self, StateCache};
 use super::step_cost::{CostFit, StepWork};
 use super::supervisor::{FaultAction, FaultEvent, Observer, Supervisor, Verdict};
 use super::text::TextStream;
 use super::trace::TraceRecorder;
-use sluice_model::batch::forward_in_parts;
+use sluice_model::batch::forward_with_stops;
 use sluice_model::tokenizer::Tokenizer;
 use sluice_model::window::WindowPool;
 use sluice_model::{Context, Model};
@@ -75,6 +77,9 @@ pub(super) struct Engine {
     recorder: Option<TraceRecorder>,
     /// The step-cost model fitted to the steps run, which every view carries.
     costs: CostFit,
+    /// Recurrent-state snapshots for the prefix cache, in a model with
+    /// recurrent layers and the prefix cache on.
+    states: Option<StateCache>,
 }
 
 /// The [`Emitter`] over an engine's fields, borrowed one by one so that a
@@ -122,6 +127,12 @@ impl Observer for Watch<'_> {
     }
 }
 
+/// `--cache-ram` in bytes, which bounds the state snapshots as it does the
+/// cached KV.
+fn snapshot_limit(config: &EngineConfig) -> Option<usize> {
+    config.cache_mib.map(|mib| usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX))
+}
+
 impl Engine {
     /// An engine on `models`; fails when the model's KV store cannot be
     /// allocated on its device.
@@ -147,19 +158,23 @@ impl Engine {
                 BlockManager::new(n_blocks, block_tokens),
             ),
         };
-        if let Some(bytes) = model.recurrent_state_bytes() {
-            blocks = blocks.without_prefix_cache();
+        let states = model.recurrent_state_bytes().map(|bytes| {
+            let states = StateCache::new(block_tokens, config.state_every, snapshot_limit(&config));
+            let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
             tracing::info!(
-                "recurrent state: {:.2} MiB per slot, {:.2} MiB for {} slots; prompts are computed whole \
-                 (no prefix cache for recurrent layers yet)",
-                bytes as f64 / (1 << 20) as f64,
-                (bytes * config.slots) as f64 / (1 << 20) as f64,
+                "recurrent state: {:.2} MiB per slot, {:.2} MiB for {} slots; prefix-cache snapshots of {:.2} MiB \
+                 every {} prompt tokens, {} before a prompt's end and where a request ends",
+                mib(bytes),
+                mib(bytes * config.slots),
                 config.slots,
+                mib(bytes),
+                states.every(),
+                state_cache::END_MARGIN,
             );
-        }
+            states
+        });
         // `--cache-ram` in blocks of this store.
-        if let Some(mib) = config.cache_mib {
-            let bytes = usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        if let Some(bytes) = snapshot_limit(&config) {
             blocks.limit_cache(bytes / context.block_format().bytes.max(1));
         }
         Ok(Engine {
@@ -178,6 +193,7 @@ impl Engine {
             shadows: Shadows::new(config.shadow_budget, config.faults),
             recorder: None,
             costs: CostFit::online(),
+            states: states.filter(|_| config.prefix_cache),
             model,
             tokenizer,
             supervisor,
@@ -299,7 +315,7 @@ impl Engine {
             .filter(|waiting| waiting.request.id_slot.is_none_or(|slot| free_slots.contains(&slot)))
             .map(|waiting| {
                 let cached = if waiting.request.cache_prompt && self.config.prefix_cache {
-                    self.blocks.cached_prefix(waiting.kv_root, &waiting.request.prompt)
+                    self.cached_prefix(waiting.kv_root, &waiting.request.prompt)
                 } else {
                     0
                 };
@@ -443,7 +459,7 @@ impl Engine {
         let Some(waiting) = self.waiting.remove(at) else { return };
         drop(waiting.ticket);
         let use_cache = waiting.request.cache_prompt && self.config.prefix_cache;
-        let admission = match self.blocks.admit(waiting.kv_root, &waiting.request.prompt, use_cache) {
+        let admission = match self.admit_blocks(waiting.kv_root, &waiting.request.prompt, use_cache, slot) {
             Ok(admission) => admission,
             Err(error) => {
                 let _ = waiting.events.send(Event::Failed(EngineError::ResourceExhausted(error.to_string())));
@@ -451,7 +467,6 @@ impl Engine {
                 return;
             }
         };
-        self.copy_block(admission.copy);
         Metrics::add(&self.shared.metrics.prefix_cache_hit_tokens_total, admission.cached_tokens as u64);
         let mut sampler = Sampler::new(waiting.request.sampling.clone());
         // Image rows are not tokens: penalties never see them.
@@ -525,8 +540,22 @@ impl Engine {
         let n_embd = self.model.hparams().n_embd;
         let taps = self.speculation.as_ref().map_or(&[][..], |speculation| speculation.drafter.taps());
         let Assembled { batch, prefill_tokens, decode_tokens } = assemble(&work, &self.slots, taps, n_embd);
+        let stops = self.snapshot_stops(&work);
+        let mut stop_rows: Vec<usize> = stops.iter().map(|stop| stop.row).collect();
+        stop_rows.sort_unstable();
+        stop_rows.dedup();
+        let mut snapshots = Vec::new();
+        let mut take = |context: &dyn Context, row: usize| {
+            for stop in stops.iter().filter(|stop| stop.row == row) {
+                match context.read_state(stop.slot as u32) {
+                    Some(state) if state.cells as usize == stop.cells => snapshots.push((stop.slot, state)),
+                    _ => {}
+                }
+            }
+        };
         let started = Instant::now();
-        let output = match forward_in_parts(&mut *self.context, &batch, self.config.ubatch_tokens, n_embd) {
+        let ubatch = self.config.ubatch_tokens;
+        let output = match forward_with_stops(&mut *self.context, &batch, ubatch, n_embd, &stop_rows, &mut take) {
             Ok(output) => output,
             Err(error) => {
                 tracing::error!(%error, "forward pass refused");
@@ -602,6 +631,7 @@ impl Engine {
             let metrics = &self.shared.metrics;
             Metrics::set(&metrics.n_tokens_max, Metrics::get(&metrics.n_tokens_max).max(written as u64));
         }
+        self.keep_snapshots(snapshots);
         if let Some(speculation) = self.speculation.as_mut() {
             drafting::commit(speculation, &mut self.slots, &committed, &output.taps);
         }
@@ -676,6 +706,7 @@ impl Engine {
         // Bookkeeping first: a client that reads /metrics or /slots right
         // after its response must see the request gone.
         let cache_slot = self.cache_slot(slot, &active);
+        self.keep_final_state(slot, &active);
         let root = active.blocks.root();
         self.blocks.release(active.blocks);
         let mut tokens = active.tokens;
@@ -703,6 +734,9 @@ impl Engine {
         let running = self.slots.iter().flatten().count();
         let state = self.model.recurrent_state_bytes().unwrap_or(0);
         Metrics::set(&metrics.recurrent_state_bytes, (running * state) as u64);
+        let (snapshots, snapshot_bytes) = self.states.as_ref().map_or((0, 0), StateCache::usage);
+        Metrics::set(&metrics.recurrent_snapshots, snapshots as u64);
+        Metrics::set(&metrics.recurrent_snapshot_bytes, snapshot_bytes as u64);
         Metrics::set(&metrics.requests_deferred, self.waiting.len() as u64);
         let infos = self
             .slots

@@ -21,9 +21,10 @@
 //! same way). `--swa-full` keeps every window cell with the paged ones
 //! instead, and the prefix cache with them.
 //!
-//! A model with recurrent layers keeps no prefix cache either
-//! ([`BlockManager::without_prefix_cache`]): a cached prefix's KV would come
-//! without the recurrent state at its end.
+//! A model with recurrent layers resumes a prompt only where a snapshot of
+//! its recurrent state was also kept (`engine::state_cache`): the engine
+//! caps what a prompt borrows at that point ([`BlockManager::admit`]'s
+//! `limit`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -144,7 +145,7 @@ pub struct BlockManager {
     prefix_cache: bool,
 }
 
-fn chain(previous: u64, tokens: &[u32]) -> u64 {
+pub(crate) fn chain(previous: u64, tokens: &[u32]) -> u64 {
     // SipHash with fixed keys: stable for the life of the process, and the
     // tokens are checked on every hit anyway.
     let mut hasher = std::hash::DefaultHasher::new();
@@ -178,12 +179,6 @@ impl BlockManager {
     /// which keeps no prefix cache (see the module's doc).
     pub fn with_window(self, pool: WindowPool) -> Self {
         BlockManager { window: Some(pool), prefix_cache: false, ..self }
-    }
-
-    /// A manager that neither serves prompts from the prefix cache nor
-    /// offers sequences' blocks to it (a model with recurrent layers).
-    pub fn without_prefix_cache(self) -> Self {
-        BlockManager { prefix_cache: false, ..self }
     }
 
     /// Whether window layers' old cells are freed (and prompts are never
@@ -287,14 +282,20 @@ impl BlockManager {
     }
 
     /// Start a sequence for `prompt` whose KV is computed under the adapter
-    /// configuration keyed `root`, borrowing its longest cached prefix when
-    /// `use_cache`.
-    pub fn admit(&mut self, root: u64, prompt: &[u32], use_cache: bool) -> Result<Admission, OutOfBlocks> {
+    /// configuration keyed `root`, borrowing its longest cached prefix, up
+    /// to `limit` tokens, when `use_cache`.
+    pub fn admit(
+        &mut self,
+        root: u64,
+        prompt: &[u32],
+        use_cache: bool,
+        limit: usize,
+    ) -> Result<Admission, OutOfBlocks> {
         let use_cache = use_cache && self.prefix_cache;
         let mut blocks = SeqBlocks { cacheable: use_cache, root, ..SeqBlocks::default() };
         let matched =
             if use_cache { self.matching_blocks(root, prompt) } else { Matched { whole: Vec::new(), partial: None } };
-        let cached_tokens = matched.tokens(self.block_tokens).min(prompt.len().saturating_sub(1));
+        let cached_tokens = matched.tokens(self.block_tokens).min(prompt.len().saturating_sub(1)).min(limit);
         let Matched { whole: matching, partial } = matched;
         let full = cached_tokens / self.block_tokens;
         for &(block, key) in &matching[..full] {
@@ -485,12 +486,12 @@ mod tests {
     fn a_second_request_borrows_the_full_blocks_of_the_first() {
         let mut manager = BlockManager::new(16, 4);
         let prompt = tokens(10, 0);
-        let mut first = manager.admit(0, &prompt, true).expect("room");
+        let mut first = manager.admit(0, &prompt, true, usize::MAX).expect("room");
         assert_eq!(first.cached_tokens, 0);
         manager.reserve(&mut first.blocks, 10).expect("room");
         manager.commit(&mut first.blocks, &prompt);
         assert_eq!(manager.cached_prefix(0, &prompt), 8);
-        let second = manager.admit(0, &prompt, true).expect("room");
+        let second = manager.admit(0, &prompt, true, usize::MAX).expect("room");
         assert_eq!(second.cached_tokens, 8);
         assert_eq!(second.blocks.table, first.blocks.table[..2]);
         assert_eq!(second.copy, None);
@@ -504,24 +505,34 @@ mod tests {
     fn a_fully_cached_prompt_copies_its_last_block() {
         let mut manager = BlockManager::new(8, 4);
         let prompt = tokens(8, 1);
-        let mut first = manager.admit(0, &prompt, true).expect("room");
+        let mut first = manager.admit(0, &prompt, true, usize::MAX).expect("room");
         manager.reserve(&mut first.blocks, 8).expect("room");
         manager.commit(&mut first.blocks, &prompt);
         manager.release(first.blocks.clone());
-        let second = manager.admit(0, &prompt, true).expect("room");
+        let second = manager.admit(0, &prompt, true, usize::MAX).expect("room");
         assert_eq!(second.cached_tokens, 7, "the last token is always computed");
         let (from, to) = second.copy.expect("copy on write");
         assert_eq!(from, first.blocks.table[1]);
         assert_eq!(second.blocks.table, vec![first.blocks.table[0], to]);
         manager.release(second.blocks);
         assert_eq!(manager.stats().used, 0);
+        // Capped where a recurrent state was kept: whole blocks, or a copy
+        // of the one the cap ends in.
+        let capped = manager.admit(0, &prompt, true, 4).expect("room");
+        assert_eq!((capped.cached_tokens, capped.copy, capped.blocks.table.len()), (4, None, 1));
+        manager.release(capped.blocks);
+        let capped = manager.admit(0, &prompt, true, 2).expect("room");
+        assert_eq!(capped.cached_tokens, 2);
+        assert_eq!(capped.copy.map(|(from, _)| from), Some(first.blocks.table[0]));
+        manager.release(capped.blocks);
+        assert_eq!(manager.admit(0, &prompt, true, 0).expect("room").cached_tokens, 0);
     }
 
     #[test]
     fn cache_prompt_false_neither_borrows_nor_offers() {
         let mut manager = BlockManager::new(8, 4);
         let prompt = tokens(8, 2);
-        let mut first = manager.admit(0, &prompt, false).expect("room");
+        let mut first = manager.admit(0, &prompt, false, usize::MAX).expect("room");
         manager.reserve(&mut first.blocks, 8).expect("room");
         manager.commit(&mut first.blocks, &prompt);
         assert_eq!(manager.cached_prefix(0, &prompt), 0);
@@ -535,17 +546,17 @@ mod tests {
         let old = tokens(4, 3);
         let newer = tokens(4, 4);
         for prompt in [&old, &newer] {
-            let mut seq = manager.admit(0, prompt, true).expect("room");
+            let mut seq = manager.admit(0, prompt, true, usize::MAX).expect("room");
             manager.reserve(&mut seq.blocks, 4).expect("room");
             manager.commit(&mut seq.blocks, prompt);
             manager.release(seq.blocks);
         }
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 4, free: 0 });
-        let mut third = manager.admit(0, &tokens(4, 5), true).expect("room");
+        let mut third = manager.admit(0, &tokens(4, 5), true, usize::MAX).expect("room");
         manager.reserve(&mut third.blocks, 4).expect("evicts the two oldest");
         assert_eq!(manager.cached_prefix(0, &old), 0, "the least recently used prompt was evicted");
         assert_eq!(manager.cached_prefix(0, &newer), 3);
-        let mut fourth = manager.admit(0, &tokens(6, 6), true).expect("admission needs no block");
+        let mut fourth = manager.admit(0, &tokens(6, 6), true, usize::MAX).expect("admission needs no block");
         let error = manager.reserve(&mut fourth.blocks, 6).expect_err("live sequences hold everything");
         assert_eq!(error, OutOfBlocks { n_blocks: 4, block_tokens: 2 });
         manager.release(third.blocks);
@@ -555,7 +566,7 @@ mod tests {
 
     /// Run a sequence over `prompt` plus `generated` tokens and end it.
     fn run(manager: &mut BlockManager, prompt: &[u32], generated: &[u32]) -> Vec<u32> {
-        let mut seq = manager.admit(0, prompt, true).expect("room");
+        let mut seq = manager.admit(0, prompt, true, usize::MAX).expect("room");
         let written = [prompt, generated].concat();
         manager.reserve(&mut seq.blocks, written.len() + 1).expect("room");
         manager.commit(&mut seq.blocks, &written);
@@ -570,7 +581,7 @@ mod tests {
         let prompt = tokens(9, 7);
         let first = run(&mut manager, &prompt, &[500, 501, 502]);
         assert_eq!(manager.cached_prefix(0, &prompt), 8, "llama-server reuses 8 of a repeated 9-token prompt");
-        let second = manager.admit(0, &prompt, true).expect("room");
+        let second = manager.admit(0, &prompt, true, usize::MAX).expect("room");
         assert_eq!(second.cached_tokens, 8);
         let (from, to) = second.copy.expect("the partial block is copied, never shared");
         assert_eq!((from, second.blocks.table.clone()), (first[0], vec![to]));
@@ -585,7 +596,7 @@ mod tests {
         let first = run(&mut manager, &a, &[]);
         let b = [&a[..6], &[999, 998, 997][..]].concat();
         assert_eq!(manager.cached_prefix(0, &b), 6);
-        let second = manager.admit(0, &b, true).expect("room");
+        let second = manager.admit(0, &b, true, usize::MAX).expect("room");
         assert_eq!(second.blocks.table[0], first[0], "the whole first block is shared");
         assert_eq!(second.copy.map(|(from, _)| from), Some(first[1]), "the second is copied");
         // Past the whole blocks, the partial tail of `a` (tokens 8 and 9).
@@ -621,7 +632,7 @@ mod tests {
         run(&mut manager, &prompt, &[]);
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 2, free: 1 }, "one whole block, one tail");
         // A sequence needing every block evicts the cached ones, tails too.
-        let mut other = manager.admit(0, &tokens(12, 10), true).expect("room");
+        let mut other = manager.admit(0, &tokens(12, 10), true, usize::MAX).expect("room");
         manager.reserve(&mut other.blocks, 12).expect("evicts the cached blocks");
         assert_eq!(manager.cached_prefix(0, &prompt), 0);
         manager.release(other.blocks);
@@ -636,7 +647,7 @@ mod tests {
         assert_eq!(manager.cached_run(0, &written), (table[..3].to_vec(), 10), "two whole blocks and the tail");
         assert_eq!(manager.cached_run(0, &written[..5]), (table[..2].to_vec(), 5), "ends inside the second block");
         // A live sequence keeps its borrowed block through an eviction.
-        let live = manager.admit(0, &written[..5], true).expect("room");
+        let live = manager.admit(0, &written[..5], true, usize::MAX).expect("room");
         manager.evict(&table);
         assert_eq!(manager.cached_run(0, &written), (table[..1].to_vec(), 4));
         manager.release(live.blocks);
@@ -659,7 +670,7 @@ mod tests {
         let mut manager = BlockManager::new(8, 2);
         let a = vec![1, 2, 3, 4];
         let b = vec![9, 9, 3, 4];
-        let mut seq = manager.admit(0, &a, true).expect("room");
+        let mut seq = manager.admit(0, &a, true, usize::MAX).expect("room");
         manager.reserve(&mut seq.blocks, 4).expect("room");
         manager.commit(&mut seq.blocks, &a);
         assert_eq!(manager.cached_prefix(0, &b), 0);
@@ -672,12 +683,12 @@ mod tests {
         let mut manager = BlockManager::new(16, 4);
         let prompt = tokens(10, 0);
         let (base, adapted) = (0, 0x5eed);
-        let mut first = manager.admit(adapted, &prompt, true).expect("room");
+        let mut first = manager.admit(adapted, &prompt, true, usize::MAX).expect("room");
         manager.reserve(&mut first.blocks, 10).expect("room");
         manager.commit(&mut first.blocks, &prompt);
         manager.release(first.blocks);
         assert_eq!(manager.cached_prefix(base, &prompt), 0, "computed under another configuration");
-        assert_eq!(manager.admit(base, &prompt, true).expect("room").cached_tokens, 0);
+        assert_eq!(manager.admit(base, &prompt, true, usize::MAX).expect("room").cached_tokens, 0);
         assert_eq!(manager.cached_prefix(adapted, &prompt), 9, "the same configuration shares, tail too");
         assert_eq!(manager.cached_run(adapted, &prompt).1, 10);
     }
@@ -688,7 +699,7 @@ mod tests {
         let per_sequence = WindowPool::blocks_per_sequence(window, block_tokens, 4);
         let mut manager = BlockManager::new(16, block_tokens).with_window(WindowPool::new(per_sequence, 4, window));
         let written = tokens(30, 12);
-        let mut seq = manager.admit(0, &written[..10], true).expect("room");
+        let mut seq = manager.admit(0, &written[..10], true, usize::MAX).expect("room");
         for cells in [10, 14, 18, 22, 26, 30] {
             manager.reserve(&mut seq.blocks, cells).expect("a window and a pass fit");
             manager.commit(&mut seq.blocks, &written[..cells]);
@@ -702,7 +713,7 @@ mod tests {
         assert_eq!(manager.window_used(), Some(0));
         assert_eq!(manager.window_blocks(), Some(per_sequence));
         assert_eq!(manager.stats(), BlockStats { used: 0, cached: 0, free: 16 }, "nothing offered to the cache");
-        assert_eq!(manager.admit(0, &written, true).expect("room").cached_tokens, 0);
+        assert_eq!(manager.admit(0, &written, true, usize::MAX).expect("room").cached_tokens, 0);
     }
 
     /// The server's stores for one 32k-token slot of a Gemma 3-shaped

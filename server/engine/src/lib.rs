@@ -43,6 +43,7 @@ mod slot;
 pub mod slot_store;
 pub mod speculative;
 mod state;
+mod state_cache;
 pub mod step_cost;
 pub mod supervisor;
 pub mod text;

@@ -33,6 +33,9 @@ pub struct Metrics {
     /// Recurrent layers' state held by running requests (0 without such
     /// layers).
     pub recurrent_state_bytes: AtomicU64,
+    /// Recurrent-state snapshots the prefix cache holds, and their bytes.
+    pub recurrent_snapshots: AtomicU64,
+    pub recurrent_snapshot_bytes: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub policy_fallbacks_total: AtomicU64,
     /// Steps the trace writer was too far behind to take.

@@ -63,7 +63,7 @@ pub(super) fn apply(
     sequence.extend_from_slice(&active.tokens[keep + discard..]);
     let (cacheable, root) = (active.blocks.cacheable(), active.blocks.root());
     blocks.release(std::mem::take(&mut active.blocks));
-    let admission = blocks.admit(root, &sequence, cacheable)?;
+    let admission = blocks.admit(root, &sequence, cacheable, usize::MAX)?;
     let cached = admission.cached_tokens;
     active.tokens = sequence[..cached].to_vec();
     active.request.prompt = sequence;

@@ -26,7 +26,13 @@
 //! then `n_tokens` token ids (u32), then ⌈`n_tokens` / block tokens⌉ KV
 //! blocks as the backend stores them (every layer's keys, then its values:
 //! `Backend::read_kv_block`). Cells of the last block past `n_tokens` are
-//! whatever the block held; they are never read.
+//! whatever the block held; they are never read. A model with recurrent
+//! layers then has its recurrent state after those tokens (f32, every
+//! recurrent layer's convolution window then delta-rule state:
+//! `Context::read_state`), as many values as the model's state holds; the
+//! model fingerprint pins that number. Such a slot holds the tokens up to
+//! the longest state snapshot the prefix cache kept for it
+//! (`engine::state_cache`), and restoring one keeps its state there.
 
 use std::io::{self, Write};
 
@@ -54,6 +60,8 @@ pub struct KvLayout {
     pub block_tokens: u32,
     pub element: [u8; ELEMENT_LEN],
     pub block_bytes: u64,
+    /// Values of one sequence's recurrent state (0: no recurrent layers).
+    pub state_values: u64,
 }
 
 impl KvLayout {
@@ -95,13 +103,14 @@ impl KvLayout {
             block_tokens: narrow(block_tokens),
             element,
             block_bytes: format.bytes as u64,
+            state_values: model.recurrent_state_bytes().map_or(0, |bytes| bytes as u64 / 4),
         }
     }
 
     /// Bytes of a file of `n_tokens` tokens.
     pub fn file_len(&self, n_tokens: u64) -> u64 {
         let blocks = n_tokens.div_ceil(u64::from(self.block_tokens.max(1)));
-        HEADER_LEN as u64 + 4 * n_tokens + blocks * self.block_bytes
+        HEADER_LEN as u64 + 4 * n_tokens + blocks * self.block_bytes + 4 * self.state_values
     }
 
     fn element_name(element: &[u8]) -> String {
@@ -109,13 +118,15 @@ impl KvLayout {
     }
 }
 
-/// A saved slot: its tokens and their KV blocks, back to back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A saved slot: its tokens, their KV blocks back to back, and the
+/// recurrent state after them (empty without recurrent layers).
+#[derive(Debug, Clone, PartialEq)]
 pub struct SlotFile {
     /// The adapter configuration's prefix-cache root.
     pub root: u64,
     pub tokens: Vec<u32>,
     pub blocks: Vec<u8>,
+    pub state: Vec<f32>,
 }
 
 /// Why a file cannot be restored here.
@@ -155,7 +166,12 @@ impl SlotFile {
         let tokens: Vec<u8> = self.tokens.iter().flat_map(|token| token.to_le_bytes()).collect();
         out.write_all(&tokens)?;
         out.write_all(&self.blocks)?;
-        Ok((header.len() + tokens.len() + self.blocks.len()) as u64)
+        if self.state.len() as u64 != layout.state_values {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a recurrent state of another size"));
+        }
+        let state: Vec<u8> = self.state.iter().flat_map(|value| value.to_le_bytes()).collect();
+        out.write_all(&state)?;
+        Ok((header.len() + tokens.len() + self.blocks.len() + state.len()) as u64)
     }
 
     /// Read a file written for `layout` holding at most `max_tokens`
@@ -230,8 +246,14 @@ impl SlotFile {
         {
             return Err(SlotFileError::Token { at, token, n_vocab: layout.n_vocab });
         }
+        let state_at = bytes.len() - 4 * layout.state_values as usize;
+        let state = bytes[state_at..]
+            .chunks_exact(4)
+            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect();
+        bytes.truncate(state_at);
         bytes.drain(..blocks_at);
-        Ok(SlotFile { root, tokens, blocks: bytes })
+        Ok(SlotFile { root, tokens, blocks: bytes, state })
     }
 }
 
@@ -306,11 +328,6 @@ pub enum SlotActionError {
          start with --swa-full (engine.swa_full) to save and restore slots"
     )]
     Window,
-    #[error(
-        "slot files hold the prefix cache's KV, which this model's recurrent layers cannot resume from: \
-         their state is not in the KV blocks"
-    )]
-    Recurrent,
     #[error("{n_tokens} tokens with {len} bytes of KV blocks: not what this store holds")]
     Malformed { n_tokens: usize, len: usize },
     #[error("the KV store refused the slot's blocks")]
@@ -326,13 +343,22 @@ mod tests {
     fn layout() -> KvLayout {
         let mut element = [0u8; ELEMENT_LEN];
         element[..3].copy_from_slice(b"f16");
-        KvLayout { model: 0x1234, n_layer: 2, kv_dim: 4, n_vocab: 100, block_tokens: 2, element, block_bytes: 32 }
+        KvLayout {
+            model: 0x1234,
+            n_layer: 2,
+            kv_dim: 4,
+            n_vocab: 100,
+            block_tokens: 2,
+            element,
+            block_bytes: 32,
+            state_values: 0,
+        }
     }
 
     fn file(n_tokens: usize) -> SlotFile {
         let tokens = (0..n_tokens as u32).map(|token| token * 7 % 100).collect();
         let blocks = (0..n_tokens.div_ceil(2) * 32).map(|byte| (byte * 13) as u8).collect();
-        SlotFile { root: 0x5eed, tokens, blocks }
+        SlotFile { root: 0x5eed, tokens, blocks, state: Vec::new() }
     }
 
     fn bytes(file: &SlotFile, layout: &KvLayout) -> Vec<u8> {
@@ -351,6 +377,17 @@ mod tests {
             assert_eq!(bytes.len() as u64, layout.file_len(n_tokens as u64));
             assert_eq!(SlotFile::parse(bytes, &layout, 8), Ok(saved));
         }
+        // A recurrent model's state follows the blocks; its size is the
+        // model's, so a file without it is short.
+        let recurrent = KvLayout { state_values: 3, ..layout.clone() };
+        let saved = SlotFile { state: vec![0.5, -1.0, 2.25], ..file(3) };
+        let written = bytes(&saved, &recurrent);
+        assert_eq!(written.len() as u64, recurrent.file_len(3));
+        assert_eq!(SlotFile::parse(written.clone(), &recurrent, 8), Ok(saved.clone()));
+        assert!(matches!(SlotFile::parse(written, &layout, 8), Err(SlotFileError::Length { .. })));
+        let dense = bytes(&file(3), &layout);
+        assert!(matches!(SlotFile::parse(dense, &recurrent, 8), Err(SlotFileError::Length { .. })));
+        assert!(SlotFile { state: vec![1.0], ..file(3) }.write_to(&recurrent, &mut Vec::new()).is_err());
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct EngineConfig {
     /// Most MiB of KV the prefix cache keeps for finished requests; `None`
     /// = as much as the pool has free.
     pub cache_mib: Option<u64>,
+    /// Prompt tokens between the prefix cache's snapshots of a recurrent
+    /// model's state (rounded up to whole KV blocks; 0 = none but those
+    /// near a prompt's end and where a request ends; see
+    /// `engine::state_cache`).
+    pub state_every: usize,
     /// Shift a full context instead of stopping the request (see
     /// `engine::shift`).
     pub context_shift: bool,
@@ -97,6 +102,7 @@ impl Default for EngineConfig {
             prefix_cache: true,
             swa_full: false,
             cache_mib: Some(8192),
+            state_every: 8192,
             context_shift: false,
             queue_limit: 256,
             stream_window_bytes: 16 << 20,

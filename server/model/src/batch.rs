@@ -141,6 +141,15 @@ pub struct Batch {
     pub states: Vec<u32>,
 }
 
+/// A copy of one sequence's recurrent state (every recurrent layer's),
+/// which holds its first `cells` cells: a prefix cache's snapshot or a
+/// slot file's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateSnapshot {
+    pub cells: u32,
+    pub values: Vec<f32>,
+}
+
 /// A model's KV store and working buffers.
 pub trait Context: Send {
     /// Run the rows of `batch`, writing their K/V into this context.
@@ -162,6 +171,15 @@ pub trait Context: Send {
 
     /// Put back bytes [`Context::read_block`] gave, into any block.
     fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError>;
+
+    /// State slot `slot`'s recurrent state (see `Batch::states`); `None`
+    /// in a model without recurrent layers, for a slot never run, and
+    /// after a pass that failed part-way.
+    fn read_state(&self, slot: u32) -> Option<StateSnapshot>;
+
+    /// Put a state [`Context::read_state`] gave into `slot`: the slot's
+    /// sequence goes on from the snapshot's cells.
+    fn write_state(&mut self, slot: u32, snapshot: &StateSnapshot) -> Result<(), ForwardError>;
 }
 
 /// Run `batch` in consecutive parts of at most `max_rows` rows (llama.cpp's
@@ -175,20 +193,59 @@ pub fn forward_in_parts(
     max_rows: usize,
     n_embd: usize,
 ) -> Result<ForwardOutput, ForwardError> {
-    if batch.bidirectional || max_rows == 0 || batch.rows.len() <= max_rows {
+    forward_with_stops(context, batch, max_rows, n_embd, &[], &mut |_, _| {})
+}
+
+/// [`forward_in_parts`] that also ends a part before each row in `stops`
+/// (ascending; `rows.len()` for the end) and then calls `at_stop` with the
+/// context and that row: the context then holds exactly the rows before it
+/// (a recurrent state to copy, say). A bidirectional batch runs whole,
+/// with no stops.
+pub fn forward_with_stops(
+    context: &mut dyn Context,
+    batch: &Batch,
+    max_rows: usize,
+    n_embd: usize,
+    stops: &[usize],
+    at_stop: &mut dyn FnMut(&dyn Context, usize),
+) -> Result<ForwardOutput, ForwardError> {
+    let n = batch.rows.len();
+    let stops: Vec<usize> = stops.iter().copied().filter(|&stop| stop > 0 && stop <= n).collect();
+    if batch.bidirectional || stops.is_empty() && (max_rows == 0 || n <= max_rows) {
         return context.forward(batch);
     }
+    let max_rows = if max_rows == 0 { n } else { max_rows };
     let mut output = ForwardOutput { taps: vec![Vec::new(); batch.taps.len()], ..ForwardOutput::default() };
-    for (index, rows) in batch.rows.chunks(max_rows).enumerate() {
-        let first = index * max_rows;
+    let mut first = 0;
+    let mut next_stop = stops.iter().peekable();
+    while first < n {
+        while next_stop.next_if(|&&stop| stop <= first).is_some() {}
+        let end = next_stop.peek().map_or(n, |&&stop| stop).min(first + max_rows).min(n);
+        let ForwardOutput { logits, logit_rows, taps } = context.forward(&batch.part(first..end, n_embd))?;
+        output.logits.extend(logits);
+        output.logit_rows.extend(logit_rows.into_iter().map(|row| first + row));
+        for (all, part) in output.taps.iter_mut().zip(taps) {
+            all.extend(part);
+        }
+        if next_stop.peek() == Some(&&end) {
+            at_stop(&*context, end);
+        }
+        first = end;
+    }
+    Ok(output)
+}
+
+impl Batch {
+    /// The batch of rows `rows` alone, with the embedding rows they use.
+    fn part(&self, rows: std::ops::Range<usize>, n_embd: usize) -> Batch {
         let mut embeddings = Vec::new();
-        let rows = rows
+        let rows = self.rows[rows]
             .iter()
             .map(|row| {
                 let input = match row.input {
                     RowInput::Embedding(at) => match at
                         .checked_mul(n_embd)
-                        .and_then(|start| batch.embeddings.get(start..start.checked_add(n_embd)?))
+                        .and_then(|start| self.embeddings.get(start..start.checked_add(n_embd)?))
                     {
                         Some(values) => {
                             embeddings.extend_from_slice(values);
@@ -203,25 +260,18 @@ pub fn forward_in_parts(
                 BatchRow { input, ..row.clone() }
             })
             .collect();
-        let part = Batch {
+        Batch {
             rows,
-            block_tables: batch.block_tables.clone(),
-            window_tables: batch.window_tables.clone(),
+            block_tables: self.block_tables.clone(),
+            window_tables: self.window_tables.clone(),
             embeddings,
-            taps: batch.taps.clone(),
+            taps: self.taps.clone(),
             bidirectional: false,
-            hidden: batch.hidden.clone(),
-            adapters: batch.adapters.clone(),
-            states: batch.states.clone(),
-        };
-        let ForwardOutput { logits, logit_rows, taps } = context.forward(&part)?;
-        output.logits.extend(logits);
-        output.logit_rows.extend(logit_rows.into_iter().map(|row| first + row));
-        for (all, part) in output.taps.iter_mut().zip(taps) {
-            all.extend(part);
+            hidden: self.hidden.clone(),
+            adapters: self.adapters.clone(),
+            states: self.states.clone(),
         }
     }
-    Ok(output)
 }
 
 #[cfg(test)]
@@ -293,6 +343,10 @@ pub enum ForwardError {
     State { row: usize, seq: usize },
     #[error("row {row}: cell {cell} does not follow its recurrent state, which holds cells 0..{expected}")]
     StateCell { row: usize, cell: u32, expected: u32 },
+    #[error("a recurrent state of {values} values was given where this model's hold {expected}")]
+    StateSize { values: usize, expected: usize },
+    #[error("this model has no recurrent layers to take a state")]
+    NoState,
     #[error("row {row}: recurrent state slot {slot} is named by two sequences of the pass")]
     SharedState { row: usize, slot: usize },
     #[error("kernel: {0}")]

@@ -14,7 +14,7 @@ use sluice_kernels::backend::{
     Backend, BackendError, Embed, KvBlockFormat, KvShape, KvTypes, PassLayout, PassRow, PassSequence,
 };
 
-use super::batch::{Batch, ForwardError, ForwardOutput, RowInput};
+use super::batch::{Batch, ForwardError, ForwardOutput, RowInput, StateSnapshot};
 use super::blocks::{CacheLayout, Pass, Scratch, Stores};
 use super::gguf::GgufFile;
 use super::hparams::HParams;
@@ -287,6 +287,14 @@ impl<B: Backend> Context for TransformerContext<B> {
 
     fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
         self.model.backend.write_kv_block(&mut self.kv, block, bytes)
+    }
+
+    fn read_state(&self, slot: u32) -> Option<StateSnapshot> {
+        self.recurrent.as_ref()?.read(slot as usize)
+    }
+
+    fn write_state(&mut self, slot: u32, snapshot: &StateSnapshot) -> Result<(), ForwardError> {
+        self.recurrent.as_mut().ok_or(ForwardError::NoState)?.write(slot as usize, snapshot)
     }
 }
 

@@ -44,7 +44,7 @@ pub mod vision;
 mod weights;
 pub mod window;
 
-pub use batch::{Context, ForwardError, ForwardOutput};
+pub use batch::{Context, ForwardError, ForwardOutput, StateSnapshot};
 pub use lora::AdapterInfo;
 pub use model::Model;
 pub use transformer::Transformer;

@@ -13,7 +13,7 @@
 
 use sluice_kernels::ops::{DeltaShape, DeltaState};
 
-use crate::batch::{Batch, ForwardError};
+use crate::batch::{Batch, ForwardError, StateSnapshot};
 
 /// The recurrent layers' states of every slot a context has been asked
 /// for; a slot's memory is taken the first time a batch names it.
@@ -105,6 +105,47 @@ impl RecurrentStore {
         Some(DeltaState { conv, delta })
     }
 
+    /// A copy of `slot`'s states, if it holds a usable one.
+    pub(crate) fn read(&self, slot: usize) -> Option<StateSnapshot> {
+        let held = self.slots.get(slot)?.as_ref()?;
+        let cells = held.cells?;
+        let mut values = Vec::with_capacity(self.values_per_sequence());
+        for (conv, delta) in &held.layers {
+            values.extend_from_slice(conv);
+            values.extend_from_slice(delta);
+        }
+        Some(StateSnapshot { cells, values })
+    }
+
+    /// Put a copy [`RecurrentStore::read`] gave (of any slot) into `slot`:
+    /// its next run starts at the snapshot's cells (or at 0).
+    pub(crate) fn write(&mut self, slot: usize, snapshot: &StateSnapshot) -> Result<(), ForwardError> {
+        let expected = self.values_per_sequence();
+        if snapshot.values.len() != expected {
+            return Err(ForwardError::StateSize { values: snapshot.values.len(), expected });
+        }
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        let mut values = snapshot.values.as_slice();
+        let layers = self
+            .shapes
+            .iter()
+            .map(|shape| {
+                let (conv, rest) = values.split_at(shape.conv_state());
+                let (delta, rest) = rest.split_at(shape.delta_state());
+                values = rest;
+                (conv.to_vec(), delta.to_vec())
+            })
+            .collect();
+        self.slots[slot] = Some(Slot { cells: Some(snapshot.cells), layers });
+        Ok(())
+    }
+
+    fn values_per_sequence(&self) -> usize {
+        self.shapes.iter().map(|shape| shape.conv_state() + shape.delta_state()).sum()
+    }
+
     /// The runs' states now hold their rows too.
     pub(crate) fn commit(&mut self, runs: &[Run]) {
         for run in runs {
@@ -120,7 +161,7 @@ mod tests {
     use super::*;
     use crate::batch::{BatchRow, RowInput};
 
-    const SHAPE: DeltaShape = DeltaShape { k_heads: 1, v_heads: 2, head: 4, conv: 3 };
+    const SHAPE: DeltaShape = DeltaShape { k_heads: 1, v_heads: 2, head: 4, conv: 3, grouped: false };
 
     fn batch(rows: &[(usize, u32)], states: Vec<u32>) -> Batch {
         let rows = rows
@@ -173,5 +214,28 @@ mod tests {
         assert_eq!(store.state(3, 1).expect("readied").delta[0], 0.0);
         assert!(store.plan(&batch(&[(0, 1)], vec![3])).is_err());
         assert!(store.plan(&batch(&[(0, 0)], vec![3])).is_ok());
+    }
+
+    #[test]
+    fn a_snapshot_resumes_in_any_slot() {
+        let mut store = RecurrentStore::new(vec![SHAPE; 2]);
+        assert!(store.read(0).is_none());
+        let runs = store.plan(&batch(&[(0, 0), (0, 1)], vec![0])).expect("new sequence");
+        store.begin(&runs);
+        store.state(0, 0).expect("readied").conv[1] = 2.0;
+        store.state(0, 1).expect("readied").delta[3] = 7.0;
+        // Mid-pass, the state is nobody's to copy.
+        assert!(store.read(0).is_none());
+        store.commit(&runs);
+        let snapshot = store.read(0).expect("committed");
+        assert_eq!(snapshot.cells, 2);
+        assert_eq!(snapshot.values.len(), 2 * (16 * 2 + 2 * 16));
+        store.write(5, &snapshot).expect("same shapes");
+        assert_eq!(store.read(5), Some(snapshot.clone()));
+        assert_eq!(store.state(5, 1).expect("written").delta[3], 7.0);
+        // Slot 5 goes on from cell 2, as slot 0 would.
+        assert!(store.plan(&batch(&[(0, 2)], vec![5])).is_ok());
+        let short = StateSnapshot { cells: 2, values: vec![0.0; 3] };
+        assert_eq!(store.write(1, &short), Err(ForwardError::StateSize { values: 3, expected: 128 }));
     }
 }

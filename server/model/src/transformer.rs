@@ -214,7 +214,9 @@ mod tests {
             "qwen3moe" => TinyModel { experts: Some(experts(None)), ..model }.build(),
             "qwen2moe" => TinyModel { experts: Some(experts(Some(24))), ..model }.build(),
             // Its dense first layer and experts after, as the fixture has them.
-            "glm4moe" | "qwen35" | "qwen35moe" | "qwen3vlmoe" => tiny_family(name).expect("the fixture's tiny model"),
+            "glm4moe" | "qwen35" | "qwen35moe" | "qwen3next" | "qwen3vlmoe" => {
+                tiny_family(name).expect("the fixture's tiny model")
+            }
             "gpt-oss" => {
                 let model = TinyModel { experts: Some(experts(None)), ..model };
                 sluice_tests::models::gpt_oss(&model, model.build())

@@ -517,6 +517,20 @@ fn qwen35moe_matches_llama_cpp_until_a_near_tie() {
     assert!(compared >= 80, "too few steps compared: {compared}");
 }
 
+/// Qwen3-Next: the same layers with NEOX rotary, value heads reading their
+/// key heads in groups, β and α fused (`ssm_ba`), and the first layer's
+/// projections fused as older files have them (`ssm_in`).
+#[test]
+fn qwen3next_matches_llama_cpp_until_a_near_tie() {
+    let compared = compare("qwen3next");
+    assert!(compared >= 80, "too few steps compared: {compared}");
+}
+
+#[test]
+fn qwen3next_template_renders_as_llama_server_renders_it() {
+    renders_as_llama_server("qwen3next");
+}
+
 #[test]
 fn qwen35_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("qwen35");

@@ -175,7 +175,7 @@ fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// 0 when nothing was measured (`--prefill 0` or `--decode 0`).
-fn median(values: &mut [f64]) -> f64 {
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

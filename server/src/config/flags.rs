@@ -162,6 +162,9 @@ impl Config {
         if flags.swa_full {
             self.engine.swa_full = true;
         }
+        if let Some(tokens) = flags.checkpoint_min_step {
+            self.engine.state_snapshot_tokens = tokens;
+        }
         match (flags.context_shift, flags.no_context_shift) {
             (true, _) => self.engine.context_shift = true,
             (_, true) => self.engine.context_shift = false,
@@ -423,6 +426,11 @@ pub struct Overrides {
     /// such models.
     #[arg(long)]
     pub swa_full: bool,
+    /// Prompt tokens between the prefix cache's snapshots of a recurrent
+    /// model's state (also `-cms`; `engine.state_snapshot_tokens`; 0 = only
+    /// near a prompt's end and where a request ends).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_min_step: Option<usize>,
     /// Seconds of silence before an SSE stream gets a comment; 0 = never
     /// (`server.sse_ping_interval`).
     #[arg(long, value_name = "SECONDS")]

@@ -88,16 +88,11 @@ pub(super) const FLAGS: &[Flag] = &[
         &["-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"],
         true,
         Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token (on sliding-window models with --swa-full)",
+            "sluice keeps its recurrent-state snapshots in the prefix cache, bounded by --cache-ram and spaced by --checkpoint-min-step; sliding-window models reuse cached KV down to the token with --swa-full",
         ),
     ),
-    flag(
-        &["-cms", "--checkpoint-min-step"],
-        true,
-        Ignore(
-            "context checkpoints serve sliding-window and recurrent models; sluice reuses cached KV from its prefix cache, down to the token (on sliding-window models with --swa-full)",
-        ),
-    ),
+    flag(&["-cms"], true, Alias("--checkpoint-min-step")),
+    flag(&["--checkpoint-min-step"], true, Native),
     flag(&["-cram"], true, Alias("--cache-ram")),
     flag(&["--cache-ram"], true, Native),
     flag(&["-kvu"], false, Alias("--kv-unified")),

@@ -284,6 +284,11 @@ pub struct EngineSection {
     /// Most MiB of KV the prefix cache keeps for finished requests
     /// (llama-server `--cache-ram`; -1 = no bound but the KV pool's).
     pub cache_ram_mib: i64,
+    /// Prompt tokens between the prefix cache's snapshots of a recurrent
+    /// model's state (llama-server `--checkpoint-min-step`; rounded up to
+    /// whole KV blocks; 0 = only near a prompt's end and where a request
+    /// ends).
+    pub state_snapshot_tokens: usize,
     /// When a slot's context is full, drop the older half of what follows
     /// a request's `n_keep` tokens and go on (llama-server
     /// `--context-shift`); otherwise the request stops there.
@@ -305,6 +310,7 @@ impl Default for EngineSection {
             prefix_cache: true,
             swa_full: false,
             cache_ram_mib: 8192,
+            state_snapshot_tokens: 8192,
             context_shift: false,
             queue_limit: 256,
         }

@@ -453,6 +453,16 @@ fn render_metrics(state: &AppState, ready: &Ready) -> String {
             "Bytes of recurrent-layer state held by running requests (0 without such layers).".into(),
             &metrics.recurrent_state_bytes,
         ),
+        (
+            "sluice_recurrent_snapshots",
+            "Recurrent-state snapshots the prefix cache holds (0 without recurrent layers).".into(),
+            &metrics.recurrent_snapshots,
+        ),
+        (
+            "sluice_recurrent_snapshot_bytes",
+            "Bytes of the recurrent-state snapshots the prefix cache holds.".into(),
+            &metrics.recurrent_snapshot_bytes,
+        ),
     ] {
         out.one(name, "gauge", &help, get(gauge));
     }

@@ -116,10 +116,7 @@ fn slot_error(error: SlotActionError) -> ApiError {
     let kind = match &error {
         SlotActionError::NoSlot { .. } | SlotActionError::Malformed { .. } => ErrorType::InvalidRequest,
         SlotActionError::NoRoom { .. } | SlotActionError::Stopped => ErrorType::Unavailable,
-        SlotActionError::NoPrefixCache
-        | SlotActionError::Draft
-        | SlotActionError::Window
-        | SlotActionError::Recurrent => ErrorType::NotSupported,
+        SlotActionError::NoPrefixCache | SlotActionError::Draft | SlotActionError::Window => ErrorType::NotSupported,
         SlotActionError::Backend(_) => ErrorType::Server,
     };
     let message = match std::error::Error::source(&error) {

@@ -15,6 +15,7 @@ use super::Engine;
 use crate::kv::SeqBlocks;
 use crate::slot::Active;
 use crate::slot_store::{KvLayout, SlotAction, SlotActionError, SlotFile};
+use sluice_model::StateSnapshot;
 
 impl Engine {
     /// What a slot file must match to be restored into this engine.
@@ -71,22 +72,28 @@ impl Engine {
         if self.blocks.frees_window_cells() {
             return Err(SlotActionError::Window);
         }
-        if self.model.recurrent_state_bytes().is_some() {
-            return Err(SlotActionError::Recurrent);
-        }
         Ok(())
     }
 
-    /// The slot's tokens still in the prefix cache, and their blocks' bytes.
+    /// The slot's tokens still in the prefix cache, and their blocks' bytes;
+    /// with recurrent layers, up to its longest state snapshot, and that
+    /// state.
     fn save_slot(&self, slot: usize) -> Result<SlotFile, SlotActionError> {
         self.slot_files_hold_state()?;
         let (root, tokens) = &self.slot_tokens[slot];
-        let (blocks, n_tokens) = self.blocks.cached_run(*root, tokens);
+        let (mut blocks, mut n_tokens) = self.blocks.cached_run(*root, tokens);
+        let mut state = Vec::new();
+        if let Some(values) = self.model.recurrent_state_bytes().map(|bytes| bytes / 4) {
+            let held = self.states.as_ref().and_then(|states| states.held(*root, tokens, n_tokens));
+            n_tokens = held.map_or(0, |held| held.cells as usize);
+            state = held.map_or_else(|| vec![0.0; values], |held| held.values.clone());
+            blocks.truncate(n_tokens.div_ceil(self.blocks.block_tokens()));
+        }
         let mut bytes = Vec::with_capacity(blocks.len() * self.context.block_format().bytes);
         for block in blocks {
             bytes.extend_from_slice(&self.context.read_block(block)?);
         }
-        Ok(SlotFile { root: *root, tokens: tokens[..n_tokens].to_vec(), blocks: bytes })
+        Ok(SlotFile { root: *root, tokens: tokens[..n_tokens].to_vec(), blocks: bytes, state })
     }
 
     /// Write the file's blocks into fresh blocks and cache them as a
@@ -102,7 +109,7 @@ impl Engine {
             return Err(SlotActionError::NoPrefixCache);
         }
         self.slot_files_hold_state()?;
-        let SlotFile { root, tokens, blocks: bytes } = file;
+        let SlotFile { root, tokens, blocks: bytes, state } = file;
         let block_bytes = self.context.block_format().bytes;
         let n_blocks = tokens.len().div_ceil(self.blocks.block_tokens());
         if tokens.len() > self.config.ctx || bytes.len() != n_blocks * block_bytes {
@@ -122,6 +129,9 @@ impl Engine {
         }
         self.blocks.commit(&mut sequence, &tokens);
         self.blocks.release(sequence);
+        if let Some(states) = self.states.as_mut() {
+            states.insert(root, &tokens, StateSnapshot { cells: tokens.len() as u32, values: state });
+        }
         let n_tokens = tokens.len();
         self.slot_tokens[slot] = (root, tokens);
         Ok(n_tokens)

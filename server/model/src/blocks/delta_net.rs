@@ -4,6 +4,11 @@
 //! in cell order ([`sluice_kernels::ops::delta_net`]), and `ssm_out`
 //! before the residual add.
 //!
+//! Qwen3-Next's files fuse β and α into `ssm_ba`, per key head its group
+//! of value heads' β then their α; its older files also fuse the rest into
+//! `ssm_in`, per key head its Q, its K, then its group's V and z. Their
+//! products are taken apart on the host into the split layout.
+//!
 //! The projections are the backend's matrix products; the recurrence runs
 //! on the host (`Backend::delta_net`) over each sequence's rows of the pass
 //! in turn, its arithmetic fixed by that sequence alone.
@@ -17,13 +22,89 @@ use crate::hparams::HParams;
 use crate::layer::LayerKind;
 use crate::weights::{LoadError, Weight, tensor_problem};
 
+/// How a file gives a pair of a layer's projections: apart, or fused.
+enum Pair<B: Backend> {
+    Split(Weight<B>, Weight<B>),
+    Fused(Weight<B>),
+}
+
+impl<B: Backend> Pair<B> {
+    /// The pair `first`, `second` (widths `widths`), or `fused` (their
+    /// sum) where the file has it instead.
+    fn load(
+        tensors: &LayerTensors<'_, B>,
+        [first, second, fused]: [&str; 3],
+        n_in: usize,
+        widths: [usize; 2],
+    ) -> Result<Self, LoadError> {
+        if tensors.has(fused) {
+            return Ok(Pair::Fused(tensors.weight(fused, n_in, widths[0] + widths[1])?));
+        }
+        Ok(Pair::Split(tensors.weight(first, n_in, widths[0])?, tensors.weight(second, n_in, widths[1])?))
+    }
+
+    /// Its products of the pass's rows, into `first` and `second` (only
+    /// `first`, the fused width, for a fused pair).
+    fn products<'a>(
+        &'a self,
+        first: &'a mut B::Rows,
+        second: &'a mut B::Rows,
+    ) -> Vec<(&'a B::Matrix, &'a mut B::Rows)> {
+        match self {
+            Pair::Split(a, b) => vec![(&a.matrix, first), (&b.matrix, second)],
+            Pair::Fused(fused) => vec![(&fused.matrix, first)],
+        }
+    }
+
+    /// Its products on the host, apart: a fused product's rows are cut
+    /// into `groups` runs, each the concatenation of one piece of each
+    /// output (`pieces`: per group, the widths of the first output's
+    /// pieces, then the second's).
+    fn download(
+        &self,
+        b: &B,
+        first: &B::Rows,
+        second: &B::Rows,
+        groups: usize,
+        pieces: (&[usize], &[usize]),
+    ) -> Result<(Vec<f32>, Vec<f32>), ForwardError> {
+        match self {
+            Pair::Split(..) => Ok((b.download(first)?, b.download(second)?)),
+            Pair::Fused(_) => Ok(unfuse(&b.download(first)?, groups, pieces)),
+        }
+    }
+}
+
+/// Rows of `groups` runs each of pieces `pieces.0` then `pieces.1`, as two
+/// outputs: each piece `i` of every group in turn goes to output piece
+/// `i`'s place (per row, piece 0 of every group, then piece 1, …).
+fn unfuse(fused: &[f32], groups: usize, (first, second): (&[usize], &[usize])) -> (Vec<f32>, Vec<f32>) {
+    let width: usize = first.iter().chain(second).sum::<usize>() * groups;
+    let n = fused.len() / width.max(1);
+    let lay = |pieces: &[usize], skip: usize| -> Vec<f32> {
+        let mut out = Vec::with_capacity(n * pieces.iter().sum::<usize>() * groups);
+        for row in fused.chunks_exact(width.max(1)) {
+            let group = width / groups.max(1);
+            let mut at = skip;
+            for &piece in pieces {
+                for g in 0..groups {
+                    out.extend_from_slice(&row[g * group + at..][..piece]);
+                }
+                at += piece;
+            }
+        }
+        out
+    };
+    (lay(first, 0), lay(second, first.iter().sum()))
+}
+
 pub(super) struct DeltaNetBlock<B: Backend> {
     shape: DeltaShape,
     norm: B::Vector,
-    qkv: Weight<B>,
-    z: Weight<B>,
-    beta: Weight<B>,
-    alpha: Weight<B>,
+    /// Q|K|V and z.
+    qkvz: Pair<B>,
+    /// β and α.
+    gates: Pair<B>,
     conv: Vec<f32>,
     dt_bias: Vec<f32>,
     a: Vec<f32>,
@@ -56,10 +137,13 @@ impl<B: Backend> DeltaNetBlock<B> {
         Ok(DeltaNetBlock {
             shape,
             norm: tensors.vector("attn_norm.weight", n_embd)?,
-            qkv: tensors.weight("attn_qkv.weight", n_embd, conv_dim)?,
-            z: tensors.weight("attn_gate.weight", n_embd, shape.value_dim())?,
-            beta: tensors.weight("ssm_beta.weight", n_embd, heads)?,
-            alpha: tensors.weight("ssm_alpha.weight", n_embd, heads)?,
+            qkvz: Pair::load(
+                tensors,
+                ["attn_qkv.weight", "attn_gate.weight", "ssm_in.weight"],
+                n_embd,
+                [conv_dim, shape.value_dim()],
+            )?,
+            gates: Pair::load(tensors, ["ssm_beta.weight", "ssm_alpha.weight", "ssm_ba.weight"], n_embd, [heads; 2])?,
             conv,
             dt_bias: tensors.host("ssm_dt.bias", heads)?,
             a: tensors.host("ssm_a", heads)?,
@@ -80,18 +164,15 @@ impl<B: Backend> DeltaNetBlock<B> {
         let b = pass.backend;
         let shape = self.shape;
         b.rms_norm(&s.x, &self.norm, pass.rms_eps, &mut s.h);
-        b.matmuls(
-            &s.h,
-            pass.rows,
-            &mut [
-                (&self.qkv.matrix, &mut s.q),
-                (&self.z.matrix, &mut s.gate),
-                (&self.beta.matrix, &mut s.k),
-                (&self.alpha.matrix, &mut s.v),
-            ],
-        );
-        let (qkv, z) = (b.download(&s.q)?, b.download(&s.gate)?);
-        let (beta, alpha) = (b.download(&s.k)?, b.download(&s.v)?);
+        let mut products = self.qkvz.products(&mut s.q, &mut s.gate);
+        products.extend(self.gates.products(&mut s.k, &mut s.v));
+        b.matmuls(&s.h, pass.rows, &mut products);
+        // Fused, per key head: its Q and K, its value heads' V and z; its
+        // value heads' β and α.
+        let (k_heads, group) = (shape.k_heads, shape.v_heads / shape.k_heads);
+        let (head, group_width) = (shape.head, group * shape.head);
+        let (qkv, z) = self.qkvz.download(b, &s.q, &s.gate, k_heads, (&[head, head, group_width], &[group_width]))?;
+        let (beta, alpha) = self.gates.download(b, &s.k, &s.v, k_heads, (&[group], &[group]))?;
         let store = kv.recurrent.as_deref_mut().ok_or_else(|| ForwardError::Kernel("no recurrent store".into()))?;
         let weights =
             DeltaWeights { conv: &self.conv, dt_bias: &self.dt_bias, a: &self.a, norm: &self.out_norm, eps: self.eps };

@@ -62,7 +62,7 @@ use super::gguf::GgufFile;
 use super::hparams::{Architecture, HParams, HParamsError};
 pub(crate) use family::Family;
 
-pub(super) static FAMILIES: [&dyn Family; 21] = [
+pub(super) static FAMILIES: [&dyn Family; 22] = [
     &llama::Llama,
     &qwen2::QWEN2,
     &qwen3::QWEN3,
@@ -83,6 +83,7 @@ pub(super) static FAMILIES: [&dyn Family; 21] = [
     &glm4moe::Glm4Moe,
     &qwen35::QWEN35,
     &qwen35::QWEN35MOE,
+    &qwen35::QWEN3NEXT,
     &qwen3vlmoe::QWEN3VLMOE,
 ];
 
@@ -129,7 +130,7 @@ mod tests {
         let error = HParams::from_gguf(&file).expect_err("refused").to_string();
         assert_eq!(
             error,
-            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe, qwen35, qwen35moe, qwen3vlmoe)"
+            "general.architecture = \"mamba\" is not supported (llama, qwen2, qwen3, qwen2vl, qwen3vl, dflash, gemma2, gemma3, mistral3, phi3, glm4, smollm3, granite, olmo2, qwen3moe, qwen2moe, gpt-oss, glm4moe, qwen35, qwen35moe, qwen3next, qwen3vlmoe)"
         );
     }
 }

@@ -1,11 +1,18 @@
-//! `qwen35` and `qwen35moe`: Qwen3.5 and Qwen3.6, dense and mixtures of
-//! experts. Hybrid layers: Gated DeltaNet linear attention, and every
-//! `full_attention_interval`-th layer (or as `attention.recurrent_layers`
-//! says) gated full attention with Q/K norms and interleaved M-RoPE over
-//! part of each head. The feed-forward's pre-norm is the file's
-//! `post_attention_norm`; `qwen35moe`'s feed-forward is experts with
-//! renormalized weights and a gated shared expert. The trailing
-//! `nextn_predict_layers` layers (multi-token prediction) are not run.
+//! `qwen35`, `qwen35moe` and `qwen3next`: Qwen3.5 and Qwen3.6, dense and
+//! mixtures of experts, and Qwen3-Next. Hybrid layers: Gated DeltaNet
+//! linear attention, and every `full_attention_interval`-th layer (or as
+//! `attention.recurrent_layers` says) gated full attention with Q/K norms
+//! and rotary over part of each head: interleaved M-RoPE for Qwen3.5,
+//! NEOX for Qwen3-Next. The feed-forward's pre-norm is the file's
+//! `post_attention_norm`; `qwen35moe`'s and `qwen3next`'s feed-forward is
+//! experts with renormalized weights and a gated shared expert. The
+//! trailing `nextn_predict_layers` layers (multi-token prediction) are not
+//! run.
+//!
+//! Qwen3-Next's files differ in the linear layers: value heads read their
+//! key heads in groups (`DeltaShape::grouped`), β and α come fused per key
+//! head (`ssm_ba`), and older files fuse Q, K, V and z per key head too
+//! (`ssm_in`; see `blocks::delta_net`).
 
 use sluice_kernels::ops::DeltaShape;
 
@@ -20,10 +27,13 @@ pub(super) struct Qwen35 {
     name: &'static str,
     /// Its feed-forward is experts.
     moe: bool,
+    /// Qwen3-Next: NEOX rotary, grouped key heads.
+    next: bool,
 }
 
-pub(super) const QWEN35: Qwen35 = Qwen35 { name: "qwen35", moe: false };
-pub(super) const QWEN35MOE: Qwen35 = Qwen35 { name: "qwen35moe", moe: true };
+pub(super) const QWEN35: Qwen35 = Qwen35 { name: "qwen35", moe: false, next: false };
+pub(super) const QWEN35MOE: Qwen35 = Qwen35 { name: "qwen35moe", moe: true, next: false };
+pub(super) const QWEN3NEXT: Qwen35 = Qwen35 { name: "qwen3next", moe: true, next: true };
 
 const LAYOUT: Layout = Layout { normalized: true, shared: true, ..Layout::PLAIN };
 
@@ -39,13 +49,16 @@ impl Family for Qwen35 {
     }
 
     fn rope(&self, file: &GgufFile, n_rot: usize) -> Result<RopeStyle, HParamsError> {
+        if self.next {
+            return Ok(RopeStyle::Neox);
+        }
         Ok(RopeStyle::IMRope(sections(file, &format!("{}.rope.dimension_sections", self.name), n_rot)?))
     }
 
     fn layers(&self, file: &GgufFile, hp: &HParams) -> Result<Vec<LayerKind>, LoadError> {
         let ffn = match self.moe {
             true => Ffn::Experts(experts(file, self.name, hp, LAYOUT)?.ok_or_else(|| {
-                invalid(&format!("{}.expert_count", self.name), "absent", "a qwen35moe model has experts".into())
+                invalid(&format!("{}.expert_count", self.name), "absent", format!("a {} model has experts", self.name))
             })?),
             false => Ffn::SwiGlu,
         };
@@ -98,6 +111,7 @@ impl Qwen35 {
             v_heads: read("ssm.time_step_rank", MAX_HEADS)?,
             head: read("ssm.state_size", MAX_HEAD)?,
             conv: read("ssm.conv_kernel", MAX_CONV)?,
+            grouped: self.next,
         };
         if !shape.v_heads.is_multiple_of(shape.k_heads) {
             let why = format!("must be a multiple of {}.ssm.group_count {}", self.name, shape.k_heads);

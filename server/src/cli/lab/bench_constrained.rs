@@ -13,6 +13,8 @@ use sluice_engine::constraint::{GrammarSource, Grammars};
 use sluice_model::gguf::GgufFile;
 use sluice_model::tokenizer::Tokenizer;
 
+use crate::cli::bench::median;
+
 #[derive(clap::Args)]
 pub struct BenchConstrainedArgs {
     /// The model (GGUF) whose vocabulary the masks are computed over.
@@ -132,9 +134,10 @@ fn micros(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e6
 }
 
-fn decode_speed(url: &str, args: &BenchConstrainedArgs) -> anyhow::Result<()> {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build()?;
-    // A server just started answers 503 while its model loads.
+/// A client for the server at `url`, once it answers `/health` (a server
+/// just started answers 503 while its model loads).
+pub(super) fn ready_client(url: &str) -> anyhow::Result<reqwest::blocking::Client> {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(1800)).build()?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while !client.get(format!("{url}/health")).send().is_ok_and(|answer| answer.status().is_success()) {
         if Instant::now() > deadline {
@@ -142,6 +145,11 @@ fn decode_speed(url: &str, args: &BenchConstrainedArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    Ok(client)
+}
+
+fn decode_speed(url: &str, args: &BenchConstrainedArgs) -> anyhow::Result<()> {
+    let client = ready_client(url)?;
     let run = |body: &Value| -> anyhow::Result<(f64, u64)> {
         let answer: Value = client
             .post(format!("{url}/completion"))
@@ -181,9 +189,4 @@ fn decode_speed(url: &str, args: &BenchConstrainedArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

@@ -19,11 +19,13 @@ use sluice_engine::supervisor::Supervisor;
 use sluice_plugin_host::PluginHost;
 
 mod bench;
+mod bench_cache;
 mod bench_constrained;
 mod policy;
 mod replay;
 
 pub use bench::{BenchCalibrateArgs, BenchServeArgs, bench_calibrate, bench_serve};
+pub use bench_cache::{BenchCacheArgs, bench_cache};
 pub use bench_constrained::{BenchConstrainedArgs, bench_constrained};
 use policy::{on_fault_parser, policy_config};
 use replay::{ReplayArgs, lab_replay};
