@@ -15,8 +15,11 @@ use serde_json::{Value, json};
 use sluice_tests::binary::sluice_binary;
 use sluice_tests::http::Server;
 
+/// `arch`'s synthetic model in a file of this test's own.
 fn model(arch: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("sluice-hybrid-{arch}-{}.gguf", std::process::id()));
+    static WRITTEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let nth = WRITTEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("sluice-hybrid-{arch}-{}-{nth}.gguf", std::process::id()));
     std::fs::write(&path, sluice_tests::models::tiny_family(arch).expect("a tiny model").build()).expect("written");
     path
 }
@@ -171,8 +174,117 @@ fn hybrid_prompts_resume_from_state_snapshots_and_slot_files_with_uncached_bits(
     std::fs::remove_file(&path).expect("removed");
 }
 
+/// The tokens a stream carried.
+fn streamed_tokens(server: &Server, body: &Value) -> Vec<i64> {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let stream = server.stream("/completion", &body);
+    assert_eq!(stream.status, StatusCode::OK, "{}", stream.error);
+    stream
+        .events
+        .iter()
+        .filter(|event| event["stop"] == false)
+        .flat_map(|event| event["tokens"].as_array().cloned().unwrap_or_default())
+        .filter_map(|token| token.as_i64())
+        .collect()
+}
+
+/// An attention-only draft for a hybrid target, greedy and sampled,
+/// streamed and not, several requests at once: every reply is the target's
+/// own, token for token and bit for bit, while some drafts are kept whole
+/// and others cut short (the state put back and the kept tokens replayed).
 #[test]
-fn drafts_and_context_shift_are_refused_by_name() {
+fn drafts_on_a_hybrid_target_give_the_target_s_own_replies() {
+    let path = model("qwen35");
+    let draft = std::env::temp_dir().join(format!("sluice-hybrid-draft-{}.gguf", std::process::id()));
+    std::fs::write(&draft, sluice_tests::models::qwen35_draft().build()).expect("written");
+    let alone = Server::start_model(&path, &["-np", "3", "-t", "2"], &[]);
+    let args = ["-np", "3", "-t", "2", "-md", draft.to_str().expect("UTF-8"), "--spec-draft-p-min", "0"];
+    let drafted = Server::start_model(&path, &[&args[..], &["--spec-draft-n-max", "4"]].concat(), &[]);
+    let prompts = [" the cat sat on the mat!", " a dog ran and a cat sat on a mat! the dog is", " Hello world"];
+    let bodies: Vec<Value> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(index, prompt)| {
+            [(0.0, 0), (0.8, 11 + index as u64)].map(|(temperature, seed)| {
+                json!({"prompt": prompt, "n_predict": 40, "n_probs": 3, "temperature": temperature, "seed": seed,
+                       "cache_prompt": false})
+            })
+        })
+        .collect();
+    let expected: Vec<Value> = bodies.iter().map(|body| complete(&alone, body)).collect();
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = bodies
+            .iter()
+            .map(|body| {
+                let drafted = &drafted;
+                scope.spawn(move || complete(drafted, body))
+            })
+            .collect();
+        for ((run, want), body) in runs.into_iter().zip(&expected).zip(&bodies) {
+            assert_eq!(steps(&run.join().expect("a reply")), steps(want), "{body}");
+        }
+    });
+    for (body, want) in bodies.iter().zip(&expected) {
+        let tokens: Vec<i64> = steps(want).iter().map(|(token, _)| *token).collect();
+        assert_eq!(streamed_tokens(&drafted, body), tokens, "streamed {body}");
+    }
+    let drafts = drafted.metric("llamacpp:spec_decode_num_draft_tokens_total");
+    let accepted = drafted.metric("llamacpp:spec_decode_num_accepted_tokens_total");
+    assert!(accepted > 0.0 && accepted < drafts, "{accepted} of {drafts} drafted tokens accepted");
+    drop((alone, drafted));
+    std::fs::remove_file(&draft).expect("removed");
+    std::fs::remove_file(&path).expect("removed");
+}
+
+/// The deployment's pair in small, text only: a hybrid mixture of experts
+/// with interleaved M-RoPE (Qwen3.5-MoE's layout, as Nex's models have it)
+/// and a legacy DFlash draft without rope sections, paired through
+/// `mrope-temporal`, tapping two Gated DeltaNet layers. Greedy and
+/// sampled, streamed and not, cold and resumed from the prefix cache: the
+/// target's own tokens, with drafts made.
+#[test]
+fn a_nex_shaped_pair_with_a_legacy_dflash_draft_changes_nothing_on_text() {
+    let path = model("qwen35moe");
+    let draft = std::env::temp_dir().join(format!("sluice-hybrid-dflash-{}.gguf", std::process::id()));
+    std::fs::write(&draft, sluice_tests::models::tiny_dflash("qwen35moe").expect("a draft").build()).expect("written");
+    let alone = Server::start_model(&path, &["-np", "2", "-t", "2"], &[]);
+    let args = ["-np", "2", "-t", "2", "-md", draft.to_str().expect("UTF-8"), "--spec-draft-p-min", "0"];
+    let drafted = Server::start_model(&path, &args, &[]);
+    // Long enough (over 64 tokens) to leave a snapshot 4 tokens before its
+    // end, which the continuation resumes from.
+    let first = " a dog ran and a cat sat on a mat! the dog is".repeat(6);
+    let continued = format!("{first} on the mat and the cat");
+    for stream in [false, true] {
+        for temperature in [0.0, 0.8] {
+            let case = format!("stream {stream}, temperature {temperature}");
+            for (name, prompt, cache) in
+                [("cold", &first, false), ("first turn", &first, true), ("continued", &continued, true)]
+            {
+                let body = json!({"prompt": prompt, "n_predict": 24, "temperature": temperature, "seed": 7,
+                                  "return_tokens": true, "ignore_eos": true, "cache_prompt": cache});
+                let tokens = |server: &Server| match stream {
+                    true => streamed_tokens(server, &body),
+                    false => {
+                        let reply = complete(server, &body);
+                        reply["tokens"].as_array().expect("tokens").iter().filter_map(Value::as_i64).collect()
+                    }
+                };
+                let want = tokens(&alone);
+                assert_eq!(want.len(), 24, "{name}, {case}");
+                assert_eq!(tokens(&drafted), want, "{name}, {case}: the draft changed the output");
+            }
+        }
+    }
+    assert!(drafted.metric("llamacpp:spec_decode_num_drafts_total") > 0.0, "no drafts");
+    assert!(drafted.metric("sluice_prefix_cache_hit_tokens_total") > 0.0, "no continuation resumed");
+    drop((alone, drafted));
+    std::fs::remove_file(&draft).expect("removed");
+    std::fs::remove_file(&path).expect("removed");
+}
+
+#[test]
+fn a_recurrent_draft_and_context_shift_are_refused_by_name() {
     let path = model("qwen35");
     let refused = |args: &[&str], why: &str| {
         let output = Command::new(sluice_binary())
@@ -187,6 +299,6 @@ fn drafts_and_context_shift_are_refused_by_name() {
     };
     refused(&["--context-shift"], "recurrent layers cannot drop their oldest positions");
     let draft = path.to_str().expect("UTF-8");
-    refused(&["-md", draft], "the target (qwen35) has recurrent layers");
+    refused(&["-md", draft], "the draft (qwen35) has recurrent layers");
     std::fs::remove_file(Path::new(&path)).expect("removed");
 }

@@ -36,6 +36,31 @@ pub fn tiny_family(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
     }
 }
 
+/// A legacy DFlash draft (one layer, no rope sections, blocks of 4) for
+/// the synthetic model of `arch`, in its vocabulary, tapping its layers 1
+/// and 2: on a hybrid target, Gated DeltaNet layers.
+pub fn tiny_dflash(arch: &str) -> Option<crate::gguf_writer::GgufBuilder> {
+    use crate::gguf_writer::{TinyModel, Value};
+    let target = tiny_family(arch)?;
+    let tokens = target.metadata.iter().find_map(|(key, value)| match value {
+        Value::Strs(tokens) if key == "tokenizer.ggml.tokens" => Some(tokens.clone()),
+        _ => None,
+    })?;
+    let n_embd = target.metadata.iter().find_map(|(key, value)| match value {
+        Value::U32(width) if key.ends_with(".embedding_length") => Some(*width as usize),
+        _ => None,
+    })?;
+    let draft = TinyModel { n_layer: 1, n_vocab: tokens.len(), tokens: Some(tokens), ..TinyModel::recipe("qwen3", 9) };
+    Some(draft.dflash(&[1, 2], n_embd, 4))
+}
+
+/// A draft for the synthetic `qwen35` model: a `qwen3` model (attention
+/// only) with its vocabulary, embeddings and head, so that the two often
+/// agree on the next token.
+pub fn qwen35_draft() -> crate::gguf_writer::GgufBuilder {
+    tiny_bpe("qwen35-draft")
+}
+
 /// The synthetic gpt-oss model with a context of 2048 positions, for
 /// chats: the published template's system prompt alone is ~400 of its
 /// byte-level tokens, more than the fixtures' 512 leave room for.
@@ -400,11 +425,11 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
                 _ => 41,
             },
         ),
-        "qwen35" | "qwen35moe" => (
+        "qwen35" | "qwen35moe" | "qwen35-draft" => (
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
             "qwen35",
             include_str!("../fixtures/qwen35-chat-template.jinja"),
-            if arch == "qwen35" { 39 } else { 40 },
+            if arch == "qwen35moe" { 40 } else { 39 },
         ),
         "mixtral" => (&["<s>", "</s>"], "llama-bpe", include_str!("../fixtures/mixtral-chat-template.jinja"), 37),
         "gpt-oss" => (
@@ -428,6 +453,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
     let (file_arch, experts) = match arch {
         "qwen3moe" | "qwen3vlmoe" => (arch, Some(experts(8, None))),
         "qwen2moe" | "qwen35moe" | "qwen3next" => (arch, Some(experts(8, Some(48)))),
+        "qwen35-draft" => ("qwen3", None),
         // Mixtral's experts are `feed_forward_length` (the recipe's 128) wide.
         "mixtral" => ("llama", Some(crate::gguf_writer::TinyExperts { n_ff: 128, ..experts(4, None) })),
         "gpt-oss" => (arch, Some(crate::gguf_writer::TinyExperts { used: 4, ..experts(8, None) })),
@@ -497,7 +523,7 @@ fn tiny_bpe(arch: &'static str) -> crate::gguf_writer::GgufBuilder {
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
             .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" => model
+        "qwen3moe" | "qwen2moe" | "qwen3vlmoe" | "qwen35-draft" => model
             .meta("tokenizer.ggml.bos_token_id", id("<|endoftext|>"))
             .meta("tokenizer.ggml.eos_token_id", id("<|im_end|>"))
             .meta("tokenizer.ggml.padding_token_id", id("<|endoftext|>"))

@@ -13,10 +13,12 @@ pub(super) enum Work {
         tokens: usize,
     },
     /// Run the slot's sampled token, then its drafts (if any) for
-    /// verification.
+    /// verification; first, the `replay` tokens before it that its
+    /// recurrent state lacks (see `Active::replay`).
     Decode {
         slot: usize,
         drafts: Vec<u32>,
+        replay: usize,
     },
 }
 
@@ -31,7 +33,7 @@ impl Work {
     pub fn rows(&self) -> usize {
         match self {
             Work::Prefill { tokens, .. } => *tokens,
-            Work::Decode { drafts, .. } => 1 + drafts.len(),
+            Work::Decode { drafts, replay, .. } => replay + 1 + drafts.len(),
         }
     }
 }
@@ -61,12 +63,14 @@ pub(super) fn assemble(work: &[Work], slots: &[Option<Active>], taps: &[usize], 
                     if done { tokens - 1 } else { *tokens },
                 )
             }
-            Work::Decode { drafts, .. } => {
+            Work::Decode { drafts, replay, .. } => {
                 decode_tokens += 1 + drafts.len();
-                let mut inputs = vec![active.tokens[active.cells]];
+                let start = active.cells - replay;
+                let mut inputs = active.tokens[start..=active.cells].to_vec();
                 inputs.extend_from_slice(drafts);
-                // Verification needs the logits after every row.
-                (active.cells, inputs, 0)
+                // Verification needs the logits after every row but those
+                // replayed.
+                (start, inputs, *replay)
             }
         };
         batch.block_tables.push(active.blocks.table.clone());

@@ -434,7 +434,8 @@ impl Engine {
             None => Default::default(),
         };
         for slot in decoding {
-            work.push(Work::Decode { slot, drafts: drafts.remove(&slot).unwrap_or_default() });
+            let replay = self.slots[slot].as_ref().map_or(0, |active| active.replay);
+            work.push(Work::Decode { slot, drafts: drafts.remove(&slot).unwrap_or_default(), replay });
         }
         if !work.is_empty() {
             let measured = self.step_work(&work);
@@ -497,6 +498,7 @@ impl Engine {
             request: waiting.request,
             cached,
             cells: cached,
+            replay: 0,
             generated: 0,
             held_logits: Vec::new(),
             sampler,
@@ -553,6 +555,7 @@ impl Engine {
                 }
             }
         };
+        let mut before_verification = self.states_before_verification(&work);
         let started = Instant::now();
         let ubatch = self.config.ubatch_tokens;
         let output = match forward_with_stops(&mut *self.context, &batch, ubatch, n_embd, &stop_rows, &mut take) {
@@ -582,6 +585,11 @@ impl Engine {
             next_logits += n_logits;
             let Some(active) = self.slots[slot].as_mut() else { continue };
             let first_cell = active.cells;
+            // Replayed rows were kept before.
+            let kept_rows = match &item {
+                Work::Decode { replay, .. } => rows.start + replay,
+                Work::Prefill { .. } => rows.start,
+            };
             match item {
                 Work::Prefill { tokens, start, .. } => {
                     active.tokens.extend_from_slice(&active.request.prompt[start..start + tokens]);
@@ -621,13 +629,26 @@ impl Engine {
                         }
                         Emitted::Continue | Emitted::Rejected => {}
                     }
+                    // The state ran every row: where drafts were rejected
+                    // it goes back to before the pass, and the tokens kept
+                    // run again in front of the next one.
+                    active.replay = 0;
+                    if let Some(before) = before_verification.remove(&slot)
+                        && active.cells < first_cell + 1 + drafts.len()
+                    {
+                        if let Err(error) = self.context.write_state(slot as u32, &before) {
+                            self.fail_slot(slot, EngineError::Internal(error.to_string()));
+                            continue;
+                        }
+                        active.replay = active.cells - before.cells as usize;
+                    }
                 }
             }
             let written = active.cells;
             active.draft.trim(written);
             self.blocks.commit(&mut active.blocks, &active.tokens[..written]);
             self.blocks.slide(&mut active.blocks, written);
-            committed.push((slot, first_cell, rows.start..rows.start + (written - first_cell)));
+            committed.push((slot, first_cell, kept_rows..kept_rows + (written - first_cell)));
             let metrics = &self.shared.metrics;
             Metrics::set(&metrics.n_tokens_max, Metrics::get(&metrics.n_tokens_max).max(written as u64));
         }

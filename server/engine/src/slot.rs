@@ -63,6 +63,11 @@ pub(super) struct Active {
     pub cached: usize,
     /// KV cells written.
     pub cells: usize,
+    /// Cells before `cells` that the recurrent state (a model with
+    /// recurrent layers) does not hold yet: a verification that rejected
+    /// drafts put back the state from before it, and the accepted tokens
+    /// run again in front of the next decode pass.
+    pub replay: usize,
     pub generated: usize,
     pub held_logits: Vec<f32>,
     pub sampler: Sampler,

@@ -135,6 +135,15 @@ impl PairedDraft {
             .and_then(|d2t| self.file.integers(d2t))
             .map(|ids| ids.into_iter().map(|id| id as u32).collect());
         let draft = target.load_sibling(self.file)?;
+        if draft.recurrent_state_bytes().is_some() {
+            // Drafting writes cells ahead and takes them back, which a
+            // recurrent state cannot (the target's verification can: the
+            // engine replays what it kept).
+            return Err(mismatch(format!(
+                "the draft ({}) has recurrent layers: a draft model must attend through its KV cache alone",
+                draft.hparams().arch.name()
+            )));
+        }
         tracing::info!(kind = self.kind.name(), n_blocks, block_tokens, "draft context created");
         Ok(match params {
             Some(params) => {
@@ -154,13 +163,6 @@ pub fn pair(
     requested: Option<DraftKind>,
     fixups: &[WasmFixup],
 ) -> Result<PairedDraft, PairingError> {
-    if target.recurrent_state_bytes().is_some() {
-        return Err(mismatch(format!(
-            "the target ({}) has recurrent layers: verifying drafts would roll their state back past rejected \
-             tokens, which sluice does not do yet",
-            target.hparams().arch.name()
-        )));
-    }
     let arch = draft.str("general.architecture")?.to_owned();
     let kind = if arch == dflash::ARCHITECTURE { DraftKind::Dflash } else { DraftKind::Simple };
     if let Some(requested) = requested.filter(|requested| *requested != kind) {

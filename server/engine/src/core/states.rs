@@ -1,6 +1,10 @@
-//! Where a model with recurrent layers meets the prefix cache: prompts
-//! admitted from a state snapshot, the cells of a pass where snapshots are
-//! taken, and the one a finished request leaves (see `engine::state_cache`).
+//! Where a model with recurrent layers meets the prefix cache and drafts:
+//! prompts admitted from a state snapshot, the cells of a pass where
+//! snapshots are taken, the one a finished request leaves (see
+//! `engine::state_cache`), and the states a verification may have to put
+//! back (see `Active::replay`).
+
+use std::collections::HashMap;
 
 use sluice_model::StateSnapshot;
 
@@ -99,6 +103,22 @@ impl Engine {
                 states.insert(active.blocks.root(), tokens, state);
             }
         }
+    }
+
+    /// The recurrent states of the slots whose drafts `work` verifies, as
+    /// they are before the pass.
+    pub(super) fn states_before_verification(&self, work: &[Work]) -> HashMap<usize, StateSnapshot> {
+        if self.model.recurrent_state_bytes().is_none() {
+            return HashMap::new();
+        }
+        work.iter()
+            .filter_map(|item| match item {
+                Work::Decode { slot, drafts, .. } if !drafts.is_empty() => {
+                    self.context.read_state(*slot as u32).map(|state| (*slot, state))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Keep the state of a request that ends, at every cell it wrote.
