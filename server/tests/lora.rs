@@ -51,6 +51,8 @@ fn logits(model: &Arc<dyn Model>, sequences: &[Sequence<'_>]) -> Vec<Vec<f32>> {
             .block_tables
             .push((0..blocks_per_seq as u32).map(|block| (seq * blocks_per_seq) as u32 + block).collect());
         batch.adapters.push(lora.clone());
+        // A model with recurrent layers carries each sequence's state.
+        batch.states.push(seq as u32);
         for (cell, &token) in tokens.iter().enumerate() {
             batch.rows.push(BatchRow {
                 input: RowInput::Token(token),
@@ -125,6 +127,58 @@ fn adapters_on_a_mixture_of_experts_adapt_its_attention() {
     let refused = write(&dir.join("expert.gguf"), spec.build(&expert).build());
     let error = load_model(&base_path, Device::Cpu, 2, &[refused]).err().expect("refused").to_string();
     assert!(error.contains("blk.1.ffn_gate_exps.weight"), "{error}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// On a hybrid model (the synthetic Qwen3.5: Gated DeltaNet layers, a
+/// gated full-attention layer every fourth, dense feed-forwards), adapters
+/// of every projection (the Gated DeltaNet layers' Q|K|V, z, β, α and
+/// output; the attention layers' query twice as wide, each head's query
+/// and gate) and of every feed-forward compute what the weights merged
+/// offline compute. On Qwen3-Next's fused projections (`ssm_in`, `ssm_ba`)
+/// an adapter is refused naming the tensor.
+#[test]
+fn adapters_on_a_hybrid_model_adapt_every_projection() {
+    let dir = scratch("hybrid");
+    let base = sluice_tests::models::tiny_family("qwen35").expect("a tiny hybrid model");
+    let matrices = |layer: usize, sites: &[(&str, u64, u64)]| -> Vec<Target> {
+        sites
+            .iter()
+            .map(|&(name, n_in, n_out)| Target { name: format!("blk.{layer}.{name}.weight"), n_in, n_out })
+            .collect()
+    };
+    let mut targets: Vec<Target> =
+        layer_targets(8, 64, 32, 128).into_iter().filter(|target| target.name.contains("ffn_")).collect();
+    for layer in 0..8 {
+        targets.extend(match layer % 4 {
+            3 => {
+                matrices(layer, &[("attn_q", 64, 128), ("attn_k", 64, 32), ("attn_v", 64, 32), ("attn_output", 64, 64)])
+            }
+            _ => matrices(
+                layer,
+                &[
+                    ("attn_qkv", 64, 128),
+                    ("attn_gate", 64, 64),
+                    ("ssm_beta", 64, 4),
+                    ("ssm_alpha", 64, 4),
+                    ("ssm_out", 64, 64),
+                ],
+            ),
+        });
+    }
+    let spec = LoraSpec::new("qwen35", 13, 0.2);
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 250).collect();
+    matches_merged(&dir, &base, &targets, &spec, 0.8, &prompt);
+    let next = write(&dir.join("next.gguf"), sluice_tests::models::tiny_family("qwen3next").expect("a model").build());
+    let next_spec = LoraSpec::new("qwen3next", 13, 0.2);
+    for (name, n_out, named) in
+        [("blk.0.ssm_in.weight", 192, "blk.0.ssm_in.weight"), ("blk.1.ssm_beta.weight", 4, "blk.1.ssm_ba.weight")]
+    {
+        let fused =
+            write(&dir.join("fused.gguf"), next_spec.build(&[Target { name: name.into(), n_in: 64, n_out }]).build());
+        let error = load_model(&next, Device::Cpu, 2, &[fused]).err().expect("refused").to_string();
+        assert!(error.contains(named), "{error}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -1,6 +1,6 @@
 //! The cohort barrier through the real engine over HTTP (docs/scheduling.md,
 //! cases (a)–(h); (d) with a synthetic LoRA adapter on the default model;
-//! (a)–(c), (g) and (h) again on a hybrid model whose slots carry
+//! (a)–(d), (g) and (h) again on a hybrid model whose slots carry
 //! recurrent states).
 //! Phase transitions come from the engine's phase log (`sluice::phase` at
 //! debug level), so each case asserts the order in which slots prefilled,
@@ -81,12 +81,8 @@ fn server(policy: &str, name: &str) -> (Server, PathBuf) {
     server_on(DEFAULT, policy, name, |_| Vec::new())
 }
 
-/// [`server`] with more flags, made from its scratch directory.
-fn server_with(policy: &str, name: &str, extra: impl FnOnce(&std::path::Path) -> Vec<String>) -> (Server, PathBuf) {
-    server_on(DEFAULT, policy, name, extra)
-}
-
-/// [`server_with`] on `on`'s model.
+/// [`server`] on `on`'s model, with more flags made from its scratch
+/// directory.
 fn server_on(
     on: On<'_>,
     policy: &str,
@@ -124,14 +120,43 @@ fn body(prompt: &[u32], stream: bool) -> Value {
 
 #[test]
 fn d_an_arrival_of_another_adapter_group_leads_the_next_cohort() {
-    use sluice_tests::lora::{LoraSpec, default_model_targets};
-    let (server, dir) = server_with("cohort", "adapters", |dir| {
+    use sluice_tests::lora::default_model_targets;
+    adapter_group_leads_the_next_cohort(DEFAULT, "adapters", "llama", &default_model_targets());
+}
+
+/// (d) on a hybrid model (Qwen3.5-MoE's layout), its adapter on the dense
+/// tensors: the full-attention layer's (the query twice as wide, each
+/// head's query and gate).
+#[test]
+fn d_on_a_hybrid_model_an_adapter_group_leads_the_next_cohort() {
+    use sluice_tests::lora::Target;
+    let path = std::env::temp_dir().join(format!("sluice-cohort-hybrid-lora-{}.gguf", std::process::id()));
+    let model = sluice_tests::models::tiny_family("qwen35moe").expect("a tiny hybrid model");
+    std::fs::write(&path, model.build()).expect("written");
+    let targets: Vec<Target> = [("attn_q", 64, 128), ("attn_k", 64, 32), ("attn_v", 64, 32), ("attn_output", 64, 64)]
+        .iter()
+        .map(|&(name, n_in, n_out)| Target { name: format!("blk.3.{name}.weight"), n_in, n_out })
+        .collect();
+    let on = On { model: Some(&path), first: 0, span: 250 };
+    adapter_group_leads_the_next_cohort(on, "hybrid-adapters", "qwen35moe", &targets);
+    std::fs::remove_file(&path).expect("clean up");
+}
+
+/// A long prompt forms a cohort; an arrival under an adapter of `targets`
+/// waits for the next one while an arrival without joins this one.
+fn adapter_group_leads_the_next_cohort(
+    on: On<'_>,
+    name: &str,
+    arch: &'static str,
+    targets: &[sluice_tests::lora::Target],
+) {
+    use sluice_tests::lora::LoraSpec;
+    let (server, dir) = server_on(on, "cohort", name, |dir| {
         let adapter = dir.join("adapter.gguf");
-        std::fs::write(&adapter, LoraSpec::new("llama", 7, 0.05).build(&default_model_targets()).build())
-            .expect("adapter");
+        std::fs::write(&adapter, LoraSpec::new(arch, 7, 0.05).build(targets).build()).expect("adapter");
         vec!["--lora".into(), adapter.display().to_string(), "--lora-init-without-apply".into()]
     });
-    let (long, other, same) = (prompt(240, 6), prompt(10, 7), prompt(10, 8));
+    let (long, other, same) = (prompt_on(on, 240, 6), prompt_on(on, 10, 7), prompt_on(on, 10, 8));
     let server = &server;
     let (before, ends) = (transitions(server).len(), ended(server));
     std::thread::scope(|scope| {

@@ -61,10 +61,33 @@ pub(crate) enum Site {
     Gate,
     Up,
     Down,
+    /// A Gated DeltaNet layer's Q|K|V (`attn_qkv`), output gate z
+    /// (`attn_gate`), β and α, and output (`ssm_out`).
+    Qkv,
+    Z,
+    Beta,
+    Alpha,
+    SsmOut,
 }
 
+/// How many [`Site`]s a layer has.
+const SITES: usize = 12;
+
 impl Site {
-    const ALL: [Site; 7] = [Site::Q, Site::K, Site::V, Site::Output, Site::Gate, Site::Up, Site::Down];
+    const ALL: [Site; SITES] = [
+        Site::Q,
+        Site::K,
+        Site::V,
+        Site::Output,
+        Site::Gate,
+        Site::Up,
+        Site::Down,
+        Site::Qkv,
+        Site::Z,
+        Site::Beta,
+        Site::Alpha,
+        Site::SsmOut,
+    ];
 
     fn suffix(self) -> &'static str {
         match self {
@@ -75,6 +98,11 @@ impl Site {
             Site::Gate => "ffn_gate.weight",
             Site::Up => "ffn_up.weight",
             Site::Down => "ffn_down.weight",
+            Site::Qkv => "attn_qkv.weight",
+            Site::Z => "attn_gate.weight",
+            Site::Beta => "ssm_beta.weight",
+            Site::Alpha => "ssm_alpha.weight",
+            Site::SsmOut => "ssm_out.weight",
         }
     }
 }
@@ -89,7 +117,7 @@ pub(super) struct Factors<B: Backend> {
 pub(crate) struct Adapter<B: Backend> {
     pub(super) info: AdapterInfo,
     /// Per layer, per [`Site`] (in `Site::ALL` order).
-    pub(super) layers: Vec<[Option<Factors<B>>; 7]>,
+    pub(super) layers: Vec<[Option<Factors<B>>; SITES]>,
     /// The LM head's.
     pub(super) head: Option<Factors<B>>,
 }
@@ -144,7 +172,7 @@ pub(super) fn load<B: Backend>(model: &impl Targets<B>, path: &Path) -> Result<A
     }
 
     let pairs = pairs(&file).map_err(|message| problem(path, message))?;
-    let mut layers: Vec<[Option<Factors<B>>; 7]> = (0..model.n_layer()).map(|_| Default::default()).collect();
+    let mut layers: Vec<[Option<Factors<B>>; SITES]> = (0..model.n_layer()).map(|_| Default::default()).collect();
     let mut head = None;
     for (base, (a, b)) in pairs {
         let (Some(a), Some(b)) = (a, b) else {

@@ -223,7 +223,7 @@ impl<B: Backend> AttentionBlock<B> {
             Site::K => Some(&self.k),
             Site::V => Some(&self.v),
             Site::Output => Some(&self.output),
-            Site::Gate | Site::Up | Site::Down => None,
+            _ => None,
         }
     }
 

@@ -20,6 +20,7 @@ use super::pass::{LayerTensors, Pass, Residual, Scratch, Stores};
 use crate::batch::ForwardError;
 use crate::hparams::HParams;
 use crate::layer::LayerKind;
+use crate::lora::Site;
 use crate::weights::{LoadError, Weight, tensor_problem};
 
 /// How a file gives a pair of a layer's projections: apart, or fused.
@@ -158,6 +159,7 @@ impl<B: Backend> DeltaNetBlock<B> {
     pub(super) fn run(
         &self,
         pass: &Pass<'_, B>,
+        layer: usize,
         kv: &mut Stores<'_, B>,
         s: &mut Scratch<B>,
     ) -> Result<(), ForwardError> {
@@ -167,6 +169,14 @@ impl<B: Backend> DeltaNetBlock<B> {
         let mut products = self.qkvz.products(&mut s.q, &mut s.gate);
         products.extend(self.gates.products(&mut s.k, &mut s.v));
         b.matmuls(&s.h, pass.rows, &mut products);
+        // Adapters change the split projections only (see `fused`).
+        for (site, out) in
+            [(Site::Qkv, &mut s.q), (Site::Z, &mut s.gate), (Site::Beta, &mut s.k), (Site::Alpha, &mut s.v)]
+        {
+            if self.weight(site).is_some() {
+                pass.adapted(layer, site, &s.h, out);
+            }
+        }
         // Fused, per key head: its Q and K, its value heads' V and z; its
         // value heads' β and α.
         let (k_heads, group) = (shape.k_heads, shape.v_heads / shape.k_heads);
@@ -196,7 +206,27 @@ impl<B: Backend> DeltaNetBlock<B> {
         }
         b.upload(&out, &mut s.attn)?;
         b.matmul(&self.output.matrix, &s.attn, pass.rows, &mut s.h);
+        pass.adapted(layer, Site::SsmOut, &s.attn, &mut s.h);
         self.residual.add(pass, &mut s.h, &mut s.x)?;
         Ok(())
+    }
+
+    /// The weight at `site`, for an adapter.
+    pub(super) fn weight(&self, site: Site) -> Option<&Weight<B>> {
+        match (site, &self.qkvz, &self.gates) {
+            (Site::Qkv, Pair::Split(qkv, _), _) | (Site::Z, Pair::Split(_, qkv), _) => Some(qkv),
+            (Site::Beta, _, Pair::Split(beta, _)) | (Site::Alpha, _, Pair::Split(_, beta)) => Some(beta),
+            (Site::SsmOut, ..) => Some(&self.output),
+            _ => None,
+        }
+    }
+
+    /// The fused tensor the weight at `site` is a part of.
+    pub(super) fn fused(&self, site: Site) -> Option<&'static str> {
+        match (site, &self.qkvz, &self.gates) {
+            (Site::Qkv | Site::Z, Pair::Fused(_), _) => Some("ssm_in.weight"),
+            (Site::Beta | Site::Alpha, _, Pair::Fused(_)) => Some("ssm_ba.weight"),
+            _ => None,
+        }
     }
 }

@@ -75,7 +75,7 @@ impl<B: Backend> Mlp<B> {
             Site::Gate => Some(&self.gate),
             Site::Up => Some(&self.up),
             Site::Down => Some(&self.down),
-            Site::Q | Site::K | Site::V | Site::Output => None,
+            _ => None,
         }
     }
 

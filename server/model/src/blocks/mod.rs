@@ -120,7 +120,7 @@ impl<B: Backend> Layer<B> {
     ) -> Result<(), ForwardError> {
         match &self.mixer {
             MixerBlock::Attention(attention) => attention.run(pass, layer, kv, scratch)?,
-            MixerBlock::DeltaNet(delta_net) => delta_net.run(pass, kv, scratch)?,
+            MixerBlock::DeltaNet(delta_net) => delta_net.run(pass, layer, kv, scratch)?,
         }
         match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.run(pass, layer, scratch),
@@ -139,12 +139,11 @@ impl<B: Backend> Layer<B> {
         }
     }
 
-    /// The weight at `site`, for an adapter (experts and recurrent layers
-    /// have none).
+    /// The weight at `site`, for an adapter (experts have none).
     pub(crate) fn weight(&self, site: Site) -> Option<&Weight<B>> {
         let mixer = match &self.mixer {
             MixerBlock::Attention(attention) => attention.weight(site),
-            MixerBlock::DeltaNet(_) => None,
+            MixerBlock::DeltaNet(delta_net) => delta_net.weight(site),
         };
         mixer.or_else(|| match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.weight(site),
@@ -157,7 +156,7 @@ impl<B: Backend> Layer<B> {
     pub(crate) fn fused(&self, site: Site) -> Option<&'static str> {
         let mixer = match &self.mixer {
             MixerBlock::Attention(attention) => attention.fused(site),
-            MixerBlock::DeltaNet(_) => None,
+            MixerBlock::DeltaNet(delta_net) => delta_net.fused(site),
         };
         mixer.or_else(|| match &self.ffn {
             FfnBlock::Gated(mlp) => mlp.fused(site),
