@@ -424,8 +424,10 @@ impl Engine {
             }
         }
         // Drafts count against the step's token budget: they get what the
-        // policy's grants left of it.
-        let granted = work.iter().map(Work::rows).sum::<usize>() + decoding.len();
+        // policy's grants (and the tokens replayed in front of them) left.
+        let replayed: usize =
+            decoding.iter().filter_map(|&slot| self.slots[slot].as_ref()).map(|active| active.replay).sum();
+        let granted = work.iter().map(Work::rows).sum::<usize>() + decoding.len() + replayed;
         let budget = self.config.batch_tokens.saturating_sub(granted);
         let mut drafts = match self.speculation.as_mut() {
             Some(speculation) => {

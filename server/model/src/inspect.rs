@@ -99,8 +99,12 @@ impl fmt::Display for LayerKind {
             }
             Mixer::DeltaNet(shape) => write!(
                 f,
-                "Gated DeltaNet ({} key and {} value heads of {}, convolution over {} positions)",
-                shape.k_heads, shape.v_heads, shape.head, shape.conv
+                "Gated DeltaNet ({} key and {} value heads of {}{}, convolution over {} positions)",
+                shape.k_heads,
+                shape.v_heads,
+                shape.head,
+                if shape.grouped { " in groups" } else { "" },
+                shape.conv
             )?,
         }
         match self.ffn {
