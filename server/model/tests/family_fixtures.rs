@@ -532,6 +532,11 @@ fn qwen3next_template_renders_as_llama_server_renders_it() {
 }
 
 #[test]
+fn qwen3next_tokenizes_as_llama_server() {
+    tokenizes_as_llama_server("qwen3next");
+}
+
+#[test]
 fn qwen35_template_renders_as_llama_server_renders_it() {
     renders_as_llama_server("qwen35");
 }
