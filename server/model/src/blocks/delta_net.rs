@@ -80,12 +80,12 @@ impl<B: Backend> Pair<B> {
 /// outputs: each piece `i` of every group in turn goes to output piece
 /// `i`'s place (per row, piece 0 of every group, then piece 1, …).
 fn unfuse(fused: &[f32], groups: usize, (first, second): (&[usize], &[usize])) -> (Vec<f32>, Vec<f32>) {
-    let width: usize = first.iter().chain(second).sum::<usize>() * groups;
-    let n = fused.len() / width.max(1);
+    let group: usize = first.iter().chain(second).sum();
+    let width = (group * groups).max(1);
+    let n = fused.len() / width;
     let lay = |pieces: &[usize], skip: usize| -> Vec<f32> {
         let mut out = Vec::with_capacity(n * pieces.iter().sum::<usize>() * groups);
-        for row in fused.chunks_exact(width.max(1)) {
-            let group = width / groups.max(1);
+        for row in fused.chunks_exact(width) {
             let mut at = skip;
             for &piece in pieces {
                 for g in 0..groups {
@@ -228,5 +228,29 @@ impl<B: Backend> DeltaNetBlock<B> {
             (Site::Beta | Site::Alpha, _, Pair::Fused(_)) => Some("ssm_ba.weight"),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unfuse;
+
+    #[test]
+    fn fused_rows_come_apart_piece_by_piece_across_groups() {
+        // Two rows of two groups, each group q, k, v v | z z (Qwen3-Next's
+        // `ssm_in` with heads of 1 and two value heads per key head).
+        let row = |r: f32| {
+            [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [11.0, 12.0, 13.0, 14.0, 15.0, 16.0]]
+                .concat()
+                .iter()
+                .map(|x| x + r)
+                .collect::<Vec<f32>>()
+        };
+        let fused = [row(0.0), row(100.0)].concat();
+        let (qkv, z) = unfuse(&fused, 2, (&[1, 1, 2], &[2]));
+        let want = |r: f32, values: &[f32]| values.iter().map(|x| x + r).collect::<Vec<f32>>();
+        let qkv_row = [1.0, 11.0, 2.0, 12.0, 3.0, 4.0, 13.0, 14.0];
+        assert_eq!(qkv, [want(0.0, &qkv_row), want(100.0, &qkv_row)].concat());
+        assert_eq!(z, [want(0.0, &[5.0, 6.0, 15.0, 16.0]), want(100.0, &[5.0, 6.0, 15.0, 16.0])].concat());
     }
 }
