@@ -61,17 +61,7 @@ fn a_hybrid_model_s_replies_do_not_depend_on_what_runs_beside_them() {
     // The same request again (the slot's last sequence is its prefix),
     // with the cache asked for, and streamed: the same tokens and bits.
     assert_eq!(steps(&complete(&server, &body(true, 7))), alone_steps, "cache_prompt changed the reply");
-    let mut streamed = body(true, 7);
-    streamed["stream"] = json!(true);
-    let stream = server.stream("/completion", &streamed);
-    assert_eq!(stream.status, StatusCode::OK, "{}", stream.error);
-    let tokens: Vec<i64> = stream
-        .events
-        .iter()
-        .filter(|event| event["stop"] == false)
-        .flat_map(|event| event["tokens"].as_array().cloned().unwrap_or_default())
-        .filter_map(|token| token.as_i64())
-        .collect();
+    let tokens = streamed_tokens(&server, &body(true, 7));
     assert_eq!(tokens, alone_steps.iter().map(|(token, _)| *token).collect::<Vec<_>>(), "streamed differs");
 
     // Three at once, in a step together: each gets what it gets alone.

@@ -159,7 +159,7 @@ impl Engine {
             ),
         };
         let states = model.recurrent_state_bytes().map(|bytes| {
-            let states = StateCache::new(block_tokens, config.state_every, snapshot_limit(&config));
+            let states = StateCache::new(block_tokens, config.state_snapshot_tokens, snapshot_limit(&config));
             let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
             tracing::info!(
                 "recurrent state: {:.2} MiB per slot, {:.2} MiB for {} slots; prefix-cache snapshots of {:.2} MiB \

@@ -50,7 +50,7 @@ pub struct EngineConfig {
     /// model's state (rounded up to whole KV blocks; 0 = none but those
     /// near a prompt's end and where a request ends; see
     /// `engine::state_cache`).
-    pub state_every: usize,
+    pub state_snapshot_tokens: usize,
     /// Shift a full context instead of stopping the request (see
     /// `engine::shift`).
     pub context_shift: bool,
@@ -102,7 +102,7 @@ impl Default for EngineConfig {
             prefix_cache: true,
             swa_full: false,
             cache_mib: Some(8192),
-            state_every: 8192,
+            state_snapshot_tokens: 8192,
             context_shift: false,
             queue_limit: 256,
             stream_window_bytes: 16 << 20,

@@ -194,7 +194,7 @@ pub fn engine_config(config: &Config, n_ctx_train: usize) -> EngineConfig {
         prefix_cache: engine.prefix_cache,
         swa_full: engine.swa_full,
         cache_mib: u64::try_from(engine.cache_ram_mib).ok(),
-        state_every: engine.state_snapshot_tokens,
+        state_snapshot_tokens: engine.state_snapshot_tokens,
         context_shift: engine.context_shift,
         queue_limit: engine.queue_limit,
         // 0 = no bound.
